@@ -1,0 +1,1 @@
+"""lading's command line: parse options, call the library, render results."""

@@ -1,0 +1,56 @@
+"""The one place where exceptions become exit codes and one-line messages."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Callable, NoReturn
+
+import click
+
+from staging.errors import LadingError
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_ACCESS = 4
+EXIT_TRANSIENT = 5
+EXIT_INTERRUPTED = 130
+
+
+def _fail(message: str, hint: str | None, code: int) -> NoReturn:
+    line = f"lading: error: {message}"
+    if hint:
+        line += f" (hint: {hint})"
+    click.echo(line, err=True)
+    sys.exit(code)
+
+
+def run_guarded(entry: Callable[[], object], debug: Callable[[], bool]) -> NoReturn:
+    """Run the click entry point and translate every failure into an exit code."""
+    try:
+        result = entry()
+    except LadingError as err:
+        if debug():
+            traceback.print_exc()
+        _fail(err.message, err.hint, err.exit_code)
+    except click.exceptions.Exit as err:
+        sys.exit(err.exit_code)
+    except click.exceptions.Abort:
+        click.echo("lading: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as err:
+        # click's usage errors already carry their own "Try --help" hint.
+        err.show()
+        sys.exit(EXIT_USAGE if isinstance(err, click.UsageError) else err.exit_code)
+    except KeyboardInterrupt:
+        click.echo("lading: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        sys.exit(EXIT_OK)
+    except Exception as err:  # a bug: say so in one line unless --debug
+        if debug():
+            traceback.print_exc()
+        _fail(f"internal error: {type(err).__name__}: {err}", "rerun with --debug and report it", EXIT_PROBLEM)
+    sys.exit(result if isinstance(result, int) else EXIT_OK)

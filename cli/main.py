@@ -1,0 +1,73 @@
+"""The ``lading`` click group. Subcommands live in their own modules and load on demand."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import click
+
+from cli.context import AppState
+from cli.errors import run_guarded
+from staging import __version__
+
+#: command name -> (module, attribute, one-line help). Loaded lazily so `lading --help` is fast.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "check": ("cli.cmd_check", "check", "Will det accept this context directory? Offline, exact."),
+}
+
+EXIT_CODES_HELP = """\b
+Exit codes:
+  0  success            3  not found
+  1  problem found      4  permission or credentials
+  2  usage error        5  transient failure after retries
+                      130  interrupted"""
+
+
+class LazyGroup(click.Group):
+    """A group whose subcommands are imported only when invoked."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attr, _ = COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="lading")
+@click.option("--debug", is_flag=True, envvar="LADING_DEBUG", help="Show tracebacks for errors.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result.")
+@click.pass_context
+def lading(ctx: click.Context, debug: bool, quiet: bool) -> None:
+    """Package, stage and mount datasets for ML training jobs.
+
+    \b
+    lading check ./model          will `det experiment create` accept it?
+    lading sync s3://b/data       bucket -> /tmp/data-rank{rank}, per rank
+    lading mount s3://b/data /mnt lazy read-only FUSE view of a bucket
+    """
+    ctx.obj = AppState(debug=debug, quiet=quiet)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    args = sys.argv[1:] if argv is None else argv
+
+    def debug() -> bool:
+        return "--debug" in args or os.environ.get("LADING_DEBUG", "") not in ("", "0")
+
+    run_guarded(lambda: lading.main(args=args, prog_name="lading", standalone_mode=False), debug)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""The project's exceptions. Each carries the exit code and a hint the CLI shows.
+
+Exit codes (documented in the README, mapped in exactly one place: ``cli.errors``):
+0 success, 1 problem found, 2 usage, 3 not found, 4 permission/credentials,
+5 transient failure after retries, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+
+class LadingError(Exception):
+    """Base class: a failure lading can explain in one line."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class ProblemFound(LadingError):
+    """The command ran and found a problem (over the limit, some transfers failed)."""
+
+    exit_code = 1
+
+
+class UsageError(LadingError):
+    """Bad input from the user: malformed URI, bad option value, bad config."""
+
+    exit_code = 2
+
+
+class NotFound(LadingError):
+    """A bucket, object, file or directory does not exist."""
+
+    exit_code = 3
+
+
+class AccessDenied(LadingError):
+    """Permission denied, or credentials missing or invalid."""
+
+    exit_code = 4
+
+
+class TransientError(LadingError):
+    """A failure that may succeed when retried: reset connection, timeout, truncated body."""
+
+    exit_code = 5
+
+
+class Throttled(TransientError):
+    """The server asked us to slow down (503 SlowDown, 429)."""
+
+
+class ObjectChanged(LadingError):
+    """An object was replaced while we read it (ETag / generation precondition failed)."""
+
+    exit_code = 1
+
+
+class UnsafeKey(LadingError):
+    """A key that would escape the destination or collide with another key."""
+
+    exit_code = 1

@@ -1,0 +1,54 @@
+"""Keys are untrusted: turn them into safe relative paths or refuse them."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Iterable
+
+from staging.errors import UnsafeKey
+
+
+def key_parts(key: str) -> tuple[str, ...]:
+    """Split a key into path segments, refusing anything that could escape a directory.
+
+    Refused: empty keys, absolute keys, empty segments (``a//b``), ``.`` and ``..`` segments,
+    NUL bytes and backslashes (a path separator on some systems).
+    """
+    if not key:
+        raise UnsafeKey("refusing an empty key")
+    if "\x00" in key:
+        raise UnsafeKey(f"refusing key with a NUL byte: {key!r}")
+    if "\\" in key:
+        raise UnsafeKey(f"refusing key with a backslash: {key!r}")
+    if key.startswith("/"):
+        raise UnsafeKey(f"refusing absolute key {key!r}", "keys must be relative to the source prefix")
+    parts = tuple(key.split("/"))
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise UnsafeKey(f"refusing key {key!r}: it has an empty, '.' or '..' segment",
+                            "such a key would escape or alias the destination")
+    return parts
+
+
+def safe_join(root: Path, key: str) -> Path:
+    """``root / key``, guaranteed to stay inside ``root``."""
+    return root.joinpath(*key_parts(key))
+
+
+def find_collisions(keys: Iterable[str]) -> list[tuple[str, str]]:
+    """Pairs ``(file_key, other_key)`` where ``file_key`` is also a directory prefix of ``other_key``."""
+    key_list = list(keys)
+    key_set = set(key_list)
+    collisions: list[tuple[str, str]] = []
+    for key in key_list:
+        cut = key.find("/")
+        while cut != -1:
+            if key[:cut] in key_set:
+                collisions.append((key[:cut], key))
+            cut = key.find("/", cut + 1)
+    return collisions
+
+
+def posix_key(path: PurePosixPath) -> str:
+    """A relative POSIX path as a key."""
+    return path.as_posix()

@@ -1,0 +1,77 @@
+"""The Store protocol every backend implements, and the types it speaks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Protocol, runtime_checkable
+
+from staging.retry import DEFAULT_POLICY, RetryPolicy
+
+#: Called with a number of bytes just transferred.
+ProgressCallback = Callable[[int], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object, as listed or stat'ed.
+
+    ``key`` is relative to the store's root prefix and uses ``/``. ``version`` is what guards
+    a read against a concurrent replace: the S3 ETag (without quotes), the GCS generation,
+    or ``"<mtime_ns>-<size>"`` for local files.
+    """
+
+    key: str
+    size: int
+    version: str
+    mtime: float = 0.0
+    md5: str | None = None  # hex digest, when the store knows it (single-part ETag, GCS md5Hash)
+    crc32c: str | None = None  # base64 of the big-endian CRC32C, as GCS reports it
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Connection settings, resolved once at the edge (flag > environment > config > default)."""
+
+    endpoint_url: str | None = None
+    profile: str | None = None
+    region: str | None = None
+    no_sign_request: bool = False
+    gcs_anonymous: bool = False  # set when STORAGE_EMULATOR_HOST is in use
+    gcs_endpoint: str | None = None  # the emulator's URL, when set
+    timeout: float = 60.0
+    max_pool_connections: int = 64
+    retry: RetryPolicy = field(default=DEFAULT_POLICY)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """A bucket prefix or a local directory, seen as a flat set of keys."""
+
+    url: str
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Yield objects under ``prefix`` page by page, in ascending key order."""
+        ...
+
+    def stat(self, key: str) -> ObjectInfo:
+        """Return one object's metadata; raise :class:`~staging.errors.NotFound`."""
+        ...
+
+    def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
+        """Return bytes ``[start, end)``; raise ObjectChanged if ``version`` no longer matches."""
+        ...
+
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        version: str | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        """Write the whole object to ``dest`` (the caller picks a temporary name)."""
+        ...
+
+    def upload(self, src: Path, key: str, progress: ProgressCallback | None = None) -> ObjectInfo:
+        """Upload a local file (multipart or resumable when large) and return its metadata."""
+        ...

@@ -1,0 +1,61 @@
+"""Parsing of store URIs: ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``file:///dir``, ``/dir``."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from staging.errors import UsageError
+
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
+SCHEMES = ("s3", "gs", "file")
+
+
+@dataclass(frozen=True)
+class StoreURI:
+    """A parsed location. For ``file`` the bucket is empty and ``prefix`` is an absolute path."""
+
+    scheme: str
+    bucket: str
+    prefix: str
+
+    def __str__(self) -> str:
+        if self.scheme == "file":
+            return self.prefix
+        return f"{self.scheme}://{self.bucket}/{self.prefix}"
+
+    def join(self, key: str) -> str:
+        """The full object name (S3/GCS) or path (file) of ``key`` under this prefix."""
+        if not self.prefix:
+            return key
+        sep = "" if self.prefix.endswith("/") else "/"
+        return f"{self.prefix}{sep}{key}"
+
+
+def parse_uri(text: str) -> StoreURI:
+    """Parse a store location, raising :class:`UsageError` with a hint when malformed."""
+    if not text or "\x00" in text:
+        raise UsageError(f"invalid location {text!r}", "use s3://bucket/prefix, gs://bucket/prefix or a path")
+    match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$", text)
+    if match is None or len(match.group(1)) == 1:  # no scheme, or a Windows drive letter
+        return StoreURI("file", "", os.path.abspath(text))
+    scheme, rest = match.group(1).lower(), match.group(2)
+    if scheme == "gcs":
+        scheme = "gs"
+    if scheme not in SCHEMES:
+        raise UsageError(f"unsupported scheme {scheme!r} in {text!r}", "lading reads s3://, gs:// and local paths")
+    if not rest.startswith("//"):
+        raise UsageError(f"malformed location {text!r}", f"write it as {scheme}://bucket/prefix")
+    rest = rest[2:]
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise UsageError(f"malformed file URI {text!r}", "use file:///absolute/path")
+        return StoreURI("file", "", os.path.abspath(rest))
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise UsageError(f"no bucket in {text!r}", f"write it as {scheme}://bucket/prefix")
+    if not _BUCKET.match(bucket) or ".." in bucket:
+        raise UsageError(f"invalid bucket name {bucket!r} in {text!r}",
+                         "bucket names are 3-222 characters of a-z, 0-9, '.', '-' and '_'")
+    return StoreURI(scheme, bucket, prefix)

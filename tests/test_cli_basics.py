@@ -1,0 +1,32 @@
+"""The group-level contract: version, help, usage errors and the exit-code table."""
+
+from staging import __version__
+
+
+def test_version(lading):
+    result = lading("--version")
+    assert result.returncode == 0
+    assert __version__ in result.stdout
+
+
+def test_help_lists_commands_and_exit_codes(lading):
+    result = lading("--help")
+    assert result.returncode == 0
+    assert "check" in result.stdout
+    assert "130  interrupted" in result.stdout
+
+
+def test_unknown_command_is_usage_error(lading):
+    result = lading("no-such-command")
+    assert result.returncode == 2
+    assert "No such command" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_servers_answer(moto_server, gcs_server):
+    import urllib.request
+
+    for server in (moto_server, gcs_server):
+        assert server.proc.poll() is None
+        with urllib.request.urlopen(server.url + "/", timeout=5) as response:
+            assert response.status < 500

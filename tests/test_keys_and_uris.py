@@ -1,0 +1,43 @@
+"""Untrusted keys and malformed URIs are refused with project errors."""
+
+from pathlib import Path
+
+import pytest
+
+from staging.errors import UnsafeKey, UsageError
+from staging.keys import find_collisions, safe_join
+from staging.stores.uri import parse_uri
+
+
+@pytest.mark.parametrize("key", ["../x", "a/../../x", "/etc/passwd", "a//b", "a/./b", "", "a\x00b", "a\\..\\b", "a/"])
+def test_escaping_keys_refused(key, tmp_path):
+    with pytest.raises(UnsafeKey):
+        safe_join(tmp_path, key)
+
+
+def test_safe_join_stays_inside(tmp_path):
+    path = safe_join(tmp_path, "a/b/c.txt")
+    assert path == tmp_path / "a" / "b" / "c.txt"
+    assert Path(path).resolve().is_relative_to(tmp_path.resolve())
+
+
+def test_collisions_found_despite_sort_interleaving():
+    keys = sorted(["a", "a-b", "a/b", "c/d", "c/d/e", "f"])
+    assert sorted(find_collisions(keys)) == [("a", "a/b"), ("c/d", "c/d/e")]
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("s3://bucket/pre/fix", ("s3", "bucket", "pre/fix")),
+    ("s3://bucket", ("s3", "bucket", "")),
+    ("gs://my.bucket/x/", ("gs", "my.bucket", "x/")),
+    ("file:///tmp/x", ("file", "", "/tmp/x")),
+])
+def test_uris_parse(text, expected):
+    uri = parse_uri(text)
+    assert (uri.scheme, uri.bucket, uri.prefix) == expected
+
+
+@pytest.mark.parametrize("text", ["s3://", "s3:/bucket", "ftp://host/x", "s3://UPPER/x", "s3://a/x", "file://rel/x", ""])
+def test_malformed_uris_refused(text):
+    with pytest.raises(UsageError):
+        parse_uri(text)
