@@ -1,0 +1,85 @@
+"""The transfer engine's interface: fetch a batch of objects into final paths, safely.
+
+Contract (used by sync, hook, fetch and pack):
+- each file is written under a temporary name in its destination directory and renamed into
+  place only when complete and verified (size; MD5 for single-part S3 ETags; CRC32C or MD5
+  for GCS), so no partial file is ever visible under its final name;
+- large objects are fetched as parallel ranged reads guarded by ``ObjectInfo.version``;
+- transient failures are retried (``StoreConfig.retry``); a failed item is reported in its
+  ``TransferResult`` and never aborts the others, except for KeyboardInterrupt;
+- progress and completion are reported through ``TransferEvents`` callbacks only.
+
+The implementation lives in ``staging.transfer_impl`` (imported lazily by :func:`fetch_all`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Protocol
+
+from staging.errors import LadingError
+from staging.stores.base import ObjectInfo, Store
+
+
+@dataclass(frozen=True)
+class TransferItem:
+    """One object to fetch to ``dest``, a final path already validated to lie inside DEST."""
+
+    info: ObjectInfo
+    dest: Path
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    """What happened to one item."""
+
+    key: str
+    dest: Path
+    ok: bool
+    nbytes: int = 0
+    error: LadingError | None = None
+
+
+@dataclass(frozen=True)
+class TransferOptions:
+    """Tuning; the defaults suit a 2-core VM talking to a nearby object store."""
+
+    workers: int = 32
+    part_size: int = 16 << 20
+    multipart_threshold: int = 64 << 20
+    verify: bool = True
+
+
+class TransferEvents(Protocol):
+    """Callbacks the CLI (or a test) provides. Called from worker threads: keep them cheap."""
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Some bytes arrived (may be negative when a retry discards a partial read)."""
+        ...
+
+    def on_done(self, result: TransferResult) -> None:
+        """One item finished, successfully or not."""
+        ...
+
+
+class NoEvents:
+    """TransferEvents that ignore everything."""
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Ignore."""
+
+    def on_done(self, result: TransferResult) -> None:
+        """Ignore."""
+
+
+def fetch_all(
+    store: Store,
+    items: Iterable[TransferItem],
+    options: TransferOptions = TransferOptions(),
+    events: TransferEvents = NoEvents(),
+) -> list[TransferResult]:
+    """Fetch every item; return one result per item, in completion order."""
+    from staging.transfer_impl import fetch_all as implementation
+
+    return implementation(store, items, options, events)
