@@ -1,0 +1,258 @@
+"""`lading hook init|run`, `lading fetch`, `lading bind-mounts`: getting data into det containers."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping
+
+import click
+
+from cli.context import AppState, store_config
+from staging.errors import UsageError
+from staging.transfer import TransferResult
+
+if TYPE_CHECKING:
+    from staging.hooks.stage import StagePlan
+
+SCHEMA_HELP = """\b
+Schema (only data.datasets is read; the rest of data: is yours):
+  data:
+    datasets:
+      - source: s3://bucket/train/   # object or prefix (s3://, gs://, path)
+        dest: /tmp/train             # absolute
+        distribution: replicated     # or sharded (needs the whole trial
+                                     # in this container)
+        slots: true                  # also {dest}-rank{i} hard-link views"""
+
+
+def _human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} TiB"
+
+
+class LogProgress:
+    """Progress for logs: a line when work starts, then one every ``interval`` seconds, no bars."""
+
+    def __init__(self, label: str, echo: Callable[[str], None], interval: float = 5.0) -> None:
+        self.label, self.echo, self.interval = label, echo, interval
+        self.files = self.done = 0
+        self.total = self.nbytes = 0
+        self.started = self.last = time.monotonic()
+        self._lock = threading.Lock()
+
+    def on_wait(self, lock_path: Path) -> None:
+        """Say why we are idle."""
+        self.echo(f"lading: {self.label}: another process on this node is staging it; waiting ({lock_path})")
+
+    def on_start(self, files: int, nbytes: int) -> None:
+        """Announce the download."""
+        self.files, self.total = files, nbytes
+        self.started = self.last = time.monotonic()
+        self.echo(f"lading: {self.label}: fetching {files} object(s), {_human(nbytes)}")
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Count bytes; print a line when the interval has passed."""
+        with self._lock:
+            self.nbytes += nbytes
+            now = time.monotonic()
+            if now - self.last < self.interval:
+                return
+            self.last = now
+            line = self._line(now)
+        self.echo(line)
+
+    def on_done(self, result: TransferResult) -> None:
+        """Count finished objects."""
+        with self._lock:
+            self.done += 1
+
+    def _line(self, now: float) -> str:
+        rate = self.nbytes / max(now - self.started, 1e-6)
+        return (f"lading: {self.label}: {self.done}/{self.files} files, "
+                f"{_human(self.nbytes)}/{_human(self.total)}, {_human(rate)}/s")
+
+
+def _echo_for(state: AppState) -> Callable[[str], None]:
+    return (lambda line: None) if state.quiet else (lambda line: click.echo(line, err=True))
+
+
+def _slot_count(env: Mapping[str, str]) -> int:
+    """How many slots this container has, from ``DET_SLOT_IDS`` (``[0,1]``; ``0,1`` accepted)."""
+    raw = env.get("DET_SLOT_IDS", "").strip()
+    if not raw:
+        raise UsageError("--slots needs DET_SLOT_IDS (set by Determined in each container), and it is not set")
+    try:
+        ids = json.loads(raw) if raw.startswith("[") else [int(part) for part in raw.split(",") if part.strip()]
+    except ValueError:
+        raise UsageError(f"DET_SLOT_IDS={raw!r} is not a list of slot ids like [0,1]") from None
+    if not isinstance(ids, list):
+        raise UsageError(f"DET_SLOT_IDS={raw!r} is not a list of slot ids like [0,1]")
+    return len(ids)
+
+
+def _stage_one(state: AppState, source: str, dest: str, views: Callable[[StagePlan], dict[int, list]],
+               json_out: bool = False) -> dict:
+    from staging.hooks.fetch import plan_fetch
+    from staging.hooks.stage import build_views, raise_for_failures, stage
+
+    store, plan = plan_fetch(source, dest, store_config())
+    progress = LogProgress(f"{plan.source} -> {plan.root}", _echo_for(state))
+    result = stage(store, plan, events=progress)
+    raise_for_failures(result)
+    linked = build_views(plan, views(plan))
+    summary = result.to_json() | {"view_links": linked}
+    if not json_out and not state.quiet:
+        click.echo(_summary_line(progress.label, result.fetched, result.fetched_bytes, result.unchanged,
+                                 result.removed, time.monotonic() - progress.started))
+    return summary
+
+
+def _summary_line(label: str, fetched: int, nbytes: int, unchanged: int, removed: int, seconds: float) -> str:
+    if fetched == 0 and removed == 0:
+        return f"lading: {label}: up to date ({unchanged} object(s) already staged, nothing downloaded)"
+    rate = _human(nbytes / max(seconds, 1e-6))
+    extra = f", {removed} removed" if removed else ""
+    return (f"lading: {label}: {fetched} fetched ({_human(nbytes)} in {seconds:.1f}s, {rate}/s), "
+            f"{unchanged} unchanged{extra}")
+
+
+@click.group()
+def hook() -> None:
+    """Startup-hook downloads for Determined: write the hook, run it.
+
+    \b
+    lading hook init s3://b/train/ /tmp/train     add a dataset to ./startup-hook.sh
+    lading hook init ./model                      stage the config's data.datasets
+    lading hook run --config const.yaml           what the hook runs, for a local try
+    """
+
+
+@hook.command("init")
+@click.argument("args", nargs=-1, metavar="[CONTEXT_DIR] [SOURCE DEST]")
+@click.option("--slots", is_flag=True, help="Also build {DEST}-rank{i} hard-link views, one per slot in DET_SLOT_IDS.")
+@click.option("--dry-run", is_flag=True, help="Print the hook as it would be written; change nothing.")
+def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
+    """Add a dataset to CONTEXT_DIR/startup-hook.sh (created if missing).
+
+    With SOURCE and DEST the hook runs `lading fetch SOURCE DEST` in every container; without
+    them it runs `lading hook run` (the experiment config's data.datasets). The block lives
+    between marker comments: your lines outside it are kept, the same arguments twice change
+    nothing, and a new SOURCE for the same DEST replaces the old one.
+
+    \b
+    The generated block works when Determined sources it under `set -ex`: it never exits the
+    sourcing shell, holds no credential (lading reads the standard AWS/Google chains), and
+    fails the task with a clear message when lading is missing or a download fails.
+    """
+    from staging.hooks.script import HOOK_NAME, HookEntry, updated_text, write_hook
+    from staging.stores import parse_uri
+
+    if len(args) > 3:
+        raise UsageError("too many arguments", "lading hook init [CONTEXT_DIR] [SOURCE DEST]")
+    context = Path(args[0] if len(args) in (1, 3) else ".")
+    pair = args[-2:] if len(args) >= 2 else ()
+    if not context.is_dir():
+        raise UsageError(f"context directory {str(context)!r} does not exist")
+    if pair:
+        parse_uri(pair[0])
+        if not os.path.isabs(pair[1]):
+            raise UsageError(f"DEST must be an absolute path inside the container, got {pair[1]!r}")
+        entry = HookEntry(pair[0], pair[1], slots)
+    else:
+        if slots:
+            raise UsageError("--slots goes with SOURCE DEST; for data.datasets set `slots: true` per dataset")
+        entry = HookEntry()
+    path = context / HOOK_NAME
+    current = path.read_text() if path.exists() else None
+    text = updated_text(current, entry, str(path))
+    if dry_run:
+        click.echo(text, nl=False)
+        return 0
+    changed = write_hook(path, text)
+    click.echo(f"{path}: {'updated' if changed else 'already up to date'}", err=True)
+    return 0
+
+
+@hook.command("run", epilog=SCHEMA_HELP)
+@click.option("--config", "config_file", type=click.Path(dir_okay=False),
+              help="Experiment config (YAML). Default: $DET_EXPERIMENT_CONFIG (JSON), as in a det container.")
+@click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
+@click.pass_obj
+def hook_run(state: AppState, config_file: str | None, json_out: bool) -> int:
+    """Stage the experiment config's data.datasets on this node.
+
+    Each dataset is staged once per node: the first container takes a lock next to DEST and
+    downloads; containers started at the same moment wait and then find it done. A completion
+    marker records each object's ETag/generation, so a restarted trial lists the source,
+    finds nothing changed, and downloads and rewrites nothing. Output is one line per step and
+    a progress line every few seconds (made for task logs).
+    """
+    from staging.hooks.run import datasets_from_config, dest_path, slots_per_trial, views_for
+
+    config, origin = _load_experiment_config(config_file, os.environ)
+    specs = datasets_from_config(config, origin)
+    if not specs:
+        click.echo(f"lading: {origin} lists no data.datasets; nothing to stage", err=True)
+    trial_slots = slots_per_trial(config)
+    summaries = []
+    for spec in specs:
+        needs_slots = spec.slots or spec.distribution == "sharded"
+        count = _slot_count(os.environ) if needs_slots else 0
+        summaries.append(_stage_one(state, spec.source, dest_path(spec),
+                                    lambda plan, spec=spec, count=count: views_for(spec, plan, count, trial_slots),
+                                    json_out=json_out))
+    if json_out:
+        click.echo(json.dumps({"datasets": summaries}, indent=2))
+    return 0
+
+
+def _load_experiment_config(config_file: str | None, env: Mapping[str, str]) -> tuple[Mapping, str]:
+    from staging.hooks.run import parse_config_text
+
+    if config_file is not None:
+        try:
+            text = Path(config_file).read_text()
+        except FileNotFoundError:
+            raise UsageError(f"config file {config_file!r} does not exist") from None
+        except OSError as err:
+            raise UsageError(f"cannot read {config_file!r}: {err.strerror}") from None
+        return parse_config_text(text, config_file), config_file
+    raw = env.get("DET_EXPERIMENT_CONFIG")
+    if not raw:
+        raise UsageError("no experiment config: DET_EXPERIMENT_CONFIG is not set",
+                         "outside a det container pass --config const.yaml")
+    return parse_config_text(raw, "DET_EXPERIMENT_CONFIG"), "DET_EXPERIMENT_CONFIG"
+
+
+@click.command()
+@click.argument("uri")
+@click.argument("dest")
+@click.option("--slots", is_flag=True, help="Also build {DEST}-rank{i} hard-link views, one per slot in DET_SLOT_IDS.")
+@click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
+@click.pass_obj
+def fetch(state: AppState, uri: str, dest: str, slots: bool, json_out: bool) -> int:
+    """Download URI (one object or a prefix) to DEST unless already there and unchanged.
+
+    \b
+    lading fetch s3://bucket/data.csv /tmp/data-rank0/    into the directory
+    lading fetch s3://bucket/data.csv /tmp/train.csv      to that file
+    lading fetch s3://bucket/train/ /tmp/train            a prefix, as a tree
+
+    A trailing '/' on DEST (or an existing directory) means "into this directory". Files are
+    written under a temporary name and renamed once verified; transient errors are retried.
+    A marker next to DEST records what arrived (ETag/generation), so a second run only lists.
+    Concurrent runs on one machine download once (a lock next to DEST).
+    """
+    count = _slot_count(os.environ) if slots else 0
+    summary = _stage_one(state, uri, dest, lambda plan: {i: list(plan.items) for i in range(count)},
+                         json_out=json_out)
+    if json_out:
+        click.echo(json.dumps(summary, indent=2))
+    return 0
