@@ -19,8 +19,9 @@ The API:
   ``http://127.0.0.1:PORT``; point the client's endpoint (``StoreConfig.endpoint_url``,
   ``AWS_ENDPOINT_URL``, ``STORAGE_EMULATOR_HOST``) at it. ``stop()`` closes open client
   connections too.
-- ``proxy.requests``: every request seen, as :class:`Seen` records ``(method, path, query, fault)``
-  (path without the query string, query as the raw string, fault the injected kind or None).
+- ``proxy.requests``: every request seen, as :class:`Seen` records ``(method, path, query, fault,
+  headers)`` (path without the query string, query as the raw string, fault the injected kind
+  or None, headers as sent by the client, e.g. ``seen.headers.get("Range")``).
   Faulted requests are recorded too.
 - ``proxy.count(method=None, path_prefix=None, where=None, faulted=None)``: how many recorded
   requests match. ``proxy.counts``: a Counter of ``(method, path)``.
@@ -75,6 +76,7 @@ class Seen:
     path: str
     query: str
     fault: str | None = None
+    headers: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -145,7 +147,7 @@ class _Handler(BaseHTTPRequestHandler):
         path, query = parsed.path, parsed.query
         fault = proxy._pre_fault(self.command, path)
         if fault is not None:
-            proxy._record(Seen(self.command, path, query, fault))
+            proxy._record(Seen(self.command, path, query, fault, dict(self.headers)))
             self._inject(fault)
             return
         try:
@@ -153,7 +155,7 @@ class _Handler(BaseHTTPRequestHandler):
             upstream.request(self.command, self.path, body=body, headers=self._forward_headers(body))
             response = upstream.getresponse()
         except OSError as err:
-            proxy._record(Seen(self.command, path, query, None))
+            proxy._record(Seen(self.command, path, query, None, dict(self.headers)))
             self._send_simple(502, f"upstream failed: {err}".encode(), "text/plain")
             return
         try:
@@ -197,7 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
             payload = None
             length = int(length_header or 0) if has_body else 0
         truncate = has_body and length >= 2 and proxy._post_fault(self.command, path)
-        proxy._record(Seen(self.command, path, query, "truncate" if truncate else None))
+        proxy._record(Seen(self.command, path, query, "truncate" if truncate else None, dict(self.headers)))
         self.send_response(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":

@@ -32,6 +32,17 @@ class StoreURI:
         sep = "" if self.prefix.endswith("/") else "/"
         return f"{self.prefix}{sep}{key}"
 
+    def split_name(self) -> tuple["StoreURI", str]:
+        """``(parent, name)`` for addressing one object: ``s3://b/d/f.bin`` -> ``(s3://b/d/, "f.bin")``.
+
+        A URI names a prefix (see the README); to fetch a single object, open the parent as the
+        store and use ``name`` as the key. ``name`` is empty when the URI ends in ``/``.
+        """
+        if not self.prefix or self.prefix.endswith("/"):
+            return self, ""
+        head, sep, name = self.prefix.rpartition("/")
+        return StoreURI(self.scheme, self.bucket, head + sep), name
+
 
 def parse_uri(text: str) -> StoreURI:
     """Parse a store location, raising :class:`UsageError` with a hint when malformed."""

@@ -1,0 +1,327 @@
+"""S3 (and S3-compatible endpoints) as a Store, through boto3.
+
+Prefix rule: a URI always names a *prefix*, like a directory. ``s3://b/data`` and
+``s3://b/data/`` both mean "the keys under ``data/``", and keys are returned relative to it
+(``data/x/y.bin`` -> ``x/y.bin``). ``s3://b`` is the whole bucket. Zero-byte "folder marker"
+objects whose key ends in ``/`` are skipped. To address one object, split the URI at its last
+``/`` (:meth:`staging.stores.uri.StoreURI.split_name`): the parent prefix is the store, the
+last segment is the key.
+
+Retries: botocore's own retries are switched off (``total_max_attempts=1``); every call goes
+through :func:`staging.retry.with_retries` with ``StoreConfig.retry``, so throttling, server
+errors and network failures -- including a body that breaks off half-way, which botocore never
+retries -- are retried in one place, with exponential backoff and full jitter. Downloads resume
+from the bytes already written, guarded by ``If-Match`` so a replaced object is never mixed.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
+
+from staging.errors import ObjectChanged, TransientError
+from staging.retry import with_retries
+from staging.stores.base import ObjectInfo, ProgressCallback, StoreConfig
+from staging.stores.errors_s3 import client_error_code, translate
+from staging.stores.lazy import LazyClient
+from staging.stores.uri import StoreURI
+
+T = TypeVar("T")
+_READ_CHUNK = 1 << 20
+_MIN_PART = 5 << 20
+_MAX_PARTS = 10_000
+
+
+def _etag(raw: str | None) -> str:
+    return (raw or "").strip('"')
+
+
+def md5_of_etag(etag: str) -> str | None:
+    """The hex MD5 a single-part ETag stands for, or None (multipart ``...-N``, or not hex)."""
+    if len(etag) == 32 and "-" not in etag and all(c in "0123456789abcdef" for c in etag.lower()):
+        return etag.lower()
+    return None
+
+
+def root_prefix(prefix: str) -> str:
+    """The key prefix a URI's path names: empty (whole bucket) or ending in ``/``."""
+    return prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
+class S3Store:
+    """A bucket prefix on S3 or an S3-compatible server.
+
+    Tunables (attributes, for callers and tests): ``page_size`` keys per listing request,
+    ``multipart_threshold`` / ``part_size`` / ``upload_workers`` for uploads.
+    """
+
+    def __init__(self, uri: StoreURI, config: StoreConfig, *, page_size: int = 1000,
+                 multipart_threshold: int = 64 << 20, part_size: int = 16 << 20,
+                 upload_workers: int = 8) -> None:
+        self.uri = uri
+        self.config = config
+        self.url = str(uri)
+        self.bucket = uri.bucket
+        self.root = root_prefix(uri.prefix)
+        self.page_size = page_size
+        self.multipart_threshold = multipart_threshold
+        self.part_size = part_size
+        self.upload_workers = upload_workers
+        self._client = LazyClient(self._build_client)
+
+    # -- client and the one retry/translation wrapper ------------------------------------------
+
+    def _build_client(self) -> Any:
+        import boto3
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        cfg = self.config
+        options: dict[str, Any] = {
+            "retries": {"mode": "standard", "total_max_attempts": 1},  # ours, see module docstring
+            "max_pool_connections": cfg.max_pool_connections,
+            "connect_timeout": min(cfg.timeout, 10.0),
+            "read_timeout": cfg.timeout,
+            "tcp_keepalive": True,
+            # Checksums only where S3 requires them: S3-compatible servers often reject the
+            # aws-chunked trailers newer botocore sends by default. We send Content-MD5 ourselves.
+            "request_checksum_calculation": "when_required",
+            "response_checksum_validation": "when_required",
+        }
+        if cfg.no_sign_request:
+            options["signature_version"] = UNSIGNED
+        if cfg.endpoint_url:
+            options["s3"] = {"addressing_style": "path"}
+        session = boto3.session.Session(profile_name=cfg.profile, region_name=cfg.region)
+        return session.client("s3", endpoint_url=cfg.endpoint_url, config=Config(**options))
+
+    def _where(self, key: str = "") -> str:
+        return f"s3://{self.bucket}/{self.root}{key}"
+
+    def _attempt(self, what: str, operation: Callable[[Any], T]) -> T:
+        """Run ``operation(client)`` once, translating any SDK error (no retry)."""
+        try:
+            return operation(self._client.get())
+        except Exception as err:
+            mapped = translate(err, what)
+            if mapped is err:
+                raise
+            raise mapped from err
+
+    def _call(self, what: str, operation: Callable[[Any], T]) -> T:
+        """Run ``operation(client)`` with translation and retries of transient failures."""
+        return with_retries(lambda: self._attempt(what, operation), self.config.retry)
+
+    # -- listing and metadata -------------------------------------------------------------------
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Yield objects under ``root + prefix`` in key order, one ListObjectsV2 page at a time."""
+        full_prefix = self.root + prefix
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix, "MaxKeys": self.page_size}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self._call(self._where(prefix), lambda client: client.list_objects_v2(**kwargs))
+            for item in page.get("Contents", ()):
+                info = self._info_from_listing(item)
+                if info is not None:
+                    yield info
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return
+
+    def _info_from_listing(self, item: dict[str, Any]) -> ObjectInfo | None:
+        key = item["Key"][len(self.root):]
+        if not key or (key.endswith("/") and item.get("Size", 0) == 0):
+            return None  # the prefix itself, or a folder marker
+        etag = _etag(item.get("ETag"))
+        modified = item.get("LastModified")
+        return ObjectInfo(key, int(item.get("Size", 0)), etag,
+                          modified.timestamp() if modified else 0.0, md5_of_etag(etag))
+
+    def stat(self, key: str) -> ObjectInfo:
+        """HEAD one object."""
+        head = self._call(self._where(key), lambda client: client.head_object(
+            Bucket=self.bucket, Key=self.root + key))
+        etag = _etag(head.get("ETag"))
+        modified = head.get("LastModified")
+        return ObjectInfo(key, int(head.get("ContentLength", 0)), etag,
+                          modified.timestamp() if modified else 0.0, md5_of_etag(etag))
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    def _get(self, client: Any, key: str, byte_range: str | None, version: str | None) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.root + key}
+        if byte_range:
+            kwargs["Range"] = byte_range
+        if version:
+            kwargs["IfMatch"] = f'"{version}"'
+        return client.get_object(**kwargs)
+
+    def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
+        """Bytes ``[start, end)`` (fewer at the end of the object), guarded by ``If-Match``."""
+        if end <= start:
+            return b""
+
+        def attempt(client: Any) -> bytes:
+            try:
+                response = self._get(client, key, f"bytes={start}-{end - 1}", version)
+            except Exception as err:
+                if client_error_code(err)[1] == 416:
+                    return b""  # the range starts at or past the end of the object
+                raise
+            body = response["Body"]
+            try:
+                return body.read()
+            finally:
+                body.close()
+
+        return self._call(self._where(key), attempt)
+
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        version: str | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        """Stream the object into ``dest``; a broken transfer resumes where it stopped.
+
+        The first response's ETag (or ``version``) guards every resumed request with
+        ``If-Match``, so the file never mixes two versions: a replaced object raises
+        :class:`ObjectChanged`.
+        """
+        with open(dest, "wb") as out:
+            _Download(self, key, out, version, progress).run()
+
+    # -- uploads --------------------------------------------------------------------------------
+
+    def upload(self, src: Path, key: str, progress: ProgressCallback | None = None) -> ObjectInfo:
+        """Upload ``src``; multipart (parallel parts, each retried) above ``multipart_threshold``."""
+        size = os.path.getsize(src)
+        if size < self.multipart_threshold:
+            self._put_single(src, key, size)
+            if progress is not None:
+                progress(size)
+        else:
+            _MultipartUpload(self, src, key, size, progress).run()
+        return self.stat(key)
+
+    def _put_single(self, src: Path, key: str, size: int) -> None:
+        digest = _md5_base64_of_file(src)
+
+        def attempt(client: Any) -> None:
+            with open(src, "rb") as body:
+                client.put_object(Bucket=self.bucket, Key=self.root + key, Body=body,
+                                  ContentLength=size, ContentMD5=digest)
+
+        self._call(self._where(key), attempt)
+
+
+class _Download:
+    """One resumable download: state kept across attempts by :func:`with_retries`."""
+
+    def __init__(self, store: S3Store, key: str, out: BinaryIO, version: str | None,
+                 progress: ProgressCallback | None) -> None:
+        self.store, self.key, self.out, self.progress = store, key, out, progress
+        self.etag = version
+        self.written = 0
+        self.total: int | None = None
+
+    def run(self) -> None:
+        self.store._call(self.store._where(self.key), self._attempt)
+        if self.total is not None and self.written != self.total:
+            raise TransientError(f"{self.store._where(self.key)}: got {self.written} of {self.total} bytes")
+
+    def _attempt(self, client: Any) -> None:
+        if self.total is not None and self.written >= self.total:
+            return
+        self.out.seek(self.written)
+        self.out.truncate()
+        byte_range = f"bytes={self.written}-" if self.written else None
+        response = self.store._get(client, self.key, byte_range, self.etag)
+        etag = _etag(response.get("ETag"))
+        if self.etag is None:
+            self.etag = etag
+        elif etag and etag != self.etag:  # a server that ignores If-Match
+            raise ObjectChanged(f"{self.store._where(self.key)} changed during the download")
+        if self.total is None:
+            self.total = _total_size(response)
+        body = response["Body"]
+        try:
+            for chunk in body.iter_chunks(_READ_CHUNK):
+                self.out.write(chunk)
+                self.written += len(chunk)
+                if self.progress is not None:
+                    self.progress(len(chunk))
+        finally:
+            body.close()
+
+
+def _total_size(response: dict[str, Any]) -> int:
+    content_range = response.get("ContentRange")
+    if content_range and "/" in content_range:
+        total = content_range.rsplit("/", 1)[1]
+        if total.isdigit():
+            return int(total)
+    return int(response.get("ContentLength", 0))
+
+
+class _MultipartUpload:
+    """CreateMultipartUpload, parallel UploadPart (each retried), Complete; Abort on failure."""
+
+    def __init__(self, store: S3Store, src: Path, key: str, size: int,
+                 progress: ProgressCallback | None) -> None:
+        self.store, self.src, self.key, self.size, self.progress = store, src, key, size, progress
+        self.part_size = max(store.part_size, _MIN_PART, math.ceil(size / _MAX_PARTS))
+        self.where = store._where(key)
+        self.full_key = store.root + key
+
+    def run(self) -> None:
+        store = self.store
+        created = store._call(self.where, lambda client: client.create_multipart_upload(
+            Bucket=store.bucket, Key=self.full_key))
+        upload_id = created["UploadId"]
+        try:
+            count = math.ceil(self.size / self.part_size)
+            with ThreadPoolExecutor(max_workers=max(1, min(store.upload_workers, count))) as pool:
+                etags = list(pool.map(lambda n: self._part(upload_id, n), range(1, count + 1)))
+            parts = [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, start=1)]
+            store._call(self.where, lambda client: client.complete_multipart_upload(
+                Bucket=store.bucket, Key=self.full_key, UploadId=upload_id, MultipartUpload={"Parts": parts}))
+        except BaseException:
+            self._abort(upload_id)
+            raise
+
+    def _part(self, upload_id: str, number: int) -> str:
+        offset = (number - 1) * self.part_size
+        with open(self.src, "rb") as handle:
+            data = os.pread(handle.fileno(), self.part_size, offset)
+        digest = base64.b64encode(hashlib.md5(data).digest()).decode()
+        response = self.store._call(self.where, lambda client: client.upload_part(
+            Bucket=self.store.bucket, Key=self.full_key, UploadId=upload_id, PartNumber=number,
+            Body=data, ContentMD5=digest))
+        if self.progress is not None:
+            self.progress(len(data))
+        return response["ETag"]
+
+    def _abort(self, upload_id: str) -> None:
+        try:
+            self.store._attempt(self.where, lambda client: client.abort_multipart_upload(
+                Bucket=self.store.bucket, Key=self.full_key, UploadId=upload_id))
+        except Exception:  # best effort: the original error is the one to report
+            pass
+
+
+def _md5_base64_of_file(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_READ_CHUNK):
+            digest.update(chunk)
+    return base64.b64encode(digest.digest()).decode()

@@ -1,0 +1,323 @@
+"""S3Store against moto's server over HTTP (and through the fault proxy). No SDK patching."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import boto3
+import pytest
+
+from proxies import FaultProxy
+from servers import Server, free_port, wait_http
+from staging.errors import AccessDenied, NotFound, ObjectChanged, Throttled, TransientError
+from staging.retry import RetryPolicy
+from staging.stores import StoreConfig, open_store, parse_uri
+from staging.stores.s3 import S3Store
+
+FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.005, max_delay=0.02)
+BUCKET = "lading-test"
+
+
+def _config(endpoint: str, **overrides) -> StoreConfig:
+    return StoreConfig(endpoint_url=endpoint, region="us-east-1", retry=FAST_RETRY, timeout=10, **overrides)
+
+
+def _store(endpoint: str, uri: str = f"s3://{BUCKET}/data", **kwargs) -> S3Store:
+    store = S3Store(parse_uri(uri), _config(endpoint), **kwargs)
+    return store
+
+
+@pytest.fixture
+def s3(s3_env):
+    """A boto3 client for test setup, and a bucket."""
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    return client
+
+
+@pytest.fixture
+def endpoint(s3_env) -> str:
+    return s3_env["AWS_ENDPOINT_URL"]
+
+
+def _put(client, key: str, data: bytes) -> None:
+    client.put_object(Bucket=BUCKET, Key=key, Body=data)
+
+
+def test_open_store_gives_s3_store_without_building_a_client(endpoint):
+    store = open_store(f"s3://{BUCKET}/data", _config(endpoint))
+    assert isinstance(store, S3Store)
+    assert store.url == f"s3://{BUCKET}/data"
+    assert not store._client.built  # lazy: nothing imported/built until first use
+
+
+def test_listing_is_paged_ordered_and_relative(s3, endpoint):
+    keys = [f"k{i:03d}" for i in range(23)] + ["sub/a", "sub/b/c", "z"]
+    for key in keys:
+        _put(s3, f"data/{key}", key.encode())
+    _put(s3, "database/not-mine", b"x")  # shares the string prefix "data", not the directory
+    _put(s3, "data/emptydir/", b"")  # a console-made folder marker
+    with FaultProxy(endpoint) as proxy:
+        store = _store(proxy.url, page_size=5)
+        listed = list(store.list())
+        pages = proxy.count("GET", path_prefix=f"/{BUCKET}", where=lambda seen: "list-type=2" in seen.query)
+    assert [info.key for info in listed] == sorted(keys)
+    assert pages == -(-len(keys + ["emptydir/"]) // 5)  # ceil: one request per page of 5
+    first = listed[0]
+    assert first.size == 4 and first.md5 == hashlib.md5(b"k000").hexdigest() == first.version
+    assert first.mtime > 0
+
+
+def test_prefix_with_or_without_slash_and_sub_prefix(s3, endpoint):
+    for key in ("data/a", "data/sub/b", "data/sub/c", "datax/d"):
+        _put(s3, key, b"1")
+    with_slash = [i.key for i in _store(endpoint, f"s3://{BUCKET}/data/").list()]
+    without = [i.key for i in _store(endpoint, f"s3://{BUCKET}/data").list()]
+    assert with_slash == without == ["a", "sub/b", "sub/c"]
+    assert [i.key for i in _store(endpoint).list("sub/")] == ["sub/b", "sub/c"]
+    whole = [i.key for i in _store(endpoint, f"s3://{BUCKET}").list()]
+    assert whole == ["data/a", "data/sub/b", "data/sub/c", "datax/d"]
+
+
+def test_single_object_uri_is_addressed_through_its_parent(s3, endpoint):
+    _put(s3, "data/one.bin", b"payload")
+    uri = parse_uri(f"s3://{BUCKET}/data/one.bin")
+    assert list(_store(endpoint, str(uri)).list()) == []  # a URI names a prefix
+    parent, name = uri.split_name()
+    assert _store(endpoint, str(parent)).stat(name).size == 7
+
+
+def test_stat_and_missing_objects_and_buckets(s3, endpoint):
+    _put(s3, "data/f", b"hello")
+    info = _store(endpoint).stat("f")
+    assert (info.key, info.size, info.md5) == ("f", 5, hashlib.md5(b"hello").hexdigest())
+    with pytest.raises(NotFound):
+        _store(endpoint).stat("missing")
+    with pytest.raises(NotFound):
+        _store(endpoint).read_range("missing", 0, 3)
+    with pytest.raises(NotFound, match="no-such-bucket"):
+        list(_store(endpoint, "s3://no-such-bucket/x").list())
+
+
+def test_ranged_reads(s3, endpoint):
+    data = bytes(range(256)) * 40
+    _put(s3, "data/r", data)
+    store = _store(endpoint)
+    assert store.read_range("r", 100, 1100) == data[100:1100]
+    assert store.read_range("r", len(data) - 10, len(data) + 50) == data[-10:]  # short at the end
+    assert store.read_range("r", len(data) + 5, len(data) + 10) == b""
+    assert store.read_range("r", 7, 7) == b""
+
+
+def test_version_guard_detects_a_replaced_object(s3, endpoint, tmp_path):
+    _put(s3, "data/v", b"version one")
+    store = _store(endpoint)
+    old = store.stat("v").version
+    assert store.read_range("v", 0, 7, old) == b"version"
+    _put(s3, "data/v", b"version two!")
+    with pytest.raises(ObjectChanged):
+        store.read_range("v", 0, 7, old)
+    with pytest.raises(ObjectChanged):
+        store.download("v", tmp_path / "v.tmp", version=old)
+    assert store.read_range("v", 0, 7, store.stat("v").version) == b"version"
+
+
+def test_download_streams_and_reports_progress(s3, endpoint, tmp_path):
+    data = os.urandom(3 << 20)
+    _put(s3, "data/d.bin", data)
+    seen: list[int] = []
+    dest = tmp_path / "d.tmp"
+    _store(endpoint).download("d.bin", dest, progress=seen.append)
+    assert dest.read_bytes() == data
+    assert sum(seen) == len(data)
+
+
+def test_upload_single_and_multipart(s3, endpoint, tmp_path):
+    store = _store(endpoint, multipart_threshold=5 << 20, part_size=5 << 20)
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.write_bytes(b"tiny")
+    big.write_bytes(os.urandom((11 << 20) + 3))
+    info = store.upload(small, "up/small")
+    assert (info.key, info.size, info.md5) == ("up/small", 4, hashlib.md5(b"tiny").hexdigest())
+    progress: list[int] = []
+    info = store.upload(big, "up/big", progress=progress.append)
+    assert info.size == big.stat().st_size and sum(progress) == info.size
+    assert info.version.endswith("-3") and info.md5 is None  # three parts: a multipart ETag
+    body = s3.get_object(Bucket=BUCKET, Key="data/up/big")["Body"].read()
+    assert body == big.read_bytes()
+    assert s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+
+
+def test_failed_multipart_upload_is_aborted(s3, endpoint, tmp_path):
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(10 << 20))
+    with FaultProxy(endpoint) as proxy:
+        store = _store(proxy.url, multipart_threshold=5 << 20, part_size=5 << 20)
+        proxy.add_fault("slowdown", rate=1.0, method="PUT")  # every UploadPart is throttled
+        with pytest.raises(Throttled):
+            store.upload(big, "up/big")
+        assert proxy.count("DELETE") == 1  # AbortMultipartUpload
+    assert s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
+    with pytest.raises(NotFound):
+        _store(endpoint).stat("up/big")
+
+
+def test_throttling_resets_and_truncated_bodies_are_retried(s3, endpoint, tmp_path):
+    data = os.urandom(2 << 20)
+    _put(s3, "data/f.bin", data)
+    for i in range(12):
+        _put(s3, f"data/many/{i:02d}", bytes([i]) * 100)
+    with FaultProxy(endpoint) as proxy:
+        store = _store(proxy.url, page_size=4)
+        proxy.add_fault("slowdown", first=2)
+        proxy.add_fault("reset", first=1)
+        assert [i.key for i in store.list("many/")] == [f"many/{i:02d}" for i in range(12)]
+        proxy.add_fault("truncate", first=2, method="GET")
+        dest = tmp_path / "f.tmp"
+        store.download("f.bin", dest)
+        assert dest.read_bytes() == data
+        proxy.add_fault("truncate", first=1, method="GET")
+        proxy.add_fault("reset", first=1, method="GET")
+        assert store.read_range("f.bin", 1000, 900_000) == data[1000:900_000]
+        assert proxy.injected == {"slowdown": 2, "reset": 2, "truncate": 3}
+
+
+def test_download_resumes_after_a_broken_body_without_refetching(s3, endpoint, tmp_path):
+    data = os.urandom(1 << 20)
+    _put(s3, "data/f.bin", data)
+    with FaultProxy(endpoint) as proxy:
+        store = _store(proxy.url)
+        version = store.stat("f.bin").version
+        proxy.add_fault("truncate", first=1, method="GET")
+        seen: list[int] = []
+        store.download("f.bin", tmp_path / "f.tmp", version=version, progress=seen.append)
+        gets = [r for r in proxy.requests if r.method == "GET"]
+    assert (tmp_path / "f.tmp").read_bytes() == data
+    assert sum(seen) == len(data)  # the kept half is not counted twice
+    assert len(gets) == 2
+    assert gets[1].headers.get("Range") == f"bytes={len(data) // 2}-"
+    assert gets[1].headers.get("If-Match") == f'"{version}"'
+
+
+def test_persistent_failure_gives_up_after_the_configured_attempts(s3, endpoint):
+    _put(s3, "data/f", b"x")
+    with FaultProxy(endpoint) as proxy:
+        store = _store(proxy.url)
+        proxy.add_fault("slowdown", rate=1.0)
+        with pytest.raises(Throttled):
+            store.stat("f")
+        assert proxy.count("HEAD") == FAST_RETRY.attempts  # botocore's own retries are off
+        proxy.clear_faults()
+        proxy.add_fault("reset", rate=1.0)
+        with pytest.raises(TransientError) as caught:
+            store.read_range("f", 0, 1)
+        assert not isinstance(caught.value, Throttled)
+        assert proxy.count("GET") == FAST_RETRY.attempts
+
+
+def test_unreachable_endpoint_is_transient(s3_env):
+    store = S3Store(parse_uri(f"s3://{BUCKET}/x"), _config(f"http://127.0.0.1:{free_port()}"))
+    with pytest.raises(TransientError, match="cannot connect"):
+        store.stat("f")
+
+
+def test_missing_credentials_and_unknown_profile_are_access_denied(endpoint, monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with pytest.raises(AccessDenied) as caught:
+        _store(endpoint).stat("f")
+    assert "--no-sign-request" in (caught.value.hint or "")
+    store = S3Store(parse_uri(f"s3://{BUCKET}/x"), _config(endpoint, profile="nope"))
+    with pytest.raises(AccessDenied, match="profile"):
+        store.stat("f")
+
+
+def test_no_sign_request_reads_a_public_bucket(s3_env, endpoint, monkeypatch, tmp_path):
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket="public-bkt", ACL="public-read")
+    client.create_bucket(Bucket="private-bkt")
+    client.put_object(Bucket="public-bkt", Key="p/f", Body=b"open", ACL="public-read")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    client.put_object(Bucket="private-bkt", Key="p/f", Body=b"closed")
+    with FaultProxy(endpoint) as proxy:
+        public = S3Store(parse_uri("s3://public-bkt/p"), _config(proxy.url, no_sign_request=True))
+        assert [i.key for i in public.list()] == ["f"]
+        assert public.read_range("f", 0, 4) == b"open"
+        private = S3Store(parse_uri("s3://private-bkt/p"), _config(proxy.url, no_sign_request=True))
+        with pytest.raises(AccessDenied):
+            private.read_range("f", 0, 4)
+        assert not any("Authorization" in seen.headers for seen in proxy.requests)
+
+
+@pytest.fixture(scope="module")
+def auth_moto(tmp_path_factory) -> Server:
+    """A dedicated moto server that checks credentials (INITIAL_NO_AUTH_ACTION_COUNT=0)."""
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("auth-moto") / "moto.log", "wb")
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="0")
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server = Server("moto-auth", port, proc)
+    try:
+        wait_http(f"{server.url}/moto-api/", proc)
+        yield server
+    finally:
+        server.stop()
+        log.close()
+
+
+def test_bad_credentials_are_access_denied(auth_moto, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG1")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    store = S3Store(parse_uri(f"s3://{BUCKET}/x"), _config(auth_moto.url))
+    with pytest.raises(AccessDenied, match="InvalidAccessKeyId|not valid|denied") as caught:
+        list(store.list())
+    assert caught.value.exit_code == 4
+
+
+def test_shared_by_threads(s3, endpoint):
+    data = os.urandom(64 << 10)
+    _put(s3, "data/t", data)
+    store = _store(endpoint)
+    ranges = [(i * 1000, i * 1000 + 4096) for i in range(32)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda r: store.read_range("t", *r), ranges))
+    assert results == [data[a:b] for a, b in ranges]
+
+
+def test_usable_after_fork(s3, endpoint):
+    _put(s3, "data/f", b"before and after fork")
+    store = _store(endpoint)
+    assert store.stat("f").size == 21  # the parent has a client and open connections
+    parent_client = store._client.get()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: must rebuild its client, never reuse the parent's sockets
+        code = 1
+        try:
+            rebuilt = not store._client.built
+            data = store.read_range("f", 0, 6, store.stat("f").version)
+            fresh = store._client.get() is not parent_client
+            os.write(write_fd, b"%d %d " % (rebuilt, fresh) + data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        message = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert message == b"1 1 before"
+    assert store.read_range("f", 11, 21) == b"after fork"  # the parent still works
+    assert store._client.get() is parent_client
