@@ -214,21 +214,15 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool) -> int:
 
 
 def _load_experiment_config(config_file: str | None, env: Mapping[str, str]) -> tuple[Mapping, str]:
-    from staging.hooks.run import parse_config_text
+    from staging.detconfig import load_config, parse_config
 
     if config_file is not None:
-        try:
-            text = Path(config_file).read_text()
-        except FileNotFoundError:
-            raise UsageError(f"config file {config_file!r} does not exist") from None
-        except OSError as err:
-            raise UsageError(f"cannot read {config_file!r}: {err.strerror}") from None
-        return parse_config_text(text, config_file), config_file
+        return load_config(Path(config_file)), config_file
     raw = env.get("DET_EXPERIMENT_CONFIG")
     if not raw:
         raise UsageError("no experiment config: DET_EXPERIMENT_CONFIG is not set",
-                         "outside a det container pass --config const.yaml")
-    return parse_config_text(raw, "DET_EXPERIMENT_CONFIG"), "DET_EXPERIMENT_CONFIG"
+                         "outside a det container, name the experiment config file (const.yaml)")
+    return parse_config(raw, "DET_EXPERIMENT_CONFIG"), "DET_EXPERIMENT_CONFIG"
 
 
 @click.command()
@@ -256,3 +250,46 @@ def fetch(state: AppState, uri: str, dest: str, slots: bool, json_out: bool) -> 
     if json_out:
         click.echo(json.dumps(summary, indent=2))
     return 0
+
+
+@click.command("bind-mounts")
+@click.argument("config", required=False, type=click.Path(dir_okay=False))
+@click.option("--suggest", "suggest", multiple=True, metavar="PATH",
+              help="Print a ready-to-paste bind_mounts snippet for PATH (repeatable).")
+@click.option("--json", "json_out", is_flag=True, help="Print the problems as JSON on stdout.")
+def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) -> int:
+    """Validate CONFIG's bind_mounts against det's schema, and check host paths exist here.
+
+    \b
+    det's rules: host_path absolute; container_path not "."; read_only true/false;
+    propagation a string (the container runtime accepts private, rprivate, shared,
+    rshared, slave, rslave); no other keys. Beyond det: each host_path must exist on
+    this machine (run it on an agent host, or where the data lives).
+    CONFIG defaults to $DET_EXPERIMENT_CONFIG (inside a det container).
+
+    \b
+    lading bind-mounts const.yaml
+    lading bind-mounts --suggest /mnt/datasets/imagenet    read-only, same path inside
+
+    Exit 0: no problem; 1: problems found (listed); 2: unreadable config; 3: missing file.
+    """
+    from staging.detconfig import render_snippet, suggest_bind_mount, validate_bind_mounts
+
+    if suggest:
+        click.echo(render_snippet([suggest_bind_mount(path) for path in suggest]), nl=False)
+        if config is None:
+            return 0
+    loaded, origin = _load_experiment_config(config, os.environ)
+    problems = validate_bind_mounts(loaded, exists=os.path.exists)
+    mounts = loaded.get("bind_mounts") or []
+    count = len(mounts) if isinstance(mounts, list) else 1
+    if json_out:
+        click.echo(json.dumps({"config": origin, "bind_mounts": count, "ok": not problems,
+                               "problems": [problem.to_json() for problem in problems]}, indent=2))
+    else:
+        for problem in problems:
+            where = "bind_mounts" if problem.index < 0 else f"bind_mounts[{problem.index}]"
+            click.echo(f"{origin}: {where}: {problem.message}")
+        verdict = "ok" if not problems else f"{len(problems)} problem(s)"
+        click.echo(f"{origin}: {count} bind mount(s), {verdict}", err=bool(problems))
+    return 1 if problems else 0

@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import yaml
-
 from staging.errors import UsageError
 from staging.hooks.stage import StagePlan
 from staging.transfer import TransferItem
@@ -43,21 +41,6 @@ class DatasetSpec:
     dest: str
     distribution: str = "replicated"
     slots: bool = False
-
-
-def parse_config_text(text: str, origin: str) -> Mapping[str, object]:
-    """Parse an experiment config given as YAML or JSON (JSON is YAML)."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise UsageError(f"{origin}{where}: not valid YAML/JSON: {getattr(err, 'problem', err)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"{origin}: an experiment config must be a mapping, got {type(data).__name__}")
-    return data
 
 
 def datasets_from_config(config: Mapping[str, object], origin: str = "experiment config") -> list[DatasetSpec]:

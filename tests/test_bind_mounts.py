@@ -1,0 +1,81 @@
+"""`lading bind-mounts`: det's bind_mounts schema, host paths that exist, and --suggest."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from staging.detconfig import validate_bind_mounts
+
+
+def _problems(entry: dict, exists=None) -> list[tuple[str, str]]:
+    return [(p.field, p.message) for p in validate_bind_mounts({"bind_mounts": [entry]}, exists)]
+
+
+def test_det_schema_rules():
+    assert _problems({"host_path": "/data", "container_path": "/data", "read_only": True,
+                      "propagation": "rslave"}) == []
+    assert [f for f, _ in _problems({"host_path": "data", "container_path": "."})] == ["host_path", "container_path"]
+    assert _problems({"container_path": "/x"}) == [("host_path", "host_path is required")]
+    assert [f for f, _ in _problems({"host_path": "/d", "container_path": "/d", "read_only": "yes"})] == ["read_only"]
+    assert [f for f, _ in _problems({"host_path": "/d", "container_path": "/d", "propagation": 3})] == ["propagation"]
+    assert [f for f, _ in _problems({"host_path": "/d", "container_path": "/d", "mode": "ro"})] == ["mode"]
+
+
+def test_null_read_only_and_propagation_are_allowed_as_in_det():
+    assert _problems({"host_path": "/d", "container_path": "/d", "read_only": None, "propagation": None}) == []
+
+
+def test_runtime_propagation_values_and_missing_host_paths_are_flagged_beyond_det():
+    problems = validate_bind_mounts({"bind_mounts": [
+        {"host_path": "/nowhere", "container_path": "/d", "propagation": "sideways"}]}, exists=lambda p: False)
+    assert {(p.field, p.schema) for p in problems} == {("propagation", False), ("host_path", False)}
+
+
+def test_bind_mounts_must_be_a_list():
+    assert validate_bind_mounts({"bind_mounts": {"host_path": "/d"}})[0].field == "bind_mounts"
+    assert validate_bind_mounts({}) == [] and validate_bind_mounts({"bind_mounts": None}) == []
+
+
+def test_cli_ok_and_problem_exit_codes(lading, tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({"bind_mounts": [{"host_path": str(tmp_path), "container_path": "/data",
+                                                     "read_only": True}]}))
+    result = lading("bind-mounts", str(good))
+    assert result.returncode == 0 and "1 bind mount(s), ok" in result.stdout
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"bind_mounts": [
+        {"host_path": "relative", "container_path": "."},
+        {"host_path": str(tmp_path / "missing"), "container_path": "/m"}]}))
+    result = lading("bind-mounts", str(bad), "--json")
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and report["bind_mounts"] == 2
+    assert {(p["index"], p["field"]) for p in report["problems"]} == {
+        (0, "host_path"), (0, "container_path"), (1, "host_path")}
+
+
+def test_cli_unreadable_yaml_is_2_and_missing_file_is_3(lading, tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("bind_mounts: [\n  - host_path: /x\n")
+    result = lading("bind-mounts", str(broken))
+    assert result.returncode == 2 and "not valid YAML" in result.stderr and "Traceback" not in result.stderr
+    assert lading("bind-mounts", str(tmp_path / "nope.yaml")).returncode == 3
+
+
+def test_cli_reads_det_experiment_config_when_no_file_given(lading, tmp_path):
+    env = {"DET_EXPERIMENT_CONFIG": json.dumps({"bind_mounts": [{"host_path": "x", "container_path": "/x"}]})}
+    result = lading("bind-mounts", env=env)
+    assert result.returncode == 1 and "absolute" in result.stdout
+
+
+def test_suggest_prints_a_read_only_same_path_snippet(lading, tmp_path):
+    data = tmp_path / "datasets"
+    data.mkdir()
+    result = lading("bind-mounts", "--suggest", str(data))
+    assert result.returncode == 0
+    snippet = yaml.safe_load(result.stdout)
+    assert snippet == {"bind_mounts": [{"host_path": str(data), "container_path": str(data), "read_only": True}]}
+    assert validate_bind_mounts(snippet, exists=lambda p: True) == []
+    assert lading("bind-mounts", "--suggest", str(tmp_path / "absent")).returncode == 3
