@@ -1,0 +1,351 @@
+"""`lading sync` and `lading topology`: parse options, call staging.sync, render progress and results."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import click
+
+from cli.context import AppState, store_config
+from staging.errors import UsageError
+from staging.topology import FIELDS, Topology, detect_topology
+
+DEFAULT_DEST = "/tmp/data-rank{rank}"
+PLACEHOLDERS = ("rank", "local_rank", "node_rank", "world_size")
+PROGRESS_INTERVAL = 5.0
+
+SYNC_EPILOG = """\b
+Examples:
+  lading sync s3://bucket/train                 # -> /tmp/data-rank{rank}, every rank gets all
+  lading sync s3://bucket/train /data/r{rank} --distribution sharded --balance bytes
+  lading sync gs://bucket/imgs --include '*.jpg' --exclude 'tmp/*' --dry-run --json
+  lading sync s3://bucket/p --manifest keys.json --delete
+
+\b
+Topology: flags > torchrun/Determined (RANK...) > Horovod > OpenMPI > MPICH/Intel MPI >
+SLURM > rank 0 of 1. See `lading topology`.
+Sharding: keys sorted, key i -> rank i mod world_size; --balance bytes: largest first to
+the least-loaded rank. The union over ranks is exactly the source.
+Node cache: with several ranks on this node (or --cache-dir), a replicated source is
+downloaded once into the cache under a lock and hard-linked into each DEST.
+Incremental: DEST/.lading-sync.json records what was fetched; a re-run with nothing changed
+lists the source and makes no GET. --delete removes only files lading put in DEST.
+
+\b
+Exit codes: 0 ok, 1 some keys failed or unsafe keys, 2 usage, 3 not found,
+4 access denied, 5 transient failure after retries, 130 interrupted."""
+
+
+def _topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """--rank, --world-size, --local-rank, --local-world-size, --node-rank."""
+    helps = {
+        "rank": "This process's global rank (default: from the launcher, else 0).",
+        "world_size": "Number of ranks in the job (default: from the launcher, else 1).",
+        "local_rank": "Rank on this node.",
+        "local_world_size": "Ranks on this node (more than 1 turns the node cache on).",
+        "node_rank": "Index of this node.",
+    }
+    for name in reversed(FIELDS):
+        func = click.option("--" + name.replace("_", "-"), name, type=click.IntRange(min=0), default=None,
+                            help=helps[name])(func)
+    return func
+
+
+def _store_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Connection settings shared with other store commands."""
+    func = click.option("--region", default=None, help="S3 region (default: AWS_REGION / profile).")(func)
+    func = click.option("--no-sign-request", is_flag=True, help="Anonymous S3 access (public buckets).")(func)
+    func = click.option("--profile", default=None, help="AWS profile (default: AWS_PROFILE).")(func)
+    func = click.option("--endpoint-url", default=None,
+                        help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).")(func)
+    return func
+
+
+def _resolve_topology(values: Mapping[str, int | None], env: Mapping[str, str] = os.environ) -> Topology:
+    return detect_topology(env, {name: values.get(name) for name in FIELDS})
+
+
+def render_dest(template: str, topology: Topology) -> Path:
+    """Fill ``{rank}``, ``{local_rank}``, ``{node_rank}``, ``{world_size}``; anything else is a usage error."""
+    values = {name: getattr(topology, name) for name in PLACEHOLDERS}
+    try:
+        rendered = template.format_map(values)
+    except (KeyError, IndexError, ValueError, AttributeError) as err:
+        raise UsageError(f"bad placeholder in DEST {template!r}: {err}",
+                         "use {rank}, {local_rank}, {node_rank} or {world_size} ({{ and }} for braces)") from None
+    if not rendered:
+        raise UsageError("DEST is empty")
+    return Path(os.path.abspath(os.path.expanduser(rendered)))
+
+
+def _human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(nbytes) < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    return f"{nbytes:.1f} TiB"
+
+
+class LineProgress:
+    """Progress for logs (stdout not a terminal): a line on stderr every few seconds."""
+
+    def __init__(self, echo: Callable[[str], None], interval: float = PROGRESS_INTERVAL) -> None:
+        self.echo, self.interval = echo, interval
+        self.lock = threading.Lock()
+        self._reset("download", 0, 0)
+
+    def _reset(self, phase: str, files: int, nbytes: int) -> None:
+        self.phase, self.total_files, self.total_bytes = phase, files, nbytes
+        self.files = self.nbytes = 0
+        self.started = self.last = time.monotonic()
+
+    def on_phase(self, phase: str, plan: Any) -> None:
+        """Announce a phase (or that we wait for another rank's download)."""
+        if plan is None:
+            self.echo(f"lading sync: {phase}")
+            return
+        with self.lock:
+            self._reset(phase, len(plan.to_fetch), plan.fetch_bytes)
+        if plan.to_fetch:
+            verb = "linking from node cache" if phase == "link" else "fetching"
+            self.echo(f"lading sync: {verb} {len(plan.to_fetch)} file(s), {_human(plan.fetch_bytes)}")
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Count bytes; maybe print."""
+        with self.lock:
+            self.nbytes += nbytes
+        self._maybe_print()
+
+    def on_done(self, result: Any) -> None:
+        """Count files; maybe print."""
+        with self.lock:
+            self.files += 1
+        self._maybe_print()
+
+    def _maybe_print(self) -> None:
+        with self.lock:
+            now = time.monotonic()
+            if now - self.last < self.interval:
+                return
+            self.last = now
+            rate = self.nbytes / max(now - self.started, 1e-6)
+            line = (f"lading sync: {self.phase} {self.files}/{self.total_files} files, "
+                    f"{_human(self.nbytes)}/{_human(self.total_bytes)}, {_human(rate)}/s")
+        self.echo(line)
+
+    def close(self) -> None:
+        """Nothing to tear down."""
+
+
+class BarProgress:
+    """Progress on a terminal: a tqdm bar of bytes with the file count beside it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.bar: Any = None
+        self.files = self.total_files = 0
+
+    def on_phase(self, phase: str, plan: Any) -> None:
+        """Start a new bar for each phase."""
+        from tqdm import tqdm
+
+        self.close()
+        if plan is None:
+            click.echo(f"lading sync: {phase}", err=True)
+            return
+        if not plan.to_fetch:
+            return
+        with self.lock:
+            self.files, self.total_files = 0, len(plan.to_fetch)
+            desc = "link" if phase == "link" else "sync"
+            self.bar = tqdm(total=plan.fetch_bytes, unit="B", unit_scale=True, unit_divisor=1024,
+                            desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
+            self.bar.set_postfix_str(f"0/{self.total_files} files", refresh=False)
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Advance the bar."""
+        with self.lock:
+            if self.bar is not None:
+                self.bar.update(nbytes)
+
+    def on_done(self, result: Any) -> None:
+        """Count a file."""
+        with self.lock:
+            self.files += 1
+            if self.bar is not None:
+                self.bar.set_postfix_str(f"{self.files}/{self.total_files} files", refresh=False)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        with self.lock:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+
+
+class Silent:
+    """No progress (--json, --quiet)."""
+
+    def on_phase(self, phase: str, plan: Any) -> None:
+        """Ignore."""
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Ignore."""
+
+    def on_done(self, result: Any) -> None:
+        """Ignore."""
+
+    def close(self) -> None:
+        """Ignore."""
+
+
+def _progress(state: AppState, json_out: bool) -> Any:
+    if json_out or state.quiet:
+        return Silent()
+    if sys.stdout.isatty() and sys.stderr.isatty():
+        return BarProgress()
+    return LineProgress(lambda line: click.echo(line, err=True))
+
+
+def _check_sharded_dest(template: str, distribution: str, topology: Topology) -> None:
+    if distribution != "sharded" or topology.world_size == 1 or topology.local_world_size == 1:
+        return
+    if "{rank}" not in template and "{local_rank}" not in template:
+        raise UsageError(f"sharded ranks on one node would share DEST {template!r}",
+                         "put {rank} or {local_rank} in DEST, e.g. /tmp/data-rank{rank}")
+
+
+def _print_plan(plan: Any) -> None:
+    totals = plan.totals()
+    click.echo(f"plan for rank {plan.rank}/{plan.world_size} ({plan.distribution}): {plan.source} -> {plan.dest}")
+    click.echo(f"  listed {totals['listed']}, selected {totals['selected_files']} "
+               f"({_human(totals['selected_bytes'])})")
+    click.echo(f"  fetch {totals['fetch_files']} file(s) ({_human(totals['fetch_bytes'])}), "
+               f"{totals['up_to_date_files']} up to date, delete {totals['delete_files']}")
+    for item in plan.to_fetch[:20]:
+        click.echo(f"  + {item.info.key}  ({_human(item.info.size)}, {item.reason})")
+    for key in plan.to_delete[:20]:
+        click.echo(f"  - {key}")
+    hidden = max(0, len(plan.to_fetch) - 20) + max(0, len(plan.to_delete) - 20)
+    if hidden:
+        click.echo(f"  ... and {hidden} more (--json lists them all)")
+
+
+def _print_summary(summary: Any) -> None:
+    via = f" via node cache ({_human(summary.downloaded_bytes)} downloaded)" if summary.cache else ""
+    click.echo(f"synced {summary.files} file(s), {_human(summary.bytes)} to {summary.dest} in "
+               f"{summary.seconds:.1f}s ({_human(summary.throughput)}/s){via}; {summary.skipped} up to date, "
+               f"{summary.deleted} deleted, {len(summary.failed)} failed")
+
+
+def _report_failures(summary: Any) -> int:
+    """Name the failed keys on stderr; the exit code for them."""
+    if not summary.failed:
+        return 0
+    click.echo(f"lading: error: {len(summary.failed)} key(s) failed:", err=True)
+    for failed in summary.failed[:50]:
+        click.echo(f"  {failed.key}: {failed.error}", err=True)
+    if len(summary.failed) > 50:
+        click.echo(f"  ... and {len(summary.failed) - 50} more (--json lists them all)", err=True)
+    codes = {failed.exit_code for failed in summary.failed}
+    if summary.files == 0 and summary.skipped == 0 and len(codes) == 1:
+        return codes.pop()  # nothing worked, for one reason (e.g. access denied): say which
+    return 1
+
+
+@click.command(epilog=SYNC_EPILOG)
+@click.argument("source")
+@click.argument("dest", default=DEFAULT_DEST)
+@_topology_options
+@click.option("--distribution", type=click.Choice(["replicated", "sharded"]), default="replicated",
+              show_default=True, help="Every rank gets everything, or a disjoint shard per rank.")
+@click.option("--balance", type=click.Choice(["count", "bytes"]), default="count", show_default=True,
+              help="Sharding rule: by key order (i mod world size) or by size (largest first).")
+@click.option("--include", multiple=True, metavar="GLOB", help="Only keys matching a glob (repeatable).")
+@click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out keys matching a glob (repeatable).")
+@click.option("--manifest", "manifest_file", type=click.Path(dir_okay=False), default=None,
+              help="Sync the keys in FILE instead of listing (SageMaker ManifestFile JSON or one key per line).")
+@click.option("--delete", is_flag=True, help="Remove files lading synced earlier that left the source.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None, envvar="LADING_CACHE_DIR",
+              help="Node cache directory (default /tmp/lading-cache; giving it turns the cache on).")
+@click.option("--no-cache", is_flag=True, help="Never use the node cache.")
+@click.option("--workers", type=click.IntRange(min=1, max=512), default=32, show_default=True,
+              help="Parallel transfers.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option("--json", "json_out", is_flag=True, help="Print only JSON: the summary, or the plan with --dry-run.")
+@_store_options
+@click.pass_obj
+def sync(state: AppState, source: str, dest: str, distribution: str, balance: str, include: tuple[str, ...],
+         exclude: tuple[str, ...], manifest_file: str | None, delete: bool, cache_dir: str | None, no_cache: bool,
+         workers: int, dry_run: bool, json_out: bool, endpoint_url: str | None, profile: str | None,
+         no_sign_request: bool, region: str | None, **topology_values: int | None) -> int:
+    """Copy SOURCE (s3://, gs://, a path) into DEST for this rank, incrementally.
+
+    DEST is a template (default /tmp/data-rank{rank}) with {rank}, {local_rank},
+    {node_rank} and {world_size}. Files appear atomically and verified; keys that would
+    escape DEST are refused.
+    """
+    from staging.manifest import load_manifest
+    from staging.stores import open_store, parse_uri
+    from staging.sync import DEFAULT_CACHE_ROOT, SyncRequest, plan_only, run_sync, use_node_cache
+    from staging.transfer import TransferOptions
+
+    topology = _resolve_topology(topology_values)
+    uri = parse_uri(source)
+    target = render_dest(dest, topology)
+    _check_sharded_dest(dest, distribution, topology)
+    manifest = load_manifest(manifest_file) if manifest_file else None
+    request = SyncRequest(str(uri), target, include, exclude, manifest, distribution, balance,
+                          topology.rank, topology.world_size, delete)
+    store = open_store(uri, store_config(endpoint_url, profile, no_sign_request, region))
+    if dry_run:
+        plan = plan_only(store, request, workers)
+        click.echo(json.dumps(plan.to_json(), indent=2)) if json_out else _print_plan(plan)
+        return 0
+    cached = use_node_cache(topology.local_world_size, cache_dir is not None, no_cache, uri.scheme == "file")
+    cache_root = Path(cache_dir).expanduser().absolute() if cache_dir else DEFAULT_CACHE_ROOT
+    progress = _progress(state, json_out)
+    try:
+        summary = run_sync(store, request, TransferOptions(workers=workers), progress,
+                           cache_root if cached else None)
+    finally:
+        progress.close()
+    if json_out:
+        click.echo(json.dumps(summary.to_json(), indent=2))
+    elif not state.quiet or summary.failed:
+        _print_summary(summary)
+    return _report_failures(summary)
+
+
+@click.command()
+@_topology_options
+@click.option("--json", "json_out", is_flag=True, help="Print JSON.")
+def topology(json_out: bool, **topology_values: int | None) -> None:
+    """Show the rank, world size and node layout lading detects, and where each value came from.
+
+    Sources, first match wins: flags; torchrun/Determined (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, GROUP_RANK); Horovod (HOROVOD_*); OpenMPI (OMPI_COMM_WORLD_*);
+    MPICH/Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS); SLURM
+    (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE, SLURM_NODEID);
+    otherwise rank 0 of 1.
+    """
+    detected = _resolve_topology(topology_values)
+    if json_out:
+        click.echo(json.dumps(detected.to_json(), indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"topology (launcher: {detected.launcher})", title_justify="left")
+    table.add_column("field")
+    table.add_column("value", justify="right")
+    table.add_column("from")
+    for name in FIELDS:
+        table.add_row(name, str(getattr(detected, name)), detected.sources.get(name, ""))
+    Console().print(table)

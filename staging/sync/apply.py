@@ -1,0 +1,263 @@
+"""Apply a :class:`~staging.sync.plan.SyncPlan`: delete, fetch, record, summarise.
+
+Order: first ``--delete`` removals (only files lading tracks in the state record, so files the
+user or the training job put into DEST are never touched), then the fetches through
+:func:`staging.transfer.fetch_all` (or another fetcher with the same signature, e.g. the node
+cache's hard-linker). Each completed file is journaled at once (:mod:`staging.sync.state`), so a
+sync killed mid-way resumes where it stopped. Nothing is written outside DEST: parent
+directories are created one level at a time and an existing symlink or file in their place
+fails that key.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as stat_mode
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
+
+from staging.errors import LadingError, UnsafeKey
+from staging.stores.base import ObjectInfo, Store
+from staging.sync.plan import SyncPlan
+from staging.sync.state import Entry, SyncState
+from staging.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
+
+#: ``fetcher(items, options, events) -> results``: how the bytes get there.
+Fetcher = Callable[[list[TransferItem], TransferOptions, "SyncEvents"], list[TransferResult]]
+
+
+class SyncEvents(Protocol):
+    """Progress callbacks (a :class:`~staging.transfer.TransferEvents` plus phases)."""
+
+    def on_phase(self, phase: str, plan: SyncPlan | None) -> None:
+        """A phase starts: ``download`` (store -> DEST or node cache) or ``link`` (cache -> DEST).
+
+        With ``plan`` None, ``phase`` is a notice (e.g. waiting for another rank's download).
+        """
+        ...
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Bytes arrived (negative when a retry discards a partial read)."""
+        ...
+
+    def on_done(self, result: TransferResult) -> None:
+        """One file finished, successfully or not."""
+        ...
+
+
+class NoSyncEvents:
+    """SyncEvents that ignore everything."""
+
+    def on_phase(self, phase: str, plan: SyncPlan | None) -> None:
+        """Ignore."""
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Ignore."""
+
+    def on_done(self, result: TransferResult) -> None:
+        """Ignore."""
+
+
+@dataclass(frozen=True)
+class FailedKey:
+    """A key that could not be synced, with the one-line reason and its exit code."""
+
+    key: str
+    error: str
+    exit_code: int
+
+
+@dataclass
+class SyncSummary:
+    """What a sync did. ``files``/``bytes`` were placed in DEST; ``downloaded_bytes`` came from
+    the store in this process (less than ``bytes`` when the node cache already had them)."""
+
+    source: str
+    dest: str
+    files: int = 0
+    bytes: int = 0
+    downloaded_bytes: int = 0
+    skipped: int = 0
+    deleted: int = 0
+    failed: list[FailedKey] = field(default_factory=list)
+    seconds: float = 0.0
+    cache: str | None = None
+
+    @property
+    def throughput(self) -> float:
+        """Bytes per second placed in DEST."""
+        return self.bytes / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON shape of ``lading sync --json``."""
+        return {
+            "source": self.source, "dest": self.dest, "files": self.files, "bytes": self.bytes,
+            "downloaded_bytes": self.downloaded_bytes, "skipped": self.skipped, "deleted": self.deleted,
+            "failed": [{"key": f.key, "error": f.error} for f in self.failed],
+            "seconds": round(self.seconds, 3), "throughput_bytes_per_s": round(self.throughput, 1),
+            "cache": self.cache,
+        }
+
+
+def store_fetcher(store: Store) -> Fetcher:
+    """The default fetcher: the transfer engine reading from ``store``."""
+
+    def fetch(items: list[TransferItem], options: TransferOptions, events: SyncEvents) -> list[TransferResult]:
+        return fetch_all(store, items, options, events)
+
+    return fetch
+
+
+def prepare_parent(root: Path, key: str, made: set[Path]) -> Path:
+    """Create the directories of ``key`` under ``root`` and return its final path.
+
+    Raises :class:`UnsafeKey` when a component exists as a symlink or a file: following it could
+    write outside ``root``. ``made`` caches directories already checked in this run.
+    """
+    parts = key.split("/")
+    current = root
+    for part in parts[:-1]:
+        current = current / part
+        if current in made:
+            continue
+        try:
+            os.mkdir(current)
+        except FileExistsError:
+            st = os.lstat(current)
+            if not stat_mode.S_ISDIR(st.st_mode):
+                kind = "a symlink" if stat_mode.S_ISLNK(st.st_mode) else "not a directory"
+                raise UnsafeKey(f"{key}: local path {current} is {kind}",
+                                "remove it, or sync with --delete if lading put it there") from None
+        made.add(current)
+    final = current / parts[-1]
+    try:
+        if stat_mode.S_ISDIR(os.lstat(final).st_mode):
+            raise UnsafeKey(f"{key}: a local directory {final} is in the way")
+    except FileNotFoundError:
+        pass
+    return final
+
+
+def delete_tracked(dest: Path, keys: Iterable[str], state: SyncState) -> int:
+    """Remove files lading tracks under ``dest`` and prune directories left empty."""
+    deleted = 0
+    parents: set[Path] = set()
+    done: list[str] = []
+    for key in keys:
+        path = dest.joinpath(*key.split("/"))
+        try:
+            if not stat_mode.S_ISDIR(os.lstat(path).st_mode):
+                path.unlink()
+                deleted += 1
+        except FileNotFoundError:
+            pass
+        done.append(key)
+        parents.update(p for p in path.parents if p != dest and dest in p.parents)
+    state.forget(done)
+    for directory in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+        try:
+            directory.rmdir()
+        except OSError:
+            pass  # not empty, or not ours to judge: keep it
+    return deleted
+
+
+class _Recorder:
+    """Wraps the caller's events: journals each completed file and collects the results."""
+
+    def __init__(self, infos: dict[str, ObjectInfo], state: SyncState, events: SyncEvents) -> None:
+        self.infos = infos
+        self.state = state
+        self.events = events
+        self.lock = threading.Lock()
+        self.ok_files = 0
+        self.ok_bytes = 0
+        self.failed: list[FailedKey] = []
+
+    def on_bytes(self, nbytes: int) -> None:
+        self.events.on_bytes(nbytes)
+
+    def on_done(self, result: TransferResult) -> None:
+        if result.ok:
+            result = self._record(result)
+        with self.lock:
+            if result.ok:
+                self.ok_files += 1
+                self.ok_bytes += self.infos[result.key].size
+            else:
+                error = result.error or LadingError("failed")
+                self.failed.append(FailedKey(result.key, error.message, error.exit_code))
+        self.events.on_done(result)
+
+    def _record(self, result: TransferResult) -> TransferResult:
+        info = self.infos[result.key]
+        try:
+            st = os.lstat(result.dest)
+        except OSError as err:
+            return TransferResult(result.key, result.dest, False, error=LadingError(f"{result.dest}: {err}"))
+        self.state.record(Entry(info.key, info.size, info.version, st.st_mtime_ns, st.st_size))
+        return result
+
+
+def apply_plan(
+    plan: SyncPlan,
+    state: SyncState,
+    fetcher: Fetcher,
+    options: TransferOptions = TransferOptions(),
+    events: SyncEvents = NoSyncEvents(),
+    phase: str = "download",
+) -> SyncSummary:
+    """Run the plan against DEST (the caller holds DEST's lock) and save the state record."""
+    started = time.monotonic()
+    dest = Path(plan.dest)
+    summary = SyncSummary(plan.source, plan.dest, skipped=len(plan.up_to_date))
+    summary.deleted = delete_tracked(dest, plan.to_delete, state) if plan.to_delete else 0
+    events.on_phase(phase, plan)
+    items: list[TransferItem] = []
+    made: set[Path] = set()
+    for planned in plan.to_fetch:
+        try:
+            items.append(TransferItem(planned.info, prepare_parent(dest, planned.info.key, made)))
+        except (UnsafeKey, OSError) as err:
+            message = err.message if isinstance(err, LadingError) else f"{planned.info.key}: {err}"
+            summary.failed.append(FailedKey(planned.info.key, message, 1))
+    recorder = _Recorder({item.info.key: item.info for item in items}, state, events)
+    try:
+        if items:
+            fetcher(items, options, recorder)
+    finally:
+        state.save()
+    summary.files = recorder.ok_files
+    summary.bytes = recorder.ok_bytes
+    summary.failed.extend(recorder.failed)
+    summary.failed.sort(key=lambda f: f.key)
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def sweep_temporaries(dest: Path, markers: tuple[str, ...]) -> int:
+    """Remove leftover temporaries (names containing one of ``markers``) of a killed run under ``dest``.
+
+    Only called while holding DEST's lock, so no live writer owns them.
+    """
+    removed = 0
+    stack = [dest]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(Path(entry.path))
+            elif any(marker in entry.name for marker in markers):
+                try:
+                    os.unlink(entry.path)
+                    removed += 1
+                except OSError:
+                    pass
+    return removed

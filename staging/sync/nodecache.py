@@ -1,0 +1,138 @@
+"""Node-local sharing: several ranks on one host sync the same source, the bytes are fetched once.
+
+The cache entry for a source is ``CACHE_ROOT/<name>-<digest>``, where the digest covers the
+source URI, the include/exclude globs, the manifest entries and, for sharded syncs, the rank's
+shard (so ranks with different shards never share an entry). Each rank:
+
+1. takes the entry's exclusive ``flock`` (``CACHE_ROOT/<entry>.lock``), waiting as long as the
+   holder needs (no fixed timeout; the kernel drops the lock if the holder dies);
+2. syncs the source into the entry exactly like a plain sync (state record, journal, verified
+   atomic writes, ``--delete`` semantics so the entry mirrors the source). The first rank
+   downloads; the ranks after it find everything up to date and make no GET;
+3. still under the lock, builds its own DEST from the entry: a hard link per file, or a copy
+   when DEST is on another filesystem (``EXDEV``), each placed atomically (temporary name, then
+   rename), with DEST's own state record.
+
+Files in DEST share their inode with the cache entry and the other ranks' DESTs: treat them as
+read-only (replacing a file is fine; editing it in place changes every copy).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from staging.errors import LadingError
+from staging.stores.base import Store
+from staging.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
+from staging.sync.locks import exclusive_lock
+from staging.sync.plan import Selection, SyncRequest
+from staging.sync.run import sync_into
+from staging.sync.state import SyncState
+from staging.transfer import TransferItem, TransferOptions, TransferResult
+
+DEFAULT_CACHE_ROOT = Path("/tmp/lading-cache")
+
+
+def use_node_cache(local_world_size: int, cache_dir_given: bool, no_cache: bool, source_is_local: bool) -> bool:
+    """The rule for ``lading sync``: use the node cache when more than one rank runs on this node
+    (or ``--cache-dir`` was given), unless ``--no-cache`` or the source is a local directory
+    (nothing to save there)."""
+    if no_cache or source_is_local:
+        return False
+    return local_world_size > 1 or cache_dir_given
+
+
+def cache_entry_name(request: SyncRequest) -> str:
+    """A stable directory name for what ``request`` selects (independent of DEST)."""
+    identity: dict[str, object] = {
+        "source": request.source,
+        "include": list(request.include),
+        "exclude": list(request.exclude),
+        "manifest": list(request.manifest.entries) if request.manifest else None,
+    }
+    if request.distribution == "sharded" and request.world_size > 1:
+        identity.update(rank=request.rank, world_size=request.world_size, balance=request.balance)
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", request.source.split("://", 1)[-1]).strip("_.")[:48]
+    return f"{slug or 'source'}-{digest}"
+
+
+def link_fetcher(entry: Path) -> Fetcher:
+    """A fetcher that places files from the cache ``entry`` (hard link, or copy across filesystems)."""
+    cache_state = SyncState.load(entry)
+
+    def fetch(items: list[TransferItem], options: TransferOptions, events: SyncEvents) -> list[TransferResult]:
+        results = []
+        for item in items:
+            result = _place(entry, cache_state, item)
+            if result.ok:
+                events.on_bytes(item.info.size)
+            events.on_done(result)
+            results.append(result)
+        return results
+
+    return fetch
+
+
+def _place(entry: Path, cache_state: SyncState, item: TransferItem) -> TransferResult:
+    key = item.info.key
+    source = entry.joinpath(*key.split("/"))
+    cached = cache_state.entries.get(key)
+    try:
+        st = os.lstat(source)
+        if cached is None or cached.version != item.info.version or not cached.matches_local(st):
+            raise LadingError(f"{key}: the node cache copy is not current")
+        try:
+            if os.path.samestat(st, os.lstat(item.dest)):
+                return TransferResult(key, item.dest, True, item.info.size)  # already this inode
+        except FileNotFoundError:
+            pass
+        tmp = item.dest.with_name(f".{item.dest.name}.lading-link-{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(source, tmp)
+        except OSError as err:
+            if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                raise
+            shutil.copyfile(source, tmp)  # another filesystem (or no hard links there): copy
+        os.replace(tmp, item.dest)
+    except LadingError as err:
+        return TransferResult(key, item.dest, False, error=err)
+    except OSError as err:
+        return TransferResult(key, item.dest, False, error=LadingError(f"{key}: {err.strerror or err}"))
+    return TransferResult(key, item.dest, True, item.info.size)
+
+
+def sync_through_cache(
+    store: Store,
+    selection: Selection,
+    request: SyncRequest,
+    cache_root: Path,
+    options: TransferOptions = TransferOptions(),
+    events: SyncEvents = NoSyncEvents(),
+) -> SyncSummary:
+    """Fill the node cache entry for ``request`` (once per node), then build DEST from it."""
+    started = time.monotonic()
+    cache_root.mkdir(parents=True, exist_ok=True)
+    entry = cache_root / cache_entry_name(request)
+    def waiting() -> None:
+        events.on_phase("waiting for another process on this node to fill the cache", None)
+
+    with exclusive_lock(cache_root / f"{entry.name}.lock", on_wait=waiting):
+        cache_request = replace(request, dest=entry, delete=True)
+        cached = sync_into(store_fetcher(store), selection, cache_request, options, events, "download")
+        failed = frozenset(f.key for f in cached.failed)
+        summary = sync_into(link_fetcher(entry), selection, request, options, events, "link", skip_keys=failed)
+    summary.downloaded_bytes = cached.bytes
+    summary.failed = sorted(cached.failed + summary.failed, key=lambda f: f.key)
+    summary.cache = str(entry)
+    summary.seconds = time.monotonic() - started
+    return summary

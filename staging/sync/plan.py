@@ -1,0 +1,235 @@
+"""Plan a sync as data: which objects this rank gets, which to fetch, which are up to date, which to delete.
+
+Two steps, both pure with respect to DEST (nothing is written):
+
+1. :func:`select_objects` lists the source (streaming pages) or stats the manifest's keys, keeps
+   keys matching the ``--include``/``--exclude`` globs, skips directory markers (zero-byte keys
+   ending in ``/``), refuses unsafe keys for the whole selection (so every rank agrees), then
+   applies the sharding rule of :mod:`staging.sharding`.
+2. :func:`plan_sync` compares the selection with the destination's state record
+   (:mod:`staging.sync.state`) and the files on disk.
+
+The :class:`SyncPlan` is what ``--dry-run`` and ``--json`` show.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import stat as stat_mode
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from staging.errors import UnsafeKey, UsageError
+from staging.keys import find_collisions, key_parts
+from staging.manifest import Manifest, keys_under
+from staging.sharding import BALANCES, DISTRIBUTIONS, select_for_rank
+from staging.stores.base import ObjectInfo, Store
+from staging.sync.state import RESERVED_NAMES, SyncState
+
+_SHOWN_UNSAFE = 5
+
+
+@dataclass(frozen=True)
+class SyncRequest:
+    """What to sync where, for which rank. ``dest`` is the already-rendered destination."""
+
+    source: str
+    dest: Path
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    manifest: Manifest | None = None
+    distribution: str = "replicated"
+    balance: str = "count"
+    rank: int = 0
+    world_size: int = 1
+    delete: bool = False
+
+    def __post_init__(self) -> None:
+        if self.distribution not in DISTRIBUTIONS:
+            raise UsageError(f"unknown distribution {self.distribution!r}", "use replicated or sharded")
+        if self.balance not in BALANCES:
+            raise UsageError(f"unknown balance {self.balance!r}", "use count or bytes")
+        if not 0 <= self.rank < self.world_size:
+            raise UsageError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
+
+
+@dataclass
+class Selection:
+    """The objects this rank gets (key order), and counts from the listing."""
+
+    objects: list[ObjectInfo]
+    listed: int = 0
+    matched: int = 0
+    markers: int = 0
+
+
+@dataclass(frozen=True)
+class PlannedFetch:
+    """An object to fetch and why: new, changed, missing, modified or untracked."""
+
+    info: ObjectInfo
+    reason: str
+
+
+@dataclass
+class SyncPlan:
+    """The sync, as data. ``to_fetch``/``up_to_date`` are this rank's objects; ``to_delete`` are
+    files lading tracks in DEST that left the selection (only with ``--delete``)."""
+
+    source: str
+    dest: str
+    rank: int
+    world_size: int
+    distribution: str
+    balance: str
+    to_fetch: list[PlannedFetch] = field(default_factory=list)
+    up_to_date: list[ObjectInfo] = field(default_factory=list)
+    to_delete: list[str] = field(default_factory=list)
+    listed: int = 0
+    matched: int = 0
+
+    @property
+    def fetch_bytes(self) -> int:
+        """Bytes the plan will fetch."""
+        return sum(item.info.size for item in self.to_fetch)
+
+    def totals(self) -> dict[str, int]:
+        """Counts and bytes per category."""
+        return {
+            "listed": self.listed,
+            "matched": self.matched,
+            "selected_files": len(self.to_fetch) + len(self.up_to_date),
+            "selected_bytes": self.fetch_bytes + sum(info.size for info in self.up_to_date),
+            "fetch_files": len(self.to_fetch),
+            "fetch_bytes": self.fetch_bytes,
+            "up_to_date_files": len(self.up_to_date),
+            "delete_files": len(self.to_delete),
+        }
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON shape of ``lading sync --dry-run --json``."""
+        return {
+            "source": self.source,
+            "dest": self.dest,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "distribution": self.distribution,
+            "balance": self.balance,
+            "totals": self.totals(),
+            "to_fetch": [{"key": item.info.key, "size": item.info.size, "version": item.info.version,
+                          "reason": item.reason} for item in self.to_fetch],
+            "up_to_date": [info.key for info in self.up_to_date],
+            "to_delete": list(self.to_delete),
+        }
+
+
+def matches_filters(key: str, include: Iterable[str], exclude: Iterable[str]) -> bool:
+    """True when ``key`` matches an include glob (or there are none) and no exclude glob.
+
+    Globs use :mod:`fnmatch` on the whole key relative to the source, so ``*`` also crosses
+    ``/``: ``*.jpg`` matches ``a/b/c.jpg`` and ``train/*`` everything under ``train/``.
+    """
+    include = tuple(include)
+    if include and not any(fnmatch.fnmatchcase(key, pattern) for pattern in include):
+        return False
+    return not any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude)
+
+
+def source_objects(store: Store, manifest: Manifest | None, source: str, workers: int = 32) -> Iterator[ObjectInfo]:
+    """The store's listing, or (with a manifest) one ``stat`` per key, done in parallel."""
+    if manifest is None:
+        yield from store.list()
+        return
+    keys = keys_under(manifest, source)
+    for key in keys:
+        unsafe_reason(key, raise_it=True)  # never hand an escaping key to a store
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1))) as pool:
+        yield from pool.map(store.stat, keys)
+
+
+def unsafe_reason(key: str, raise_it: bool = False) -> str | None:
+    """Why ``key`` can't be written under DEST (None if it can)."""
+    try:
+        parts = key_parts(key)
+    except UnsafeKey as err:
+        if raise_it:
+            raise
+        return err.message
+    if parts[0] in RESERVED_NAMES:
+        message = f"refusing key {key!r}: the name is reserved for lading's state record"
+        if raise_it:
+            raise UnsafeKey(message)
+        return message
+    return None
+
+
+def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Selection:
+    """List (or stat the manifest), filter, check safety and shard: this rank's objects."""
+    kept: list[ObjectInfo] = []
+    unsafe: list[str] = []
+    listed = markers = 0
+    for info in source_objects(store, request.manifest, request.source, workers):
+        listed += 1
+        if info.key.endswith("/") and info.size == 0:
+            markers += 1  # a "folder" created by a console: nothing to write
+            continue
+        if not matches_filters(info.key, request.include, request.exclude):
+            continue
+        reason = unsafe_reason(info.key)
+        if reason is not None:
+            unsafe.append(reason)
+            continue
+        kept.append(info)
+    if unsafe:
+        _refuse(unsafe, request.source)
+    collisions = find_collisions(info.key for info in kept)
+    if collisions:
+        _refuse([f"key {file_key!r} is a file and also the directory of {other!r}"
+                 for file_key, other in collisions], request.source)
+    mine = select_for_rank(kept, request.rank, request.world_size, request.distribution, request.balance)
+    return Selection(mine, listed=listed, matched=len(kept), markers=markers)
+
+
+def _refuse(reasons: list[str], source: str) -> None:
+    shown = "; ".join(reasons[:_SHOWN_UNSAFE])
+    more = f" (and {len(reasons) - _SHOWN_UNSAFE} more)" if len(reasons) > _SHOWN_UNSAFE else ""
+    raise UnsafeKey(f"{len(reasons)} unsafe key(s) in {source}, nothing was written: {shown}{more}",
+                    "rename them in the bucket, or leave them out with --exclude")
+
+
+def _classify(info: ObjectInfo, dest: Path, state: SyncState) -> str | None:
+    """Why ``info`` must be fetched into ``dest``, or None when the local copy is current."""
+    entry = state.entries.get(info.key)
+    try:
+        st = os.lstat(dest.joinpath(*info.key.split("/")))
+    except OSError:
+        st = None
+    if entry is None:
+        return "new" if st is None else "untracked"
+    if entry.version != info.version or entry.size != info.size:
+        return "changed"
+    if st is None:
+        return "missing"
+    if not stat_mode.S_ISREG(st.st_mode) or not entry.matches_local(st):
+        return "modified"
+    return None
+
+
+def plan_sync(selection: Selection, request: SyncRequest, state: SyncState) -> SyncPlan:
+    """Compare this rank's objects with DEST's state record and files. Writes nothing."""
+    dest = Path(request.dest)
+    plan = SyncPlan(request.source, str(dest), request.rank, request.world_size, request.distribution,
+                    request.balance, listed=selection.listed, matched=selection.matched)
+    for info in selection.objects:
+        reason = _classify(info, dest, state)
+        if reason is None:
+            plan.up_to_date.append(info)
+        else:
+            plan.to_fetch.append(PlannedFetch(info, reason))
+    if request.delete:
+        wanted = {info.key for info in selection.objects}
+        plan.to_delete = sorted(key for key in state.entries if key not in wanted)
+    return plan
