@@ -1,0 +1,150 @@
+"""`lading mount` and `lading unmount`: parse options, call mounts.lifecycle, render."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from cli.context import AppState, store_config
+from staging.errors import UsageError
+
+if TYPE_CHECKING:
+    from mounts.lifecycle import MountReady
+
+MOUNT_EPILOG = """\b
+Examples:
+  lading mount s3://bucket/imagenet /mnt/imagenet
+  lading mount gs://bucket/data /mnt/data --cache-dir /scratch/cache --cache-size 200GiB
+  lading mount s3://bucket/data /mnt/shard --distribution sharded   # rank from torchrun/SLURM/...
+  lading unmount /mnt/imagenet
+
+\b
+The mount is read-only and immutable: objects are listed once, when mounting. An object
+replaced afterwards reads as EIO (never mixed bytes); remount to see changes. A key that is
+both a file and a directory prefix ("a" and "a/b") shows as the directory; the file is hidden
+and logged. Zero-byte "dir/" marker objects only create directories.
+"""
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    from staging.context.sizes import parse_size
+
+    try:
+        return parse_size(value)
+    except UsageError as err:
+        raise click.BadParameter(err.message + (f" ({err.hint})" if err.hint else "")) from None
+
+
+@click.command(epilog=MOUNT_EPILOG)
+@click.argument("uri")
+@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--foreground", "-f", is_flag=True, help="Stay attached; serve until Ctrl-C or unmount.")
+@click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path),
+              help="Show only the keys this manifest lists (no bucket listing; one HEAD per key).")
+@click.option("--distribution", type=click.Choice(["replicated", "sharded"]), default="replicated",
+              show_default=True, help="sharded: show only this rank's shard (same rule as sync).")
+@click.option("--balance", type=click.Choice(["count", "bytes"]), default="count", show_default=True,
+              help="Sharding rule: every n-th key, or balanced bytes.")
+@click.option("--rank", type=int, help="This rank (default: from the launcher's environment).")
+@click.option("--world-size", type=int, help="Number of ranks (default: from the launcher's environment).")
+@click.option("--max-memory", callback=_size, metavar="SIZE",
+              help="Bound on all read buffers (default: 1/16 of RAM, 128MiB..2GiB).")
+@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep fetched data on local disk so later epochs skip the store.")
+@click.option("--cache-size", callback=_size, default="10GiB", show_default=True, metavar="SIZE",
+              help="Disk cache limit (least recently used data evicted first).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds a read may wait for the store before failing with EIO.")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=16, show_default=True,
+              help="Ranged GETs in flight at most.")
+@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="Daemon log (stats on SIGUSR1 and at unmount). Default: none when detached.")
+@click.option("--allow-other", is_flag=True, help="Let other users read the mount (FUSE allow_other).")
+@click.option("--json", "json_out", is_flag=True, help="Print a JSON line once mounted.")
+@click.option("--endpoint-url", help="S3-compatible endpoint (also AWS_ENDPOINT_URL).")
+@click.option("--profile", help="AWS profile (also AWS_PROFILE).")
+@click.option("--region", help="Region (also AWS_REGION).")
+@click.option("--no-sign-request", is_flag=True, help="Anonymous access to public buckets.")
+@click.pass_obj
+def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifest: Path | None,
+          distribution: str, balance: str, rank: int | None, world_size: int | None,
+          max_memory: int | None, cache_dir: Path | None, cache_size: int, timeout: float,
+          concurrency: int, log_file: Path | None, allow_other: bool, json_out: bool,
+          endpoint_url: str | None, profile: str | None, region: str | None, no_sign_request: bool) -> int:
+    """Mount URI read-only at MOUNTPOINT with lazy, prefetched reads.
+
+    Lists the objects once, then streams their bytes on demand: training starts without
+    waiting for a download. Returns when the mount is ready; the daemon runs detached unless
+    --foreground. Stop it with `lading unmount MOUNTPOINT` (or fusermount3 -u).
+    """
+    from dataclasses import replace
+
+    from mounts.lifecycle import MountOptions, default_max_memory, mount as do_mount
+    from mounts.listing import ViewSpec
+    from mounts.reader import ReaderConfig
+    from staging.retry import RetryPolicy
+    from staging.stores import parse_uri
+    from staging.topology import detect_topology
+
+    parse_uri(uri)
+    topology = detect_topology(os.environ, {"rank": rank, "world_size": world_size})
+    config = store_config(endpoint_url, profile, no_sign_request, region, timeout=timeout)
+    # A read must fail within --timeout: a couple of quick retries, never minutes of backoff.
+    config = replace(config, retry=RetryPolicy(attempts=3, base_delay=0.1, max_delay=min(2.0, timeout / 4)),
+                     max_pool_connections=max(config.max_pool_connections, concurrency + 8))
+    options = MountOptions(
+        source=uri,
+        mountpoint=mountpoint.absolute(),
+        store=config,
+        view=ViewSpec(manifest=manifest.absolute() if manifest else None, rank=topology.rank,
+                      world_size=topology.world_size, distribution=distribution, balance=balance),
+        reader=ReaderConfig(max_memory=max_memory or default_max_memory(), concurrency=concurrency,
+                            timeout=timeout),
+        cache_dir=cache_dir.absolute() if cache_dir else None,
+        cache_size=cache_size,
+        foreground=foreground,
+        log_file=log_file.absolute() if log_file else None,
+        allow_other=allow_other,
+        debug=state.debug,
+    )
+    shard = f" (rank {topology.rank} of {topology.world_size})" if distribution == "sharded" else ""
+
+    def announce(ready: MountReady) -> None:
+        _report(state, json_out, uri, ready, shard, foreground)
+
+    ready = do_mount(options, on_ready=announce)
+    if not foreground:
+        announce(ready)
+    return 0
+
+
+def _report(state: AppState, json_out: bool, uri: str, ready: MountReady, shard: str, foreground: bool) -> None:
+    if json_out:
+        click.echo(json.dumps({"mountpoint": str(ready.mountpoint), "source": uri,
+                               "pid": ready.pid, "seconds": round(ready.seconds, 3)}), nl=True)
+        return
+    if state.quiet:
+        return
+    tail = " (Ctrl-C to unmount)" if foreground else f"; unmount with: lading unmount {ready.mountpoint}"
+    click.echo(f"mounted {uri}{shard} at {ready.mountpoint} in {ready.seconds:.1f}s"
+               f" (pid {ready.pid}){tail}", err=True)
+
+
+@click.command()
+@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--lazy", "-z", is_flag=True, help="Detach now; finish when no file is in use.")
+@click.pass_obj
+def unmount(state: AppState, mountpoint: Path, lazy: bool) -> int:
+    """Unmount a lading mount (same as fusermount3 -u MOUNTPOINT)."""
+    from mounts.lifecycle import unmount as do_unmount
+
+    do_unmount(mountpoint.absolute(), lazy=lazy)
+    if not state.quiet:
+        click.echo(f"unmounted {mountpoint}", err=True)
+    return 0

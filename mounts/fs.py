@@ -1,0 +1,143 @@
+"""The FUSE operations: a read-only view of a :class:`~mounts.tree.Tree` served by a Reader.
+
+This is the errno boundary: every failure below becomes an errno here, and nothing else
+escapes to libfuse. NotFound -> ENOENT, AccessDenied -> EACCES, ObjectChanged, transient
+failures and timeouts -> EIO; writes -> EROFS.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import itertools
+import logging
+import os
+import stat
+import threading
+from typing import Any, Callable, TypeVar
+
+from mounts.reader import OpenFile, Reader
+from mounts.tree import Tree
+from staging.errors import AccessDenied, LadingError, NotFound
+
+log = logging.getLogger("lading.mount")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _errno_for(err: BaseException) -> int:
+    if isinstance(err, NotFound):
+        return errno.ENOENT
+    if isinstance(err, AccessDenied):
+        return errno.EACCES
+    return errno.EIO
+
+
+def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[[], None] | None = None,
+                    on_destroy: Callable[[], None] | None = None) -> Any:
+    """Build the mfusepy ``Operations`` instance (mfusepy is imported lazily by the caller)."""
+    fuse_error = mfusepy.FuseOSError
+
+    def boundary(method: F) -> F:
+        @functools.wraps(method)
+        def guarded(*args: Any) -> Any:
+            try:
+                return method(*args)
+            except fuse_error:
+                raise
+            except LadingError as err:
+                log.warning("%s%r: %s", method.__name__, args[1:3], err.message)
+                raise fuse_error(_errno_for(err)) from None
+            except Exception:  # a bug must not take the mount down: log it, answer EIO
+                log.exception("%s%r failed", method.__name__, args[1:3])
+                raise fuse_error(errno.EIO) from None
+        return guarded  # type: ignore[return-value]
+
+    def read_only(self: Any, *args: Any) -> int:
+        raise fuse_error(errno.EROFS)
+
+    class LadingFS(mfusepy.Operations):
+        """Read-only, immutable tree; file data from the reader."""
+
+        use_ns = True
+
+        def __init__(self) -> None:
+            self._handles: dict[int, OpenFile] = {}
+            self._ids = itertools.count(1)
+            self._lock = threading.Lock()
+            uid, gid = os.getuid(), os.getgid()
+            self._dir_attrs = {"st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_uid": uid, "st_gid": gid}
+            self._uid, self._gid = uid, gid
+
+        def init(self, path: str) -> None:
+            if on_init is not None:
+                on_init()
+
+        def destroy(self, path: str) -> None:
+            if on_destroy is not None:
+                on_destroy()
+
+        @boundary
+        def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+            key = path[1:]
+            index = tree.file_index(key)
+            if index is None:
+                if tree.is_dir(key):
+                    return self._dir_attrs
+                raise fuse_error(errno.ENOENT)
+            size = tree.size(index)
+            mtime = int(tree.mtime(index) * 1e9)
+            return {"st_mode": stat.S_IFREG | 0o444, "st_nlink": 1, "st_size": size,
+                    "st_blocks": (size + 511) // 512, "st_mtime": mtime, "st_ctime": mtime,
+                    "st_atime": mtime, "st_uid": self._uid, "st_gid": self._gid}
+
+        @boundary
+        def readdir(self, path: str, fh: int) -> list[str]:
+            try:
+                names = tree.children(path[1:])
+            except KeyError:
+                raise fuse_error(errno.ENOTDIR if tree.file_index(path[1:]) is not None else errno.ENOENT) from None
+            return [".", "..", *names]
+
+        @boundary
+        def open(self, path: str, flags: int) -> int:
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+                raise fuse_error(errno.EROFS)
+            index = tree.file_index(path[1:])
+            if index is None:
+                raise fuse_error(errno.EISDIR if tree.is_dir(path[1:]) else errno.ENOENT)
+            handle = reader.open(tree.entry(index))
+            with self._lock:
+                fh = next(self._ids)
+                self._handles[fh] = handle
+            return fh
+
+        @boundary
+        def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+            return reader.read(self._handles[fh], offset, size)
+
+        @boundary
+        def release(self, path: str, fh: int) -> int:
+            with self._lock:
+                self._handles.pop(fh, None)
+            return 0
+
+        @boundary
+        def statfs(self, path: str) -> dict[str, int]:
+            block = 4096
+            blocks = (tree.total_bytes + block - 1) // block
+            return {"f_bsize": block, "f_frsize": block, "f_blocks": blocks, "f_bfree": 0, "f_bavail": 0,
+                    "f_files": tree.file_count + tree.dir_count, "f_ffree": 0, "f_namemax": 1024}
+
+        def access(self, path: str, amode: int) -> int:
+            if amode & os.W_OK:
+                raise fuse_error(errno.EROFS)
+            key = path[1:]
+            if tree.file_index(key) is None and not tree.is_dir(key):
+                raise fuse_error(errno.ENOENT)
+            return 0
+
+        write = create = unlink = mkdir = rmdir = rename = truncate = read_only
+        chmod = chown = utimens = symlink = link = mknod = setxattr = removexattr = read_only
+
+    return LadingFS()

@@ -1,0 +1,297 @@
+"""Lazy reads for the mount: chunked, version-guarded ranged GETs with adaptive prefetch.
+
+Data is addressed in fixed chunks (``CHUNK`` bytes). A GET covers a run of chunks and is
+always guarded by the object's version, so every byte of a file comes from the version that
+was listed; a changed object raises ObjectChanged instead of mixing bytes.
+
+- Sequential readers (each read starting near where the previous one ended) get a prefetch
+  window that starts at ``INITIAL_WINDOW`` and doubles up to ``MAX_WINDOW``, split into GETs
+  of up to ``MAX_GET`` bytes that run in parallel on the fetch pool.
+- Random readers get only the aligned chunks they touch.
+- Small files are fetched whole when opened.
+- Every byte held in memory or in flight counts against one global budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+
+from mounts.cache import ChunkId, DiskCache, MemoryCache, chunk_prefix
+from mounts.stats import Stats
+from mounts.tree import FileEntry
+from staging.errors import LadingError, TransientError
+from staging.stores.base import Store
+
+log = logging.getLogger("lading.mount")
+
+CHUNK = 256 * 1024
+INITIAL_WINDOW = 1 << 20
+MAX_WINDOW = 64 << 20
+MAX_GET = 8 << 20
+MIN_GET = 1 << 20
+SMALL_FILE = 1 << 20
+
+
+class ReadTimeout(TransientError):
+    """The store did not answer within the mount's --timeout."""
+
+
+@dataclass
+class ReaderConfig:
+    """Tuning of the read path."""
+
+    max_memory: int = 512 << 20
+    concurrency: int = 16
+    timeout: float = 30.0
+    small_file: int = SMALL_FILE
+    max_window: int = MAX_WINDOW
+
+
+class OpenFile:
+    """One open file handle: the entry it reads and its sequential-read state."""
+
+    __slots__ = ("entry", "prefix", "lock", "next_offset", "window", "prefetched_to", "opened", "answered")
+
+    def __init__(self, entry: FileEntry, prefix: str) -> None:
+        self.entry = entry
+        self.prefix = prefix
+        self.lock = threading.Lock()
+        self.next_offset = 0
+        self.window = INITIAL_WINDOW
+        self.prefetched_to = 0
+        self.opened = time.monotonic()
+        self.answered = False
+
+
+class Reader:
+    """Serves byte ranges of tree entries from memory, disk cache or the store."""
+
+    def __init__(self, store: Store, config: ReaderConfig, disk: DiskCache | None = None,
+                 stats: Stats | None = None) -> None:
+        self.store = store
+        self.config = config
+        self.memory = MemoryCache(config.max_memory)
+        self.disk = disk
+        self.stats = stats or Stats()
+        self._pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="lading-get")
+        self._pending: dict[ChunkId, Future[memoryview]] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stop the fetch pool without waiting for stuck requests."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- handles ---------------------------------------------------------------------------
+    def open(self, entry: FileEntry) -> OpenFile:
+        """A new handle; small files start downloading whole right away."""
+        handle = OpenFile(entry, chunk_prefix(entry.key, entry.version) if self.disk else "")
+        self.stats.add(opens=1)
+        if 0 < entry.size <= self.config.small_file:
+            self._ensure(handle, 0, _chunks_in(entry.size), demand=False)
+            handle.prefetched_to = entry.size
+        return handle
+
+    def read(self, handle: OpenFile, offset: int, size: int) -> bytes:
+        """Bytes ``[offset, offset+size)`` of the file (short at end of file)."""
+        file_size = handle.entry.size
+        end = min(offset + size, file_size)
+        if offset >= end:
+            return b""
+        self._plan_prefetch(handle, offset, end)
+        data = self._gather(handle, offset, end)
+        self.stats.add(reads=1, bytes_served=len(data))
+        if not handle.answered:
+            handle.answered = True
+            self.stats.sample("ttfb", time.monotonic() - handle.opened)
+        return data
+
+    # -- prefetch policy -------------------------------------------------------------------
+    def _plan_prefetch(self, handle: OpenFile, offset: int, end: int) -> None:
+        size = handle.entry.size
+        with handle.lock:
+            slack = max(4 * CHUNK, handle.window // 2)
+            sequential = handle.next_offset - slack <= offset <= handle.next_offset + slack
+            if not sequential:
+                handle.window = INITIAL_WINDOW
+                handle.prefetched_to = end
+            handle.next_offset = max(end, handle.next_offset) if sequential else end
+            if not sequential or handle.prefetched_to >= size:
+                return
+            if handle.prefetched_to >= end + handle.window // 2:
+                return
+            start = max(handle.prefetched_to, offset)
+            stop = min(size, end + handle.window)
+            budget = max(0, self.memory.headroom())
+            stop = min(stop, max(end, start + budget))
+            if stop <= start:
+                return
+            handle.prefetched_to = stop
+            handle.window = min(handle.window * 2, self.config.max_window)
+            get_size = min(MAX_GET, max(MIN_GET, handle.window // 4))
+            first, last = start // CHUNK, _chunks_in(stop)
+            # Chunks well behind a sequential reader are in the page cache: drop our copy.
+            behind = offset // CHUNK - 16
+            for chunk in range(max(0, behind - 2 * (handle.window // CHUNK)), max(0, behind)):
+                self.memory.discard((handle.entry.index, chunk))
+        self._ensure(handle, first, last, demand=False, get_chunks=max(1, get_size // CHUNK))
+
+    # -- data path -------------------------------------------------------------------------
+    def _gather(self, handle: OpenFile, offset: int, end: int) -> bytes:
+        first, last = offset // CHUNK, _chunks_in(end)
+        index = handle.entry.index
+        views = []
+        missing = False
+        for chunk in range(first, last):
+            view = self.memory.get((index, chunk))
+            if view is None:
+                missing = True
+                break
+            views.append(view)
+        if missing:
+            self.stats.add(misses=1)
+            views = self._wait_chunks(handle, first, last)
+        else:
+            self.stats.add(memory_hits=1)
+        start = offset - first * CHUNK
+        if len(views) == 1:
+            return bytes(views[0][start:start + end - offset])
+        joined = b"".join(views)
+        return joined[start:start + end - offset]
+
+    def _wait_chunks(self, handle: OpenFile, first: int, last: int) -> list[memoryview]:
+        deadline = time.monotonic() + self.config.timeout
+        futures = self._ensure(handle, first, last, demand=True)
+        views = []
+        for chunk in range(first, last):
+            future = futures[chunk]
+            try:
+                views.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
+            except FutureTimeout:
+                self.stats.add(read_timeouts=1)
+                raise ReadTimeout(f"{handle.entry.key}: no answer from the store within "
+                                  f"{self.config.timeout:g}s") from None
+        return views
+
+    def _ensure(self, handle: OpenFile, first: int, last: int, demand: bool,
+                get_chunks: int | None = None) -> dict[int, Future[memoryview]]:
+        """Make sure chunks ``[first, last)`` are cached or being fetched; return their futures.
+
+        Missing runs become GETs of at most ``get_chunks`` chunks (demand reads: one GET).
+        """
+        index = handle.entry.index
+        futures: dict[int, Future[memoryview]] = {}
+        run: list[int] = []
+        runs: list[list[int]] = []
+        limit = get_chunks or (last - first)
+        with self._lock:
+            for chunk in range(first, last):
+                key = (index, chunk)
+                view = self.memory.get(key)
+                if view is None and self.disk is not None and demand:
+                    view = self._from_disk(handle, chunk)
+                if view is not None:
+                    if demand:
+                        done: Future[memoryview] = Future()
+                        done.set_result(view)
+                        futures[chunk] = done
+                    if run:
+                        runs.append(run)
+                        run = []
+                    continue
+                pending = self._pending.get(key)
+                if pending is None and not demand and self.disk is not None \
+                        and self.disk.has(f"{handle.prefix}-{chunk}"):
+                    if run:  # the disk cache has it; read it when asked for
+                        runs.append(run)
+                        run = []
+                    continue
+                if pending is not None:
+                    futures[chunk] = pending
+                    if run:
+                        runs.append(run)
+                        run = []
+                    continue
+                future = Future()
+                self._pending[key] = future
+                futures[chunk] = future
+                run.append(chunk)
+                if len(run) >= limit:
+                    runs.append(run)
+                    run = []
+            if run:
+                runs.append(run)
+        for chunks in runs:
+            self._submit(handle, chunks, {c: futures[c] for c in chunks})
+        return futures
+
+    def _from_disk(self, handle: OpenFile, chunk: int) -> memoryview | None:
+        assert self.disk is not None
+        data = self.disk.get(f"{handle.prefix}-{chunk}")
+        if data is None:
+            return None
+        view = memoryview(data)
+        self.memory.put((handle.entry.index, chunk), view)
+        self.stats.add(disk_hits=1)
+        return view
+
+    def _submit(self, handle: OpenFile, chunks: list[int], futures: dict[int, Future[memoryview]]) -> None:
+        entry = handle.entry
+        start = chunks[0] * CHUNK
+        stop = min(entry.size, (chunks[-1] + 1) * CHUNK)
+        self.memory.reserve(stop - start)
+        try:
+            self._pool.submit(self._fetch, handle, chunks, futures, start, stop)
+        except RuntimeError:  # the pool is shut down: we are unmounting
+            self.memory.release(stop - start)
+            self._fail(entry.index, futures, TransientError("unmounting"))
+
+    def _fetch(self, handle: OpenFile, chunks: list[int], futures: dict[int, Future[memoryview]],
+               start: int, stop: int) -> None:
+        entry = handle.entry
+        began = time.monotonic()
+        try:
+            data = self.store.read_range(entry.key, start, stop, entry.version)
+            if len(data) != stop - start:
+                raise TransientError(f"{entry.key}: short read ({len(data)} of {stop - start} bytes)")
+        except BaseException as err:  # noqa: BLE001 - every failure must reach the waiting reader
+            self.memory.release(stop - start)
+            self.stats.add(requests=1, request_errors=1)
+            if not isinstance(err, LadingError):
+                log.warning("GET %s [%d, %d) failed: %r", entry.key, start, stop, err)
+                err = TransientError(f"{entry.key}: {err}")
+            self._fail(entry.index, futures, err)
+            return
+        self.memory.release(stop - start)
+        self.stats.add(requests=1, bytes_fetched=len(data))
+        self.stats.sample("get_latency", time.monotonic() - began)
+        whole = memoryview(data)
+        for chunk in chunks:
+            offset = chunk * CHUNK - start
+            view = whole[offset:offset + CHUNK]
+            key = (entry.index, chunk)
+            self.memory.put(key, view)
+            if self.disk is not None:
+                self.disk.put(f"{handle.prefix}-{chunk}", view)
+            with self._lock:
+                if self._pending.get(key) is futures[chunk]:
+                    del self._pending[key]
+            futures[chunk].set_result(view)
+
+    def _fail(self, index: int, futures: dict[int, Future[memoryview]], err: BaseException) -> None:
+        with self._lock:
+            for chunk, future in futures.items():
+                if self._pending.get((index, chunk)) is future:
+                    del self._pending[(index, chunk)]
+        for future in futures.values():
+            if not future.done():
+                future.set_exception(err)
+
+
+def _chunks_in(end: int) -> int:
+    """Number of chunks needed to cover ``[0, end)``."""
+    return (end + CHUNK - 1) // CHUNK
