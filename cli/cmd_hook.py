@@ -103,7 +103,7 @@ def _stage_one(state: AppState, source: str, dest: str, views: Callable[[StagePl
     from staging.hooks.stage import build_views, raise_for_failures, stage
 
     store, plan = plan_fetch(source, dest, store_config())
-    progress = LogProgress(f"{plan.source} -> {plan.root}", _echo_for(state))
+    progress = LogProgress(f"{plan.source} -> {plan.anchor}", _echo_for(state))
     result = stage(store, plan, events=progress)
     raise_for_failures(result)
     linked = build_views(plan, views(plan))

@@ -43,12 +43,8 @@ def plan_fetch(source: str, dest: str, config: StoreConfig | None = None) -> tup
 
 
 def _plan_object(uri: StoreURI, dest: str, config: StoreConfig | None) -> tuple[Store, StagePlan] | None:
-    parent, _, leaf = uri.prefix.rpartition("/")
-    if uri.scheme == "file":
-        parent = parent or "/"
-    elif parent:
-        parent += "/"
-    store = open_store(StoreURI(uri.scheme, uri.bucket, parent), config)
+    parent, leaf = uri.split_name()
+    store = open_store(parent, config)
     try:
         info = store.stat(leaf)
     except NotFound:
