@@ -1,0 +1,157 @@
+"""``lading pack``: many small files into WebDataset tar shards, with a wids index and a
+SageMaker manifest. Plan first (:func:`plan_pack`), then write (:func:`run_pack`)."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from staging.errors import AccessDenied, LadingError, ProblemFound, UsageError
+from staging.pack.grouping import group_samples
+from staging.pack.index import PublishedShard, build_index, build_manifest, dump
+from staging.pack.plan import PackOptions, PackPlan, plan_shards
+from staging.pack.sources import LocalSource, MemberSource, StoreSource, list_local
+from staging.pack.upload import LocalPublisher, Publisher, StorePublisher
+from staging.pack.writer import ShardWriter
+from staging.stores import open_store
+from staging.stores.base import StoreConfig
+from staging.stores.uri import StoreURI, parse_uri
+
+__all__ = ["PackEvents", "PackOptions", "PackPlan", "PackResult", "default_name", "plan_pack", "run_pack"]
+
+
+class PackEvents:
+    """Progress callbacks; the CLI overrides them to draw a bar. Called from the packing thread."""
+
+    def on_bytes(self, nbytes: int) -> None:
+        """``nbytes`` more input bytes were written into shards."""
+
+    def on_shard(self, name: str, nbytes: int) -> None:
+        """A shard was completed (its upload may still be running)."""
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """What was published, for ``--json`` and the final message."""
+
+    plan: PackPlan
+    dest: str
+    shards: list[PublishedShard]
+    seconds: float
+
+    def summary(self) -> dict:
+        """A JSON-ready summary."""
+        plan = self.plan
+        base = self.dest.rstrip("/") + "/" + plan.prefix
+        return {
+            "name": plan.options.name,
+            "version": plan.options.version,
+            "dest": base,
+            "index": base + Path(plan.index_key).name,
+            "manifest": base + Path(plan.manifest_key).name,
+            "samples": plan.nsamples,
+            "files": sum(shard.nfiles for shard in plan.shards),
+            "input_bytes": plan.input_bytes,
+            "shard_bytes": plan.nbytes,
+            "shuffle": plan.options.shuffle,
+            "seed": plan.options.seed if plan.options.shuffle else None,
+            "seconds": round(self.seconds, 3),
+            "shards": [{"name": s.name, "samples": s.nsamples, "bytes": s.filesize, "etag": s.etag}
+                       for s in self.shards],
+        }
+
+
+def default_name(source: str) -> str:
+    """A dataset name from SOURCE's last path segment (``s3://b/train/`` -> ``train``)."""
+    uri = parse_uri(source)
+    last = uri.prefix.rstrip("/").rsplit("/", 1)[-1] or uri.bucket
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", last).lstrip("._-")[:64]
+    return name or "dataset"
+
+
+def _refuse_overlap(source: StoreURI, dest: StoreURI) -> None:
+    if (source.scheme, source.bucket) != (dest.scheme, dest.bucket):
+        return
+    src, dst = source.prefix.rstrip("/"), dest.prefix.rstrip("/")
+    if not src or dst == src or dst.startswith(src + "/"):
+        raise UsageError(f"DEST {dest} is inside SOURCE {source}",
+                         "the shards would be packed into themselves; pick a DEST outside SOURCE")
+
+
+def plan_pack(source: str, dest: str, options: PackOptions, config: StoreConfig | None = None) -> PackPlan:
+    """List SOURCE, group its files into samples and cut them into shards. Writes nothing."""
+    source_uri, dest_uri = parse_uri(source), parse_uri(dest)
+    _refuse_overlap(source_uri, dest_uri)
+    if source_uri.scheme == "file":
+        objects = list_local(Path(source_uri.prefix))
+    else:
+        objects = [info for info in open_store(source_uri, config).list() if not info.key.endswith("/")]
+    return plan_shards(group_samples(objects), options)
+
+
+def _open_source(uri: StoreURI, config: StoreConfig) -> MemberSource:
+    if uri.scheme == "file":
+        return LocalSource(Path(uri.prefix))
+    return StoreSource(open_store(uri, config), retry=config.retry)
+
+
+def _open_publisher(uri: StoreURI, plan: PackPlan, config: StoreConfig) -> Publisher:
+    if uri.scheme == "file":
+        return LocalPublisher(Path(uri.prefix), plan)
+    return StorePublisher(open_store(uri, config), plan, config.retry)
+
+
+def _write_shard(publisher: Publisher, source: MemberSource, shard, events: PackEvents) -> None:
+    path = publisher.shard_path(shard)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError as err:
+        raise _write_error(err, path) from err
+    try:
+        writer = ShardWriter(fd, events.on_bytes)
+        source.write_members((member for sample in shard.samples for member in sample.members), writer)
+        size = writer.finish()
+    except OSError as err:
+        raise _write_error(err, path) from err
+    finally:
+        os.close(fd)
+    if size != shard.nbytes:  # the plan and the writer disagree: a bug, never publish it
+        raise ProblemFound(f"{shard.name} came out at {size} bytes, planned {shard.nbytes}")
+    publisher.commit_shard(shard, path)
+    events.on_shard(shard.name, size)
+
+
+def _write_error(err: OSError, path: Path) -> LadingError:
+    if isinstance(err, PermissionError):
+        return AccessDenied(f"permission denied writing {path}")
+    return ProblemFound(f"cannot write {path}: {err.strerror or err}")
+
+
+def run_pack(plan: PackPlan, source: str, dest: str, config: StoreConfig | None = None,
+             events: PackEvents | None = None, now: Callable[[], float] = time.monotonic) -> PackResult:
+    """Write the planned shards, then publish manifest and index. Nothing is indexed on failure."""
+    config = config or StoreConfig()
+    events = events or PackEvents()
+    started = now()
+    dest_uri = parse_uri(dest)
+    publisher = _open_publisher(dest_uri, plan, config)
+    member_source = _open_source(parse_uri(source), config)
+    try:
+        for shard in plan.shards:
+            _write_shard(publisher, member_source, shard, events)
+
+        def documents(published: list[PublishedShard]) -> tuple[bytes, bytes]:
+            manifest_base = str(dest_uri).rstrip("/") + "/" + plan.prefix
+            return dump(build_index(plan, published)), dump(build_manifest(manifest_base, plan))
+
+        shards = publisher.finish(documents)
+    except BaseException:
+        publisher.abort()
+        raise
+    finally:
+        member_source.close()
+    return PackResult(plan, str(dest_uri), shards, now() - started)

@@ -1,0 +1,108 @@
+"""WebDataset sample grouping: which files form one sample, and names that would be misgrouped.
+
+WebDataset splits a member name at the first dot of its basename: ``train/cat.0001.jpg`` is
+key ``train/cat``, extension ``0001.jpg``. Readers then merge *consecutive* members with the
+same key into one sample dict, lower-casing the extension. Everything that would make a reader
+see something other than the files we were given is refused here, before anything is written.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, NamedTuple
+
+from staging.errors import ProblemFound, UsageError
+from staging.keys import find_collisions, key_parts
+from staging.stores.base import ObjectInfo
+
+#: Sample-dict fields WebDataset readers fill in themselves; an extension may not shadow them.
+_RESERVED_PREFIX = "__"
+
+
+class Member(NamedTuple):
+    """One file of a sample: the object and its extension (the part after the key's dot)."""
+
+    info: ObjectInfo
+    ext: str
+
+
+class Sample(NamedTuple):
+    """The files sharing one key, in extension order; ``nbytes`` is their total size."""
+
+    key: str
+    members: tuple[Member, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Total payload bytes of the sample's files."""
+        return sum(member.info.size for member in self.members)
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """``(key, extension)`` of a member name by WebDataset's rule; UsageError when it has none.
+
+    >>> split_name("train/cat.0001.jpg")
+    ('train/cat', '0001.jpg')
+    """
+    directory, slash, base = name.rpartition("/")
+    if base.startswith("."):
+        raise UsageError(f"cannot pack {name!r}: its name starts with a dot, so it has no sample key",
+                         "WebDataset readers would drop it; remove or rename it (e.g. .DS_Store files)")
+    stem, dot, ext = base.partition(".")
+    if not dot:
+        raise UsageError(f"cannot pack {name!r}: it has no extension",
+                         "WebDataset names a sample's files KEY.EXT; rename it, e.g. to "
+                         f"{directory + slash}{base}.bin")
+    if "" in ext.split("."):
+        raise UsageError(f"cannot pack {name!r}: its extension {ext!r} has an empty part",
+                         "a name ending in a dot or with '..' would be misread; rename it")
+    if ext.startswith(_RESERVED_PREFIX):
+        raise UsageError(f"cannot pack {name!r}: extension {ext!r} starts with '__'",
+                         "WebDataset reserves __key__, __url__ and other __ fields in a sample")
+    return directory + slash + stem, ext
+
+
+def group_samples(objects: Iterable[ObjectInfo]) -> list[Sample]:
+    """Group objects into samples, sorted by key, members sorted by extension.
+
+    Raises UnsafeKey for names that would escape an extraction directory, UsageError for names
+    without a usable key or extension, and ProblemFound when two files would land in the same
+    sample field (extensions equal but for case: readers lower-case them) or a file's name is
+    also the directory of other files.
+    """
+    by_key: dict[str, dict[str, ObjectInfo]] = {}
+    for info in objects:
+        if not _plainly_safe(info.key):
+            key_parts(info.key)  # raises UnsafeKey: a member named ../x escapes whoever extracts it
+        key, ext = split_name(info.key)
+        fields = by_key.get(key)
+        if fields is None:
+            by_key[key] = {ext.lower(): info}
+            continue
+        folded = ext.lower()
+        if folded in fields:
+            other = fields[folded].key
+            raise ProblemFound(f"{other!r} and {info.key!r} would be the same field {folded!r} of sample {key!r}",
+                               "WebDataset lower-cases extensions; rename one of them")
+        fields[folded] = info
+    _refuse_file_directory_clashes(info.key for fields in by_key.values() for info in fields.values())
+    samples = []
+    for key in sorted(by_key):
+        fields = by_key[key]
+        cut = len(key) + 1
+        infos = fields.values() if len(fields) == 1 else [fields[ext] for ext in sorted(fields)]
+        samples.append(Sample(key, tuple(Member(info, info.key[cut:]) for info in infos)))
+    return samples
+
+
+def _plainly_safe(key: str) -> bool:
+    """A fast yes for the usual key; anything unusual goes through key_parts."""
+    return bool(key) and key[0] != "/" and "\\" not in key and "\x00" not in key and "//" not in key \
+        and "/." not in key and not key.startswith(".") and not key.endswith("/")
+
+
+def _refuse_file_directory_clashes(names: Iterable[str]) -> None:
+    clashes = find_collisions(names)
+    if clashes:
+        file_key, other = clashes[0]
+        raise ProblemFound(f"{file_key!r} is a file and also the directory of {other!r}",
+                           f"{len(clashes)} such name(s); a tar cannot hold both, rename one")

@@ -1,0 +1,136 @@
+"""What a pack will write, computed before anything is written: samples in order, cut into shards.
+
+The plan is data: ``lading pack --dry-run`` and ``--json`` show it, the writer follows it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import dataclass, field
+
+from staging.errors import UsageError
+from staging.pack.grouping import Sample
+from staging.pack.tarformat import archive_size, member_size
+
+DEFAULT_SHARD_SIZE = 150_000_000
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How to pack: dataset name, target shard size in bytes, optional seeded shuffle and version."""
+
+    name: str
+    shard_size: int = DEFAULT_SHARD_SIZE
+    shuffle: bool = False
+    seed: int = 0
+    version: str | None = None
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "--name")
+        if self.version is not None:
+            check_name(self.version, "--version")
+        if self.shard_size < 1:
+            raise UsageError(f"--shard-size must be positive, not {self.shard_size}")
+
+
+def check_name(value: str, what: str) -> None:
+    """Refuse a dataset name or version that is not a plain file-name-safe word."""
+    if not _NAME.match(value):
+        raise UsageError(f"{what} {value!r} is not usable in shard names",
+                         "use letters, digits, '.', '_' and '-', starting with a letter or digit")
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """One tar shard: its file name, its samples in order, and its exact size in bytes."""
+
+    name: str
+    samples: tuple[Sample, ...]
+    nbytes: int
+
+    @property
+    def nfiles(self) -> int:
+        """Number of tar members."""
+        return sum(len(sample.members) for sample in self.samples)
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """The whole dataset: shards in order, and where the index and manifest go (relative keys)."""
+
+    options: PackOptions
+    shards: tuple[ShardPlan, ...]
+    index_key: str
+    manifest_key: str
+    prefix: str = ""  # the directory under DEST everything goes in ("NAME/V/" with --version)
+    input_bytes: int = field(default=0)
+
+    @property
+    def nsamples(self) -> int:
+        """Samples in the dataset."""
+        return sum(len(shard.samples) for shard in self.shards)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of all shards together."""
+        return sum(shard.nbytes for shard in self.shards)
+
+    def shard_key(self, shard: ShardPlan) -> str:
+        """The shard's key relative to DEST."""
+        return self.prefix + shard.name
+
+
+def sample_tar_bytes(sample: Sample) -> int:
+    """Bytes a sample's members take in a shard."""
+    return sum(member_size(member.info.key, member.info.size) for member in sample.members)
+
+
+def order_samples(samples: list[Sample], options: PackOptions) -> list[Sample]:
+    """Samples in key order, or shuffled by ``options.seed`` (samples move, members stay together)."""
+    ordered = sorted(samples, key=lambda sample: sample.key)
+    if options.shuffle:
+        random.Random(options.seed).shuffle(ordered)
+    return ordered
+
+
+def cut_balanced(sizes: list[int], target: int) -> list[int]:
+    """Indices where shards start, so ``ceil(total/target)`` shards get nearly equal bytes.
+
+    Cuts go at the sample boundary closest to each ideal ``k * total / n``; a sample larger than
+    ``target`` can leave one shard larger than the target (samples are never split).
+    """
+    total = sum(sizes)
+    count = max(1, min(len(sizes), math.ceil(total / target)))
+    starts = [0]
+    running = 0
+    next_cut = 1
+    for index, size in enumerate(sizes):
+        if next_cut >= count:
+            break
+        ideal = next_cut * total / count
+        if index > starts[-1] and abs(running - ideal) <= abs(running + size - ideal):
+            starts.append(index)
+            next_cut += 1
+        running += size
+    return starts
+
+
+def plan_shards(samples: list[Sample], options: PackOptions) -> PackPlan:
+    """Order the samples and cut them into balanced shards named ``NAME-000000.tar`` onwards."""
+    if not samples:
+        raise UsageError("nothing to pack: the source has no files")
+    ordered = order_samples(samples, options)
+    sizes = [sample_tar_bytes(sample) for sample in ordered]
+    starts = cut_balanced(sizes, options.shard_size) + [len(ordered)]
+    shards = tuple(
+        ShardPlan(f"{options.name}-{number:06d}.tar", tuple(ordered[start:end]),
+                  archive_size(sum(sizes[start:end])))
+        for number, (start, end) in enumerate(zip(starts, starts[1:]))
+    )
+    prefix = f"{options.name}/{options.version}/" if options.version else ""
+    return PackPlan(options, shards, f"{prefix}{options.name}.index.json",
+                    f"{prefix}{options.name}.manifest.json", prefix,
+                    sum(sample.nbytes for sample in samples))

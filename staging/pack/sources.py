@@ -1,0 +1,157 @@
+"""Where packed files come from: a local directory (opened directly, copied by the kernel) or
+any Store (objects fetched ahead by a small thread pool, in plan order, bounded in memory)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterable, Iterator, Protocol
+
+from staging.errors import AccessDenied, NotFound, ObjectChanged, TransientError
+from staging.pack.grouping import Member
+from staging.pack.writer import SMALL_FILE, ShardWriter
+from staging.retry import DEFAULT_POLICY, RetryPolicy, with_retries
+from staging.stores.base import ObjectInfo, Store
+
+
+class MemberSource(Protocol):
+    """Feeds members, in the order given, into shard writers."""
+
+    def write_members(self, members: Iterable[Member], writer: ShardWriter) -> None:
+        """Append each member's file to ``writer``."""
+        ...
+
+    def close(self) -> None:
+        """Release threads and temporary files."""
+        ...
+
+
+class LocalSource:
+    """Files under a local directory, opened by their keys (already checked by group_samples)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._prefix = str(root).rstrip("/") + "/"
+
+    def write_members(self, members: Iterable[Member], writer: ShardWriter) -> None:
+        """Copy each file into the shard, refusing one that changed since it was listed."""
+        prefix = self._prefix
+        for member in members:
+            info = member.info
+            path = prefix + info.key
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError as err:
+                raise _source_error(err, path) from err
+            try:
+                st = os.fstat(fd)
+                if f"{st.st_mtime_ns}-{st.st_size}" != info.version:  # LocalStore's version format
+                    raise ObjectChanged(f"{path} changed since it was listed", "run lading pack again")
+                writer.add_file(info.key, fd, info.size, path)
+            finally:
+                os.close(fd)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def _source_error(err: OSError, path: str) -> Exception:
+    if isinstance(err, FileNotFoundError):
+        return ObjectChanged(f"{path} disappeared since it was listed", "run lading pack again")
+    if isinstance(err, PermissionError):
+        return AccessDenied(f"permission denied: {path}")
+    return TransientError(f"I/O error reading {path}: {err.strerror or err}")
+
+
+class StoreSource:
+    """Objects of a Store, fetched ``workers`` at a time ahead of the writer.
+
+    Small objects come back as bytes (at most ``window`` bytes held at once); objects larger
+    than SMALL_FILE are downloaded to a temporary file first. Each read is pinned to the
+    listed version, so an object replaced mid-pack fails with ObjectChanged.
+    """
+
+    def __init__(self, store: Store, workers: int = 16, window: int = 128 << 20,
+                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
+        self.store = store
+        self.window = window
+        self.retry = retry
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lading-pack-read")
+        self._workers = workers
+        self._tmp = tempfile.TemporaryDirectory(prefix="lading-pack-")
+
+    def _fetch(self, member: Member) -> bytes | Path:
+        info = member.info
+        if info.size > SMALL_FILE:
+            dest = Path(self._tmp.name) / f"{abs(hash(info.key))}.part"
+            with_retries(lambda: self.store.download(info.key, dest, info.version), self.retry)
+            return dest
+        if info.size == 0:
+            return b""
+        return with_retries(lambda: self.store.read_range(info.key, 0, info.size, info.version), self.retry)
+
+    def _prefetched(self, members: Iterable[Member]) -> Iterator[tuple[Member, Future]]:
+        pending: deque[tuple[Member, Future]] = deque()
+        in_flight = 0
+        for member in members:
+            while pending and (len(pending) >= 4 * self._workers or in_flight + member.info.size > self.window):
+                done = pending.popleft()
+                in_flight -= min(done[0].info.size, SMALL_FILE)
+                yield done
+            pending.append((member, self._pool.submit(self._fetch, member)))
+            in_flight += min(member.info.size, SMALL_FILE)
+        yield from pending
+
+    def write_members(self, members: Iterable[Member], writer: ShardWriter) -> None:
+        """Append each object, in order, as soon as its fetch completes."""
+        for member, future in self._prefetched(members):
+            payload = future.result()
+            if isinstance(payload, bytes):
+                if len(payload) != member.info.size:
+                    raise ObjectChanged(f"{self.store.url}/{member.info.key} has {len(payload)} bytes, "
+                                        f"not the {member.info.size} listed")
+                writer.add_bytes(member.info.key, payload)
+                continue
+            try:
+                with open(payload, "rb") as handle:
+                    writer.add_file(member.info.key, handle.fileno(), member.info.size,
+                                    f"{self.store.url}/{member.info.key}")
+            finally:
+                payload.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop fetching and remove temporary files."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._tmp.cleanup()
+
+
+
+def list_local(root: Path) -> list[ObjectInfo]:
+    """Every regular file under ``root`` as LocalStore would list it (same keys and versions),
+    with one stat per file: symlinks to files count, directory symlinks are not followed."""
+    if not root.is_dir():
+        raise NotFound(f"no such directory: {root}")
+    found: list[ObjectInfo] = []
+    pending = [(str(root), "")]
+    while pending:
+        directory, rel = pending.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError as err:
+            raise _source_error(err, directory) from err
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                pending.append((entry.path, f"{rel}{entry.name}/"))
+                continue
+            try:
+                st = entry.stat()
+            except OSError:
+                continue  # a broken symlink
+            if stat.S_ISREG(st.st_mode):
+                found.append(ObjectInfo(f"{rel}{entry.name}", st.st_size, f"{st.st_mtime_ns}-{st.st_size}",
+                                        st.st_mtime))
+    return found

@@ -1,0 +1,145 @@
+"""Publishing a pack: shards first, then the manifest, then the index, so a reader never finds
+an index whose shards are missing. A pack that fails or is killed leaves no index behind.
+
+- Local DEST: shards are written into a hidden staging directory next to their final place,
+  renamed into place once all are complete, then the manifest and index are renamed in.
+- Bucket DEST: shards are written to a local temporary directory and uploaded by a background
+  thread while the next shard is being written (at most two waiting); the index goes last.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable, Protocol
+
+from staging.errors import NotFound, UsageError
+from staging.pack.index import PublishedShard
+from staging.pack.plan import PackPlan, ShardPlan
+from staging.retry import DEFAULT_POLICY, RetryPolicy, with_retries
+from staging.stores.base import ObjectInfo, Store
+
+
+class Publisher(Protocol):
+    """Where shards, manifest and index go."""
+
+    def shard_path(self, shard: ShardPlan) -> Path:
+        """A local file to write the shard into."""
+        ...
+
+    def commit_shard(self, shard: ShardPlan, path: Path) -> None:
+        """The shard at ``path`` is complete: publish it (maybe in the background)."""
+        ...
+
+    def finish(self, make_documents: Callable[[list[PublishedShard]], tuple[bytes, bytes]]) -> list[PublishedShard]:
+        """Wait for every shard, then publish the manifest and, last, the index."""
+        ...
+
+    def abort(self) -> None:
+        """Remove temporaries; never leaves an index."""
+        ...
+
+
+def _already_packed(where: str) -> UsageError:
+    return UsageError(f"{where} already exists: a dataset with this name was packed there",
+                      "use a new --version or --name, or delete the old dataset first")
+
+
+class LocalPublisher:
+    """Publishes into a local directory with renames (atomic on one filesystem)."""
+
+    def __init__(self, root: Path, plan: PackPlan) -> None:
+        self.plan = plan
+        self.final_dir = root / plan.prefix if plan.prefix else root
+        if (self.final_dir / Path(plan.index_key).name).exists():
+            raise _already_packed(str(self.final_dir / Path(plan.index_key).name))
+        self.final_dir.mkdir(parents=True, exist_ok=True)
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{plan.options.name}.lading-pack-", dir=self.final_dir))
+        self._done: list[tuple[ShardPlan, Path]] = []
+
+    def shard_path(self, shard: ShardPlan) -> Path:
+        """The shard's file in the staging directory."""
+        return self.staging / shard.name
+
+    def commit_shard(self, shard: ShardPlan, path: Path) -> None:
+        """Keep the complete shard in staging until every shard is done."""
+        self._done.append((shard, path))
+
+    def finish(self, make_documents: Callable[[list[PublishedShard]], tuple[bytes, bytes]]) -> list[PublishedShard]:
+        """Rename shards into place, then the manifest, then the index."""
+        published = []
+        for shard, path in self._done:
+            st = path.stat()
+            published.append(PublishedShard(shard.name, len(shard.samples), st.st_size,
+                                            f"{st.st_mtime_ns}-{st.st_size}"))
+        index, manifest = make_documents(published)
+        (self.staging / "manifest").write_bytes(manifest)
+        (self.staging / "index").write_bytes(index)
+        for shard, path in self._done:
+            os.replace(path, self.final_dir / shard.name)
+        os.replace(self.staging / "manifest", self.final_dir / Path(self.plan.manifest_key).name)
+        os.replace(self.staging / "index", self.final_dir / Path(self.plan.index_key).name)
+        self.abort()
+        return published
+
+    def abort(self) -> None:
+        """Remove the staging directory and whatever is still in it."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+class StorePublisher:
+    """Uploads shards in the background while the next one is written; index last."""
+
+    def __init__(self, store: Store, plan: PackPlan, retry: RetryPolicy = DEFAULT_POLICY) -> None:
+        self.store = store
+        self.plan = plan
+        self.retry = retry
+        try:
+            store.stat(plan.index_key)
+        except NotFound:
+            pass
+        else:
+            raise _already_packed(f"{store.url}/{plan.index_key}")
+        self._tmp = tempfile.TemporaryDirectory(prefix="lading-pack-")
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lading-pack-upload")
+        self._uploads: list[tuple[ShardPlan, Future[ObjectInfo]]] = []
+
+    def shard_path(self, shard: ShardPlan) -> Path:
+        """The shard's local temporary file."""
+        return Path(self._tmp.name) / shard.name
+
+    def _upload(self, path: Path, key: str, remove: bool) -> ObjectInfo:
+        try:
+            return with_retries(lambda: self.store.upload(path, key), self.retry)
+        finally:
+            if remove:
+                path.unlink(missing_ok=True)
+
+    def commit_shard(self, shard: ShardPlan, path: Path) -> None:
+        """Queue the upload; block while two shards are already waiting (bounds disk use)."""
+        waiting = [future for _, future in self._uploads if not future.done()]
+        if len(waiting) >= 2:
+            waiting[0].result()
+        self._uploads.append((shard, self._pool.submit(self._upload, path, self.plan.shard_key(shard), True)))
+
+    def finish(self, make_documents: Callable[[list[PublishedShard]], tuple[bytes, bytes]]) -> list[PublishedShard]:
+        """Wait for every shard upload (re-raising the first failure), then manifest, then index."""
+        published = []
+        for shard, future in self._uploads:
+            info = future.result()
+            published.append(PublishedShard(shard.name, len(shard.samples), info.size, info.version))
+        index, manifest = make_documents(published)
+        for data, key in ((manifest, self.plan.manifest_key), (index, self.plan.index_key)):
+            path = Path(self._tmp.name) / Path(key).name
+            path.write_bytes(data)
+            self._upload(path, key, remove=True)
+        self.abort()
+        return published
+
+    def abort(self) -> None:
+        """Cancel queued uploads and remove the temporary directory."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._tmp.cleanup()
