@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable, Protocol
 
 from staging.errors import LadingError
+from staging.retry import RetryPolicy
 from staging.stores.base import ObjectInfo, Store
 
 
@@ -43,12 +44,21 @@ class TransferResult:
 
 @dataclass(frozen=True)
 class TransferOptions:
-    """Tuning; the defaults suit a 2-core VM talking to a nearby object store."""
+    """Tuning; the defaults suit a 2-core VM talking to a nearby object store.
+
+    ``verify`` checks checksums (the size is always checked). ``durable`` fsyncs each file and
+    its directory before and after the rename (survives power loss, costs a disk flush per
+    file; an interrupted or killed process is safe either way). ``fast_path`` allows the lean
+    S3 GET path (:mod:`staging.stores.s3_fast`). ``retry`` overrides the store's retry policy.
+    """
 
     workers: int = 32
     part_size: int = 16 << 20
     multipart_threshold: int = 64 << 20
     verify: bool = True
+    durable: bool = False
+    fast_path: bool = True
+    retry: RetryPolicy | None = None
 
 
 class TransferEvents(Protocol):

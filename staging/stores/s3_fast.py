@@ -1,0 +1,380 @@
+"""A lean S3 read path: our own SigV4 signer over pooled ``http.client`` connections.
+
+botocore spends a few milliseconds of CPU per request (event hooks, model-driven
+serialisation, parsing), under the GIL, which caps one process at a few hundred small GETs
+per second. The transfer engine only needs three read requests, GET (whole or ranged,
+guarded by If-Match), HEAD and ListObjectsV2, so this module signs and sends them directly:
+about a tenth of the CPU per request.
+
+Endpoint, region, addressing and credentials are still resolved once by boto3's own chain
+(a client is built once, lazily), so ``--profile``, ``AWS_ENDPOINT_URL``, instance roles and
+``--no-sign-request`` behave exactly as with :class:`~staging.stores.s3.S3Store`. Errors are
+translated into :mod:`staging.errors` in one place, :func:`_error_for_status` /
+:func:`_error_for_exception`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import hmac
+import http.client
+import queue
+import socket
+import threading
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from typing import Callable, Iterator, NamedTuple
+from urllib.parse import quote, urlsplit
+
+from staging.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError
+from staging.stores.base import ObjectInfo, StoreConfig
+from staging.stores.uri import StoreURI
+
+#: Receives each chunk of a response body, in order.
+Sink = Callable[[memoryview], None]
+
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+_CHUNK = 1 << 18
+_S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+
+
+class GetResult(NamedTuple):
+    """What a GET delivered."""
+
+    nbytes: int
+    etag_is_md5: bool  # False for SSE-KMS / SSE-C objects, whose ETag is not the content MD5
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """Where requests go: ``scheme://host[:port]`` plus the path prefix for the bucket."""
+
+    scheme: str
+    host: str  # host[:port], also the signed Host header
+    path_prefix: str  # "/bucket" (path style) or "" (virtual-hosted)
+
+
+def _resolve_endpoint(endpoint_url: str, bucket: str, region: str) -> _Endpoint:
+    parts = urlsplit(endpoint_url)
+    host = parts.netloc
+    on_aws = parts.hostname is not None and parts.hostname.endswith("amazonaws.com")
+    if on_aws and "." not in bucket:
+        return _Endpoint(parts.scheme, f"{bucket}.s3.{region}.amazonaws.com", "")
+    if on_aws:
+        host = f"s3.{region}.amazonaws.com"
+    return _Endpoint(parts.scheme, host, "/" + quote(bucket, safe=""))
+
+
+class _Credentials:
+    """Frozen or refreshable credentials from boto3's chain; ``None`` means unsigned."""
+
+    def __init__(self, source: object | None) -> None:
+        self._source = source
+
+    def current(self) -> tuple[str, str, str | None] | None:
+        """``(access_key, secret_key, token)``, refreshed by botocore when due."""
+        if self._source is None:
+            return None
+        frozen = self._source.get_frozen_credentials()  # type: ignore[attr-defined]
+        return frozen.access_key, frozen.secret_key, frozen.token
+
+
+class _Signer:
+    """AWS Signature Version 4 for S3 GET/HEAD requests with an empty body."""
+
+    def __init__(self, region: str) -> None:
+        self.region = region
+        self._keys: dict[tuple[str, str], bytes] = {}
+
+    def _signing_key(self, secret: str, day: str) -> bytes:
+        cached = self._keys.get((secret, day))
+        if cached is None:
+            key = ("AWS4" + secret).encode()
+            for part in (day, self.region, "s3", "aws4_request"):
+                key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+            self._keys = {(secret, day): key}
+            cached = key
+        return cached
+
+    def sign(self, method: str, host: str, path: str, query: str, headers: dict[str, str],
+             creds: tuple[str, str, str | None]) -> None:
+        """Add ``x-amz-date``, ``x-amz-content-sha256`` and ``Authorization`` to ``headers``."""
+        access, secret, token = creds
+        now = _dt.datetime.now(_dt.timezone.utc)
+        stamp = now.strftime("%Y%m%dT%H%M%SZ")
+        day = stamp[:8]
+        headers["x-amz-date"] = stamp
+        headers["x-amz-content-sha256"] = _EMPTY_SHA256
+        if token:
+            headers["x-amz-security-token"] = token
+        signed = {"host": host, **{k.lower(): v.strip() for k, v in headers.items()}}
+        names = sorted(signed)
+        canonical = "\n".join([
+            method, path, query,
+            "".join(f"{name}:{signed[name]}\n" for name in names),
+            ";".join(names), _EMPTY_SHA256,
+        ])
+        scope = f"{day}/{self.region}/s3/aws4_request"
+        to_sign = f"AWS4-HMAC-SHA256\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+        signature = hmac.new(self._signing_key(secret, day), to_sign.encode(), hashlib.sha256).hexdigest()
+        headers["Authorization"] = (f"AWS4-HMAC-SHA256 Credential={access}/{scope}, "
+                                    f"SignedHeaders={';'.join(names)}, Signature={signature}")
+
+
+def _error_code(body: bytes) -> str:
+    try:
+        return ET.fromstring(body).findtext("Code") or ""
+    except ET.ParseError:
+        return ""
+
+
+def _error_for_status(status: int, body: bytes, what: str) -> LadingError:
+    """The one place HTTP error responses become project errors."""
+    code = _error_code(body)
+    if status in (304, 412) or code == "PreconditionFailed":
+        return ObjectChanged(f"{what} changed while it was being read (ETag no longer matches)")
+    if status == 404:
+        if code == "NoSuchBucket":
+            return NotFound(f"no such bucket: {what}")
+        return NotFound(f"not found: {what}")
+    if status in (429, 503) or code in ("SlowDown", "Throttling", "RequestLimitExceeded"):
+        return Throttled(f"throttled by the server on {what} ({status} {code})".rstrip())
+    if status in (401, 403) or code in ("ExpiredToken", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return AccessDenied(f"access denied: {what} ({code or status})",
+                            "check the credentials, --profile, or try --no-sign-request for a public bucket")
+    if status >= 500 or code in ("RequestTimeout", "InternalError"):
+        return TransientError(f"server error {status} {code} on {what}".rstrip())
+    return LadingError(f"unexpected response {status} {code} on {what}".rstrip())
+
+
+def _error_for_exception(err: BaseException, what: str) -> LadingError:
+    """The one place connection-level failures become project errors."""
+    if isinstance(err, LadingError):
+        return err
+    if isinstance(err, http.client.IncompleteRead):
+        return TransientError(f"truncated response for {what} ({len(err.partial)} bytes, wanted more)")
+    if isinstance(err, (socket.timeout, TimeoutError)):
+        return TransientError(f"timed out reading {what}")
+    return TransientError(f"connection failed on {what}: {err.__class__.__name__}: {err}")
+
+
+class _Pool:
+    """A LIFO pool of keep-alive connections to one host; broken ones are dropped."""
+
+    def __init__(self, endpoint: _Endpoint, timeout: float) -> None:
+        self._endpoint = endpoint
+        self._timeout = timeout
+        self._idle: queue.LifoQueue[http.client.HTTPConnection] = queue.LifoQueue()
+
+    def get(self) -> http.client.HTTPConnection:
+        """An idle connection, or a new one."""
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            cls = http.client.HTTPSConnection if self._endpoint.scheme == "https" else http.client.HTTPConnection
+            return cls(self._endpoint.host, timeout=self._timeout)
+
+    def put(self, conn: http.client.HTTPConnection) -> None:
+        """Return a connection whose response was read completely."""
+        self._idle.put(conn)
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        while True:
+            try:
+                self._idle.get_nowait().close()
+            except queue.Empty:
+                return
+
+
+class FastS3Client:
+    """GET/HEAD/LIST on one bucket with minimal per-request CPU. Thread-safe; fork-safe
+    (connections are per process: a forked child builds new ones)."""
+
+    def __init__(self, uri: StoreURI, config: StoreConfig) -> None:
+        self.uri = uri
+        self.config = config
+        self._lock = threading.Lock()
+        self._state: tuple[int, _Endpoint, _Signer, _Credentials, _Pool] | None = None
+
+    def _setup(self) -> tuple[_Endpoint, _Signer, _Credentials, _Pool]:
+        import os
+
+        state = self._state
+        if state is not None and state[0] == os.getpid():
+            return state[1:]
+        with self._lock:
+            if self._state is None or self._state[0] != os.getpid():
+                self._state = (os.getpid(), *self._resolve())
+            return self._state[1:]
+
+    def _resolve(self) -> tuple[_Endpoint, _Signer, _Credentials, _Pool]:
+        """Let boto3 resolve endpoint, region and credentials, once."""
+        import boto3
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        session = boto3.Session(profile_name=self.config.profile)
+        client_config = Config(signature_version=UNSIGNED) if self.config.no_sign_request else None
+        client = session.client("s3", endpoint_url=self.config.endpoint_url,
+                                region_name=self.config.region, config=client_config)
+        region = client.meta.region_name or "us-east-1"
+        endpoint = _resolve_endpoint(client.meta.endpoint_url, self.uri.bucket, region)
+        creds = None if self.config.no_sign_request else session.get_credentials()
+        if creds is None and not self.config.no_sign_request:
+            raise AccessDenied("no AWS credentials found",
+                               "configure credentials (aws configure, AWS_* variables, --profile) "
+                               "or pass --no-sign-request for a public bucket")
+        return endpoint, _Signer(region), _Credentials(creds), _Pool(endpoint, self.config.timeout)
+
+    def _request(self, method: str, key: str | None, query: dict[str, str],
+                 headers: dict[str, str]) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, _Pool]:
+        endpoint, signer, creds, pool = self._setup()
+        path = endpoint.path_prefix + ("/" + quote(self.uri.join(key), safe="/~") if key is not None else "/")
+        canonical_query = "&".join(f"{quote(k, safe='~')}={quote(v, safe='~')}" for k, v in sorted(query.items()))
+        current = creds.current()
+        if current is not None:
+            signer.sign(method, endpoint.host, path, canonical_query, headers, current)
+        conn = pool.get()
+        target = f"{path}?{canonical_query}" if canonical_query else path
+        try:
+            conn.request(method, target, headers=headers)
+            return conn.getresponse(), conn, pool
+        except BaseException:
+            conn.close()
+            raise
+
+    def get(self, key: str, sink: Sink, version: str | None = None,
+            start: int | None = None, end: int | None = None) -> GetResult:
+        """Stream the object (or bytes ``[start, end)``) into ``sink``.
+
+        Raises ObjectChanged when ``version`` (the ETag) no longer matches, TransientError
+        when the body is cut short (the caller retries and discards what ``sink`` got).
+        """
+        headers: dict[str, str] = {}
+        if version is not None:
+            headers["If-Match"] = f'"{version}"'
+        if start is not None and end is not None:
+            headers["Range"] = f"bytes={start}-{end - 1}"
+        what = f"s3://{self.uri.bucket}/{self.uri.join(key)}"
+        try:
+            response, conn, pool = self._request("GET", key, {}, headers)
+            try:
+                if response.status not in (200, 206):
+                    raise _error_for_status(response.status, response.read(), what)
+                got = _drain(response, sink)
+            except BaseException:
+                conn.close()
+                raise
+        except Exception as err:
+            raise _error_for_exception(err, what) from err
+        if response.will_close:
+            conn.close()
+        else:
+            pool.put(conn)
+        # With SSE-KMS or SSE-C the ETag is not the MD5 of the content.
+        encrypted = (response.getheader("x-amz-server-side-encryption") == "aws:kms"
+                     or response.getheader("x-amz-server-side-encryption-customer-algorithm") is not None)
+        return GetResult(got, etag_is_md5=not encrypted)
+
+    def head(self, key: str) -> ObjectInfo:
+        """Metadata of one object."""
+        what = f"s3://{self.uri.bucket}/{self.uri.join(key)}"
+        try:
+            response, conn, pool = self._request("HEAD", key, {}, {})
+            response.read()
+        except Exception as err:
+            raise _error_for_exception(err, what) from err
+        pool.put(conn)
+        if response.status != 200:
+            raise _error_for_status(response.status, b"", what)
+        etag = (response.getheader("ETag") or "").strip('"')
+        return ObjectInfo(key, int(response.getheader("Content-Length") or 0), etag,
+                          md5=etag if _is_md5(etag) else None)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """ListObjectsV2 page by page; keys are relative to the store's prefix."""
+        root = self.uri.join("") if self.uri.prefix else ""
+        if root and not root.endswith("/"):
+            root += "/"
+        token: str | None = None
+        while True:
+            query = {"list-type": "2", "prefix": root + prefix, "max-keys": "1000"}
+            if token:
+                query["continuation-token"] = token
+            body = self._list_page(query)
+            page = ET.fromstring(body)
+            for item in page.iter(f"{_S3_NS}Contents"):
+                full = item.findtext(f"{_S3_NS}Key") or ""
+                if full.endswith("/"):
+                    continue  # a "directory marker" object
+                etag = (item.findtext(f"{_S3_NS}ETag") or "").strip('"')
+                modified = _dt.datetime.fromisoformat((item.findtext(f"{_S3_NS}LastModified") or "1970-01-01T00:00:00Z").replace("Z", "+00:00"))
+                yield ObjectInfo(full[len(root):], int(item.findtext(f"{_S3_NS}Size") or 0), etag,
+                                 modified.timestamp(), md5=etag if _is_md5(etag) else None)
+            token = page.findtext(f"{_S3_NS}NextContinuationToken")
+            if page.findtext(f"{_S3_NS}IsTruncated") != "true" or not token:
+                return
+
+    def _list_page(self, query: dict[str, str]) -> bytes:
+        what = f"s3://{self.uri.bucket}/{query['prefix']}"
+        try:
+            response, conn, pool = self._request("GET", None, query, {})
+            body = response.read()
+        except Exception as err:
+            raise _error_for_exception(err, what) from err
+        pool.put(conn)
+        if response.status != 200:
+            raise _error_for_status(response.status, body, what)
+        return body
+
+    def close(self) -> None:
+        """Close pooled connections of this process."""
+        if self._state is not None:
+            self._state[4].close()
+
+
+def _drain(response: http.client.HTTPResponse, sink: Sink) -> int:
+    """Read the body into ``sink`` in chunks; a short body raises IncompleteRead."""
+    length = response.length
+    if length is not None and length <= _CHUNK:
+        data = response.read()
+        if length and len(data) < length:
+            raise http.client.IncompleteRead(data, length - len(data))
+        sink(memoryview(data))
+        return len(data)
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    total = 0
+    while True:
+        n = response.readinto(buffer)
+        if not n:
+            break
+        sink(view[:n])
+        total += n
+    if length is not None and response.length:  # readinto stopped early
+        raise http.client.IncompleteRead(b"", response.length)
+    return total
+
+
+def _is_md5(etag: str) -> bool:
+    """A single-part upload's ETag is the hex MD5 of the content; multipart ones have ``-N``."""
+    return len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
+
+
+def fast_client_for(store: object) -> FastS3Client | None:
+    """A lean client for an S3 store (anything with an ``s3`` :class:`StoreURI` ``uri`` and a
+    :class:`StoreConfig` ``config``), shared by all callers of that store; None otherwise."""
+    uri = getattr(store, "uri", None)
+    config = getattr(store, "config", None)
+    if not isinstance(uri, StoreURI) or uri.scheme != "s3" or not isinstance(config, StoreConfig):
+        return None
+    client = getattr(store, "_lading_fast_client", None)
+    if client is None:
+        client = FastS3Client(uri, config)
+        try:
+            setattr(store, "_lading_fast_client", client)
+        except AttributeError:  # a store with __slots__: no sharing, still correct
+            pass
+    return client

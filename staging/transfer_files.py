@@ -1,0 +1,108 @@
+"""On-disk conventions of the transfer engine: temporary names, the resume sidecar, publishing.
+
+A download of ``dir/name`` is written to ``dir/.name.lading-part`` and renamed over
+``dir/name`` only once complete and verified. A large (ranged) download also keeps
+``dir/.name.lading-part.json``, listing the parts already on disk and the object version
+they belong to, so an interrupted run resumes instead of starting over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PART_SUFFIX = ".lading-part"
+SIDECAR_SUFFIX = ".lading-part.json"
+
+
+def temporary_path(dest: Path) -> Path:
+    """Where ``dest`` is written before it is complete."""
+    return dest.with_name(f".{dest.name}{PART_SUFFIX}")
+
+
+def sidecar_path(dest: Path) -> Path:
+    """The resume record of a ranged download of ``dest``."""
+    return dest.with_name(f".{dest.name}{SIDECAR_SUFFIX}")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a file name is one of the engine's temporaries (for cleaning and ``--delete``)."""
+    return name.startswith(".") and (name.endswith(PART_SUFFIX) or name.endswith(SIDECAR_SUFFIX))
+
+
+def remove_temporaries(dest: Path) -> None:
+    """Remove the temporary and sidecar of ``dest``, if any."""
+    for path in (temporary_path(dest), sidecar_path(dest)):
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def publish(tmp: Path, dest: Path, fd: int | None = None, durable: bool = False) -> None:
+    """Rename a complete, verified temporary into place (fsync'ing first when ``durable``)."""
+    if durable:
+        if fd is None:
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+        else:
+            os.fsync(fd)
+    os.replace(tmp, dest)
+    if durable:
+        directory = os.open(dest.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
+class DirectoryMaker:
+    """``mkdir -p`` that remembers what it already created (one syscall per directory)."""
+
+    def __init__(self) -> None:
+        self._made: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def ensure(self, directory: Path) -> None:
+        """Create ``directory`` and its parents if needed."""
+        if directory in self._made:
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._made.add(directory)
+
+
+@dataclass
+class ResumeRecord:
+    """Which parts of a ranged download are on disk, for which object version."""
+
+    key: str
+    version: str
+    size: int
+    part_size: int
+    done: set[int] = field(default_factory=set)
+
+    def matches(self, key: str, version: str, size: int, part_size: int) -> bool:
+        """Whether the parts on disk belong to this very object and layout."""
+        return (self.key, self.version, self.size, self.part_size) == (key, version, size, part_size)
+
+    def save(self, path: Path) -> None:
+        """Write atomically (temporary name, then rename)."""
+        tmp = path.with_name(path.name + ".tmp")
+        payload = {"key": self.key, "version": self.version, "size": self.size,
+                   "part_size": self.part_size, "done": sorted(self.done)}
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> ResumeRecord | None:
+        """The record at ``path``, or None when missing or unreadable."""
+        try:
+            data = json.loads(path.read_text())
+            return cls(str(data["key"]), str(data["version"]), int(data["size"]),
+                       int(data["part_size"]), {int(i) for i in data["done"]})
+        except (OSError, ValueError, KeyError, TypeError):
+            return None

@@ -1,0 +1,203 @@
+"""The transfer engine behind :func:`staging.transfer.fetch_all`.
+
+One thread pool runs two kinds of jobs: whole-object downloads (small objects) and parts of
+large objects (:mod:`staging.transfer_large`). Items are consumed lazily with a bounded number
+of jobs queued, so memory does not grow with the number of items beyond one result each.
+Per-request CPU is what limits small-object throughput, so S3 goes through the lean signed
+path of :mod:`staging.stores.s3_fast` when available.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from staging.errors import AccessDenied, LadingError
+from staging.retry import DEFAULT_POLICY, with_retries
+from staging.stores.base import Store
+from staging.transfer import TransferEvents, TransferItem, TransferOptions, TransferResult
+from staging.transfer_files import DirectoryMaker, publish, remove_temporaries, temporary_path
+from staging.transfer_large import LargeContext, LargeDownload
+from staging.transfer_readers import Reader, open_reader
+from staging.transfer_verify import IntegrityError, Verifier
+
+#: How long an interrupted transfer waits for running requests before giving up on them.
+_CANCEL_GRACE = 5.0
+
+
+class Cancelled(BaseException):
+    """Raised inside workers once the transfer is interrupted (not an error of the item)."""
+
+
+def fetch_all(store: Store, items: Iterable[TransferItem], options: TransferOptions,
+              events: TransferEvents) -> list[TransferResult]:
+    """Fetch every item; see :mod:`staging.transfer` for the contract."""
+    policy = options.retry or getattr(getattr(store, "config", None), "retry", None) or DEFAULT_POLICY
+    reader = open_reader(store, options.fast_path, policy)
+    try:
+        return _Engine(reader, options, events).run(items)
+    finally:
+        reader.close()
+
+
+class _Engine:
+    """Worker threads pull jobs themselves: parts of large objects first, then the next item.
+
+    Pulling (rather than a main thread feeding an executor) keeps per-object overhead to a
+    lock acquisition, which matters at thousands of small objects per second.
+    """
+
+    def __init__(self, reader: Reader, options: TransferOptions, events: TransferEvents) -> None:
+        self.reader = reader
+        self.options = options
+        self.events = events
+        self.results: list[TransferResult] = []
+        self._results_lock = threading.Lock()
+        self._cancel = threading.Event()
+        self._dirs = DirectoryMaker()
+        self._large = LargeContext(reader, options, events.on_bytes, self._finish, self._checkpoint)
+        self._jobs = threading.Condition()
+        self._parts: deque[Callable[[], None]] = deque()
+        self._preparing = 0
+        self._items: Iterator[TransferItem] = iter(())
+        self._exhausted = False
+        self._failure: BaseException | None = None
+
+    def run(self, items: Iterable[TransferItem]) -> list[TransferResult]:
+        """Run the workers until every item is done; return the results."""
+        self._items = iter(items)
+        threads = [threading.Thread(target=self._work, name=f"lading-fetch-{n}", daemon=True)
+                   for n in range(max(1, self.options.workers))]
+        for thread in threads:
+            thread.start()
+        try:
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.25)
+        except BaseException:
+            self._cancel.set()
+            deadline = time.monotonic() + _CANCEL_GRACE
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            raise
+        if self._failure is not None:
+            raise self._failure
+        return self.results
+
+    def _work(self) -> None:
+        try:
+            while not self._cancel.is_set():
+                job = self._next_job()
+                if job is None:
+                    return
+                job()
+        except Cancelled:
+            pass
+        except BaseException as err:  # noqa: BLE001 - e.g. the item iterator failed: stop everyone
+            with self._jobs:
+                if self._failure is None:
+                    self._failure = err
+            self._cancel.set()
+        finally:
+            with self._jobs:
+                self._jobs.notify_all()
+
+    def _next_job(self) -> Callable[[], None] | None:
+        """A queued part, else a job for the next item, else None when all is handed out."""
+        with self._jobs:
+            while True:
+                if self._parts:
+                    return self._parts.popleft()
+                if not self._exhausted:
+                    item = next(self._items, None)
+                    if item is not None:
+                        break
+                    self._exhausted = True
+                if not self._preparing or self._cancel.is_set():
+                    return None
+                self._jobs.wait()  # a large item is being prepared: its parts are coming
+            if not self._is_large(item):
+                return lambda: self._fetch_small(item)
+            self._preparing += 1
+        return lambda: self._start_large(item)
+
+    def _is_large(self, item: TransferItem) -> bool:
+        size = item.info.size
+        return size >= self.options.multipart_threshold and size > self.options.part_size
+
+    def _checkpoint(self) -> None:
+        if self._cancel.is_set():
+            raise Cancelled()
+
+    def _finish(self, result: TransferResult) -> None:
+        with self._results_lock:
+            self.results.append(result)
+        self.events.on_done(result)
+
+    def _fail(self, item: TransferItem, error: BaseException) -> None:
+        self._finish(TransferResult(item.info.key, item.dest, False, 0, _as_lading(error, item.dest)))
+
+    def _start_large(self, item: TransferItem) -> None:
+        """Prepare the temporary, queue the missing parts, and start on the first one."""
+        download = LargeDownload(item, self._large)
+        parts: list[int] = []
+        try:
+            self._dirs.ensure(item.dest.parent)
+            parts = download.prepare()
+        except (LadingError, OSError) as err:
+            self._fail(item, err)
+        finally:
+            with self._jobs:
+                self._preparing -= 1
+                self._parts.extend((lambda i=i: download.run_part(i)) for i in parts[1:])
+                self._jobs.notify_all()
+        if parts:
+            download.run_part(parts[0])
+
+    def _fetch_small(self, item: TransferItem) -> None:
+        tmp = temporary_path(item.dest)
+        try:
+            self._dirs.ensure(item.dest.parent)
+            nbytes = self._download_verified(item, tmp)
+            publish(tmp, item.dest, durable=self.options.durable)
+        except Cancelled:
+            remove_temporaries(item.dest)
+            raise
+        except (LadingError, OSError) as err:
+            remove_temporaries(item.dest)
+            self._fail(item, err)
+            return
+        self._finish(TransferResult(item.info.key, item.dest, True, nbytes))
+
+    def _download_verified(self, item: TransferItem, tmp: Path) -> int:
+        """Download with retries; a checksum mismatch is retried once, then reported."""
+        for attempt in (1, 2):
+            verifier = Verifier(item.info, use_md5=self.options.verify)
+
+            def once() -> int:
+                return self.reader.fetch_whole(item.info, tmp, verifier, self.events.on_bytes, self._checkpoint)
+
+            nbytes = with_retries(once, self.reader.retry_policy)
+            try:
+                verifier.check(nbytes)
+                return nbytes
+            except IntegrityError:
+                self.events.on_bytes(-nbytes)
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+
+def _as_lading(error: BaseException, dest: Path) -> LadingError:
+    """Local I/O errors become one-line project errors; store errors pass through."""
+    if isinstance(error, LadingError):
+        return error
+    if isinstance(error, PermissionError):
+        return AccessDenied(f"cannot write {error.filename or dest}: permission denied")
+    if isinstance(error, OSError):
+        return LadingError(f"cannot write {error.filename or dest}: {error.strerror or error}")
+    return LadingError(f"{dest}: {error}")
+

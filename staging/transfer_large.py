@@ -1,0 +1,189 @@
+"""One large object fetched as parallel ranged reads into a preallocated temporary file.
+
+Every part is guarded by the object's version, so a replace mid-download fails the item with
+ObjectChanged instead of mixing bytes. Completed parts are recorded in a sidecar
+(:class:`~staging.transfer_files.ResumeRecord`) so an interrupted download resumes. The
+checksum, when the store gave one, is computed in part order while later parts still
+download, so verifying costs little extra wall time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from staging.errors import LadingError, ObjectChanged
+from staging.retry import with_retries
+from staging.transfer import TransferItem, TransferOptions, TransferResult
+from staging.transfer_files import ResumeRecord, publish, remove_temporaries, sidecar_path, temporary_path
+from staging.transfer_readers import Reader
+from staging.transfer_verify import Verifier
+
+
+@dataclass
+class LargeContext:
+    """What a large download needs from the engine."""
+
+    reader: Reader
+    options: TransferOptions
+    on_bytes: Callable[[int], None]
+    finish: Callable[[TransferResult], None]
+    checkpoint: Callable[[], None]  # raises when the whole transfer is cancelled
+
+
+class LargeDownload:
+    """State of one ranged download; :meth:`run_part` is called from worker threads."""
+
+    def __init__(self, item: TransferItem, ctx: LargeContext) -> None:
+        self.item = item
+        self.ctx = ctx
+        self.info = item.info
+        self.part_size = ctx.options.part_size
+        self.count = (self.info.size + self.part_size - 1) // self.part_size
+        self.tmp = temporary_path(item.dest)
+        self.sidecar = sidecar_path(item.dest)
+        self.verifier = Verifier(self.info, use_md5=ctx.options.verify)
+        self._lock = threading.Lock()
+        self._hash_lock = threading.Lock()
+        self._hashed = 0  # parts fed to the verifier, in order
+        self._error: BaseException | None = None
+        self._fd = -1
+        self._pending = 0
+        self.record = ResumeRecord(self.info.key, self.info.version, self.info.size, self.part_size)
+
+    def prepare(self) -> list[int]:
+        """Open (or resume) the temporary; return the parts still to fetch."""
+        previous = ResumeRecord.load(self.sidecar)
+        resumable = (previous is not None and self.tmp.exists()
+                     and previous.matches(self.info.key, self.info.version, self.info.size, self.part_size)
+                     and self.tmp.stat().st_size == self.info.size)
+        if resumable and previous is not None:
+            self.record = previous
+            self._fd = os.open(self.tmp, os.O_RDWR)
+            resumed = sum(self._part_end(i) - self._part_start(i) for i in previous.done)
+            self.ctx.on_bytes(resumed)
+        else:
+            remove_temporaries(self.item.dest)
+            self._fd = os.open(self.tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.ftruncate(self._fd, self.info.size)
+            self.record.save(self.sidecar)
+        todo = [i for i in range(self.count) if i not in self.record.done]
+        self._pending = len(todo)
+        if not todo:
+            self._pending = 1
+            self._part_ended()
+        return todo
+
+    def _part_start(self, index: int) -> int:
+        return index * self.part_size
+
+    def _part_end(self, index: int) -> int:
+        return min(self.info.size, (index + 1) * self.part_size)
+
+    def run_part(self, index: int) -> None:
+        """Fetch one part (with retries), record it, advance the checksum."""
+        try:
+            if self._error is None:
+                with_retries(lambda: self._fetch_part(index), self.ctx.reader.retry_policy)
+                with self._lock:
+                    self.record.done.add(index)
+                    self.record.save(self.sidecar)
+                self._advance_hash(blocking=False)
+        except BaseException as err:  # noqa: BLE001 - recorded, reported once by _part_ended
+            with self._lock:
+                if self._error is None:
+                    self._error = err
+            if not isinstance(err, (LadingError, OSError)):
+                self._part_ended()
+                raise
+        self._part_ended()
+
+    def _fetch_part(self, index: int) -> None:
+        start, end = self._part_start(index), self._part_end(index)
+        offset = start
+
+        def sink(chunk: memoryview) -> None:
+            nonlocal offset
+            self.ctx.checkpoint()
+            if self._error is not None:
+                raise self._error
+            if offset + len(chunk) > end:
+                raise LadingError(f"{self.info.key}: server sent more than the requested range")
+            view = chunk
+            while view:
+                written = os.pwrite(self._fd, view, offset)
+                view = view[written:]
+                offset += written
+            self.ctx.on_bytes(len(chunk))
+
+        try:
+            self.ctx.reader.read_part(self.info, start, end, sink)
+        except BaseException:
+            self.ctx.on_bytes(start - offset)  # discard what this attempt delivered
+            raise
+        if offset != end:
+            self.ctx.on_bytes(start - offset)
+            from staging.errors import TransientError
+
+            raise TransientError(f"{self.info.key}: short ranged read ({offset - start} of {end - start} bytes)")
+
+    def _advance_hash(self, blocking: bool) -> None:
+        """Feed completed parts to the verifier in order; one thread at a time does it."""
+        if not self.verifier.needs_content:
+            return
+        while self._hash_lock.acquire(blocking=blocking):
+            try:
+                while self._hashed in self.record.done:
+                    self.verifier.update_from_file(self._fd, self._part_start(self._hashed),
+                                                   self._part_end(self._hashed))
+                    self._hashed += 1
+            finally:
+                self._hash_lock.release()
+            # a part may have completed after our last check but before we released the lock
+            if self._hashed not in self.record.done:
+                return
+
+    def _part_ended(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            if self._pending:
+                return
+        self._complete()
+
+    def _complete(self) -> None:
+        """Runs once, after the last part ended: publish, or report and keep what can resume."""
+        error = self._error
+        try:
+            if error is None:
+                self._advance_hash(blocking=True)
+                self.verifier.check(os.fstat(self._fd).st_size)
+                publish(self.tmp, self.item.dest, self._fd, self.ctx.options.durable)
+                self.sidecar.unlink(missing_ok=True)
+        except (LadingError, OSError) as err:
+            error = err
+        finally:
+            os.close(self._fd)
+        if error is None:
+            self.ctx.finish(TransferResult(self.info.key, self.item.dest, True, self.info.size))
+            return
+        if not isinstance(error, (LadingError, OSError)):
+            return  # cancelled: keep the temporary and sidecar for the next run
+        if not isinstance(error, OSError) and not _resumable(error):
+            remove_temporaries(self.item.dest)
+        self.ctx.finish(TransferResult(self.info.key, self.item.dest, False, 0, _as_lading(error)))
+
+
+def _resumable(error: LadingError) -> bool:
+    """Keep the parts on disk unless the object changed or its content failed verification."""
+    from staging.transfer_verify import IntegrityError
+
+    return not isinstance(error, (ObjectChanged, IntegrityError))
+
+
+def _as_lading(error: BaseException) -> LadingError:
+    if isinstance(error, LadingError):
+        return error
+    return LadingError(f"cannot write {error.filename or 'file'}: {getattr(error, 'strerror', None) or error}")

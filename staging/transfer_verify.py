@@ -1,0 +1,85 @@
+"""Content verification for downloads: size, plus the strongest checksum the store gave us.
+
+S3 single-part ETags are the hex MD5 of the content (``ObjectInfo.md5``); GCS reports a
+base64 big-endian CRC32C for every object (``ObjectInfo.crc32c``) and an MD5 for
+non-composite ones. CRC32C is preferred when both exist: it is several times cheaper.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from typing import Protocol
+
+from staging.errors import ProblemFound
+from staging.stores.base import ObjectInfo
+
+_READ_CHUNK = 1 << 20
+
+
+class IntegrityError(ProblemFound):
+    """Downloaded bytes do not match the size or checksum the store reported."""
+
+
+class Hasher(Protocol):
+    """The subset of hashlib's interface we use."""
+
+    def update(self, data: bytes | memoryview, /) -> None: ...
+
+
+class Verifier:
+    """Accumulates a checksum over the content, in order, and checks it at the end."""
+
+    def __init__(self, info: ObjectInfo, use_md5: bool = True) -> None:
+        self.info = info
+        self._expected: str | None = None
+        self._hasher: Hasher | None = None
+        self._kind = ""
+        if info.crc32c:
+            import google_crc32c  # installed with google-cloud-storage
+
+            self._hasher = google_crc32c.Checksum()
+            self._expected, self._kind = info.crc32c, "CRC32C"
+        elif info.md5 and use_md5:
+            self._hasher = hashlib.md5(usedforsecurity=False)
+            self._expected, self._kind = info.md5.lower(), "MD5"
+
+    @property
+    def needs_content(self) -> bool:
+        """Whether :meth:`update` must see every byte (else only the size is checked)."""
+        return self._hasher is not None
+
+    def skip_md5(self) -> None:
+        """Stop checking an MD5 (the server says the ETag is not one: SSE-KMS, SSE-C)."""
+        if self._kind == "MD5":
+            self._hasher, self._expected, self._kind = None, None, ""
+
+    def update(self, data: bytes | memoryview) -> None:
+        """Feed the next bytes of the content."""
+        if self._hasher is not None:
+            self._hasher.update(data)
+
+    def update_from_file(self, fd: int, start: int, end: int) -> None:
+        """Feed bytes ``[start, end)`` of an open file."""
+        if self._hasher is None:
+            return
+        offset = start
+        while offset < end:
+            chunk = os.pread(fd, min(_READ_CHUNK, end - offset), offset)
+            if not chunk:
+                raise IntegrityError(f"{self.info.key}: temporary file shorter than expected")
+            self._hasher.update(chunk)
+            offset += len(chunk)
+
+    def check(self, size: int) -> None:
+        """Raise :class:`IntegrityError` unless size and checksum match what the store reported."""
+        if size != self.info.size:
+            raise IntegrityError(f"{self.info.key}: got {size} bytes, expected {self.info.size}")
+        if self._hasher is None:
+            return
+        digest = self._hasher.digest()  # type: ignore[attr-defined]
+        actual = base64.b64encode(digest).decode() if self._kind == "CRC32C" else digest.hex()
+        if actual != self._expected:
+            raise IntegrityError(f"{self.info.key}: {self._kind} mismatch "
+                                 f"(got {actual}, store says {self._expected})")
