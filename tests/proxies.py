@@ -21,7 +21,7 @@ The API:
   connections too.
 - ``proxy.requests``: every request seen, as :class:`Seen` records ``(method, path, query, fault,
   headers)`` (path without the query string, query as the raw string, fault the injected kind
-  or None, headers as sent by the client, e.g. ``seen.headers.get("Range")``).
+  or None, headers as sent by the client, case-insensitive: ``seen.headers.get("Range")``).
   Faulted requests are recorded too.
 - ``proxy.count(method=None, path_prefix=None, where=None, faulted=None)``: how many recorded
   requests match. ``proxy.counts``: a Counter of ``(method, path)``.
@@ -68,6 +68,23 @@ _SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDow
 _TOO_MANY_BODY = b'{"error": {"code": 429, "message": "rate limit exceeded (lading fault proxy)"}}'
 
 
+class Headers(dict):
+    """Request headers with case-insensitive lookup (names stored lower-case)."""
+
+    def __init__(self, items: object = ()) -> None:
+        super().__init__((str(k).lower(), v) for k, v in dict(items).items())  # type: ignore[call-overload]
+
+    def __getitem__(self, name: str) -> str:
+        return super().__getitem__(name.lower())
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and super().__contains__(name.lower())
+
+    def get(self, name: str, default: str | None = None) -> str | None:  # type: ignore[override]
+        """Case-insensitive get."""
+        return super().get(name.lower(), default)
+
+
 @dataclass(frozen=True)
 class Seen:
     """One request the proxy received."""
@@ -76,7 +93,7 @@ class Seen:
     path: str
     query: str
     fault: str | None = None
-    headers: dict[str, str] = field(default_factory=dict, compare=False)
+    headers: Headers = field(default_factory=Headers, compare=False)
 
 
 @dataclass
@@ -147,7 +164,7 @@ class _Handler(BaseHTTPRequestHandler):
         path, query = parsed.path, parsed.query
         fault = proxy._pre_fault(self.command, path)
         if fault is not None:
-            proxy._record(Seen(self.command, path, query, fault, dict(self.headers)))
+            proxy._record(Seen(self.command, path, query, fault, Headers(self.headers.items())))
             self._inject(fault)
             return
         try:
@@ -155,7 +172,7 @@ class _Handler(BaseHTTPRequestHandler):
             upstream.request(self.command, self.path, body=body, headers=self._forward_headers(body))
             response = upstream.getresponse()
         except OSError as err:
-            proxy._record(Seen(self.command, path, query, None, dict(self.headers)))
+            proxy._record(Seen(self.command, path, query, None, Headers(self.headers.items())))
             self._send_simple(502, f"upstream failed: {err}".encode(), "text/plain")
             return
         try:
@@ -199,7 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
             payload = None
             length = int(length_header or 0) if has_body else 0
         truncate = has_body and length >= 2 and proxy._post_fault(self.command, path)
-        proxy._record(Seen(self.command, path, query, "truncate" if truncate else None, dict(self.headers)))
+        proxy._record(Seen(self.command, path, query, "truncate" if truncate else None, Headers(self.headers.items())))
         self.send_response(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":

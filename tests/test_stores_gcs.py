@@ -1,0 +1,351 @@
+"""GCSStore against the GCS emulator over HTTP, plus a small fake of the JSON API for the paths
+the emulator gets wrong (it returns one listing page only and ignores ifGenerationMatch).
+
+No SDK patching: the real google-cloud-storage client talks HTTP to both servers.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import threading
+import urllib.parse
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import google_crc32c
+import pytest
+
+from proxies import FaultProxy
+from staging.errors import AccessDenied, NotFound, ObjectChanged, Throttled, TransientError
+from staging.retry import RetryPolicy
+from staging.stores import StoreConfig, open_store, parse_uri
+from staging.stores.gcs import GCSStore
+
+FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.005, max_delay=0.02)
+
+
+def _config(endpoint: str) -> StoreConfig:
+    return StoreConfig(gcs_anonymous=True, gcs_endpoint=endpoint, retry=FAST_RETRY, timeout=10)
+
+
+def _store(endpoint: str, uri: str, **kwargs) -> GCSStore:
+    return GCSStore(parse_uri(uri), _config(endpoint), **kwargs)
+
+
+def _crc32c(data: bytes) -> str:
+    return base64.b64encode(google_crc32c.Checksum(data).digest()).decode()
+
+
+@pytest.fixture
+def bucket(gcs_env, request):
+    """A fresh emulator bucket (named after the test) and a raw client bucket for setup."""
+    name = "t-" + hashlib.md5(request.node.name.encode()).hexdigest()[:20]
+    store = _store(gcs_env["STORAGE_EMULATOR_HOST"], f"gs://{name}")
+    client = store._client.get()
+    handle = client.bucket(name)
+    if not handle.exists():
+        client.create_bucket(name)
+    for blob in client.list_blobs(name):
+        blob.delete()
+    return handle
+
+
+@pytest.fixture
+def emulator(gcs_env) -> str:
+    return gcs_env["STORAGE_EMULATOR_HOST"]
+
+
+def _put(bucket, name: str, data: bytes) -> None:
+    bucket.blob(name).upload_from_string(data)
+
+
+def test_open_store_gives_gcs_store_lazily(emulator):
+    store = open_store("gs://some-bucket/p", _config(emulator))
+    assert isinstance(store, GCSStore) and not store._client.built
+
+
+def test_listing_prefixes_and_metadata(bucket, emulator):
+    for name in ("data/a", "data/sub/b", "data/sub/c", "datax/d"):
+        _put(bucket, name, name.encode())
+    _put(bucket, "data/folder/", b"")
+    store = _store(emulator, f"gs://{bucket.name}/data")
+    listed = list(store.list())
+    assert [i.key for i in listed] == ["a", "sub/b", "sub/c"]
+    assert [i.key for i in _store(emulator, f"gs://{bucket.name}/data/").list("sub/")] == ["sub/b", "sub/c"]
+    first = listed[0]
+    assert first.md5 == hashlib.md5(b"data/a").hexdigest()
+    assert first.crc32c == _crc32c(b"data/a")
+    assert first.version == str(bucket.get_blob("data/a").generation) and first.mtime > 0
+
+
+def test_emulator_gap_one_listing_page_only(bucket, emulator):
+    """The emulator ignores maxResults (one page); pagination is covered by the fake below."""
+    for i in range(5):
+        _put(bucket, f"p/{i}", b"x")
+    with FaultProxy(emulator) as proxy:
+        store = _store(proxy.url, f"gs://{bucket.name}/p", page_size=2)
+        assert [i.key for i in store.list()] == ["0", "1", "2", "3", "4"]
+        assert proxy.count("GET", path_prefix=f"/storage/v1/b/{bucket.name}/o") == 1  # the gap
+
+
+def test_stat_ranges_and_missing(bucket, emulator):
+    data = bytes(range(256)) * 20
+    _put(bucket, "d/r", data)
+    store = _store(emulator, f"gs://{bucket.name}/d")
+    info = store.stat("r")
+    assert (info.size, info.md5, info.crc32c) == (len(data), hashlib.md5(data).hexdigest(), _crc32c(data))
+    assert store.read_range("r", 100, 1100, info.version) == data[100:1100]
+    assert store.read_range("r", len(data) - 5, len(data) + 20) == data[-5:]
+    assert store.read_range("r", 3, 3) == b""
+    with pytest.raises(NotFound):
+        store.stat("missing")
+    with pytest.raises(NotFound):
+        store.read_range("missing", 0, 10)
+    with pytest.raises(NotFound):
+        list(_store(emulator, "gs://no-such-bucket-here/x").list())
+
+
+def test_download_and_uploads(bucket, emulator, tmp_path):
+    store = _store(emulator, f"gs://{bucket.name}/u")
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.write_bytes(b"small file")
+    big.write_bytes(os.urandom((9 << 20) + 17))  # the library goes resumable above 8 MiB
+    info = store.upload(small, "s")
+    assert (info.key, info.size, info.md5) == ("s", 10, hashlib.md5(b"small file").hexdigest())
+    progress: list[int] = []
+    with FaultProxy(emulator) as proxy:
+        resumable = _store(proxy.url, f"gs://{bucket.name}/u", chunk_size=4 << 20)
+        info = resumable.upload(big, "deep/big", progress=progress.append)
+        chunk_puts = proxy.count("PUT", path_prefix="/upload/")
+    assert chunk_puts == 3  # 9 MiB + 17 bytes in 4 MiB chunks: a resumable session
+    assert info.size == big.stat().st_size == sum(progress)
+    assert info.crc32c == _crc32c(big.read_bytes())
+    seen: list[int] = []
+    store.download("deep/big", tmp_path / "big.tmp", progress=seen.append)
+    assert (tmp_path / "big.tmp").read_bytes() == big.read_bytes() and sum(seen) == info.size
+
+
+def test_faults_are_retried_byte_identical(bucket, emulator, tmp_path):
+    data = os.urandom(1 << 20)
+    _put(bucket, "f/data.bin", data)
+    for i in range(6):
+        _put(bucket, f"f/many/{i}", bytes([i]))
+    with FaultProxy(emulator) as proxy:
+        store = _store(proxy.url, f"gs://{bucket.name}/f")
+        proxy.add_fault("slowdown", first=1)
+        proxy.add_fault("429", first=1)
+        proxy.add_fault("reset", first=1)
+        assert [i.key for i in store.list("many/")] == [f"many/{i}" for i in range(6)]
+        version = store.stat("data.bin").version
+        proxy.add_fault("truncate", first=2, method="GET", path_prefix="/download/")
+        store.download("data.bin", tmp_path / "d.tmp", version=version)
+        assert (tmp_path / "d.tmp").read_bytes() == data
+        downloads = [r for r in proxy.requests if r.path.startswith("/download/")]
+        assert downloads[1].headers.get("Range") == f"bytes={len(data) // 2}-"  # resumed, not restarted
+        assert all(f"ifGenerationMatch={version}" in r.query for r in downloads)
+        proxy.add_fault("truncate", first=1, path_prefix="/download/")
+        assert store.read_range("data.bin", 10, 500_000) == data[10:500_000]
+        assert proxy.injected == {"slowdown": 1, "429": 1, "reset": 1, "truncate": 3}
+
+
+def test_persistent_failure_gives_up_after_the_configured_attempts(bucket, emulator):
+    _put(bucket, "x/f", b"1")
+    with FaultProxy(emulator) as proxy:
+        store = _store(proxy.url, f"gs://{bucket.name}/x")
+        proxy.add_fault("slowdown", rate=1.0)
+        with pytest.raises(Throttled):
+            store.stat("f")
+        assert proxy.count() == FAST_RETRY.attempts, proxy.requests  # the library's retries are off
+        proxy.clear_faults()
+        proxy.add_fault("reset", rate=1.0)
+        with pytest.raises(TransientError):
+            store.read_range("f", 0, 1)
+
+
+def test_missing_credentials_are_access_denied(monkeypatch, tmp_path):
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    store = GCSStore(parse_uri("gs://some-bucket/x"), StoreConfig(retry=FAST_RETRY))
+    with pytest.raises(AccessDenied) as caught:
+        store.stat("f")
+    assert caught.value.exit_code == 4 and "credentials" in (caught.value.hint or "")
+
+
+def test_usable_after_fork(bucket, emulator):
+    _put(bucket, "k/f", b"forked read")
+    store = _store(emulator, f"gs://{bucket.name}/k")
+    assert store.stat("f").size == 11
+    parent_client = store._client.get()
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            rebuilt = not store._client.built
+            data = store.read_range("f", 0, 6)
+            fresh = store._client.get() is not parent_client
+            os.write(write_fd, b"%d %d " % (rebuilt, fresh) + data)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        message = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0 and message == b"1 1 forked"
+    assert store.read_range("f", 7, 11) == b"read"
+
+
+# -- a fake of the GCS JSON API, for pagination and generation preconditions ------------------
+
+
+class FakeGCS:
+    """Serves ``/storage/v1/b/B/o`` (paged with maxResults/pageToken), object metadata and
+    ``/download/...`` media with ``Range`` and ``ifGenerationMatch`` (412 on mismatch), from
+    an in-memory dict. Bucket ``forbidden`` answers 403. Records each request's path?query."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, tuple[bytes, int]] = {}
+        self.requests: list[str] = []
+        self._generation = 1000
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                fake.requests.append(self.path)
+                fake.serve(self)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def put(self, name: str, data: bytes) -> str:
+        self._generation += 1
+        self.objects[name] = (data, self._generation)
+        return str(self._generation)
+
+    def _meta(self, name: str) -> dict:
+        data, generation = self.objects[name]
+        return {"kind": "storage#object", "bucket": "fake", "name": name, "size": str(len(data)),
+                "generation": str(generation), "metageneration": "1",
+                "updated": datetime(2026, 11, 21, tzinfo=timezone.utc).isoformat().replace("+00:00", "Z"),
+                "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode(), "crc32c": _crc32c(data)}
+
+    def serve(self, handler: BaseHTTPRequestHandler) -> None:
+        parsed = urllib.parse.urlsplit(handler.path)
+        query = dict(urllib.parse.parse_qsl(parsed.query))
+        parts = parsed.path.split("/")
+        if "/b/forbidden/" in parsed.path:
+            return self._json(handler, 403, {"error": {"code": 403, "message": "forbidden"}})
+        if parsed.path.startswith("/storage/v1/b/") and parsed.path.endswith("/o"):
+            return self._list(handler, query)
+        name = urllib.parse.unquote(parts[-1])
+        if name not in self.objects:
+            return self._json(handler, 404, {"error": {"code": 404, "message": "No such object"}})
+        data, generation = self.objects[name]
+        if "ifGenerationMatch" in query and query["ifGenerationMatch"] != str(generation):
+            return self._json(handler, 412, {"error": {"code": 412, "message": "Precondition Failed"}})
+        if parsed.path.startswith("/download/"):
+            return self._media(handler, data, generation)
+        return self._json(handler, 200, self._meta(name))
+
+    def _list(self, handler: BaseHTTPRequestHandler, query: dict) -> None:
+        names = sorted(n for n in self.objects if n.startswith(query.get("prefix", "")))
+        after = base64.urlsafe_b64decode(query["pageToken"]).decode() if "pageToken" in query else None
+        if after is not None:
+            names = [n for n in names if n > after]
+        size = int(query.get("maxResults", 1000))
+        page, rest = names[:size], names[size:]
+        body: dict = {"kind": "storage#objects", "items": [self._meta(n) for n in page]}
+        if rest:
+            body["nextPageToken"] = base64.urlsafe_b64encode(page[-1].encode()).decode()
+        self._json(handler, 200, body)
+
+    def _media(self, handler: BaseHTTPRequestHandler, data: bytes, generation: int) -> None:
+        start, end = 0, len(data) - 1
+        status = 200
+        spec = handler.headers.get("Range")
+        if spec:
+            first, _, last = spec.removeprefix("bytes=").partition("-")
+            start, end, status = int(first), min(int(last) if last else end, len(data) - 1), 206
+        chunk = data[start:end + 1]
+        handler.send_response(status)
+        handler.send_header("Content-Length", str(len(chunk)))
+        handler.send_header("x-goog-generation", str(generation))
+        if status == 206:
+            handler.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        handler.end_headers()
+        handler.wfile.write(chunk)
+
+    def _json(self, handler: BaseHTTPRequestHandler, status: int, body: dict) -> None:
+        payload = json.dumps(body).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(payload)))
+        handler.end_headers()
+        handler.wfile.write(payload)
+
+    def __enter__(self) -> "FakeGCS":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_fake_pagination_follows_page_tokens():
+    with FakeGCS() as fake:
+        for i in range(7):
+            fake.put(f"data/{i}", b"x" * i)
+        fake.put("other/z", b"z")
+        store = _store(fake.url, "gs://fake/data", page_size=3)
+        listed = [(i.key, i.size) for i in store.list()]
+        pages = [r for r in fake.requests if r.startswith("/storage/v1/b/fake/o?")]
+    assert listed == [(str(i), i) for i in range(7)]
+    assert len(pages) == 3
+    assert "pageToken" not in pages[0] and all("pageToken=" in p for p in pages[1:])
+    assert all("maxResults=3" in p and "prefix=data%2F" in p for p in pages)
+
+
+def test_fake_generation_precondition_gives_object_changed(tmp_path):
+    with FakeGCS() as fake:
+        old = fake.put("d/v", b"first version")
+        store = _store(fake.url, "gs://fake/d")
+        assert store.read_range("v", 0, 5, old) == b"first"
+        fake.put("d/v", b"second version")
+        with pytest.raises(ObjectChanged):
+            store.read_range("v", 0, 5, old)
+        with pytest.raises(ObjectChanged):
+            store.download("v", tmp_path / "v.tmp", version=old)
+        assert any(f"ifGenerationMatch={old}" in r for r in fake.requests)
+        store.download("v", tmp_path / "v.tmp")  # no version: pins the current generation
+        assert (tmp_path / "v.tmp").read_bytes() == b"second version"
+
+
+def test_emulator_gap_generation_precondition_is_ignored(bucket, emulator):
+    """The emulator serves new data for a stale generation; the fake above covers the 412 path."""
+    _put(bucket, "g/v", b"first")
+    store = _store(emulator, f"gs://{bucket.name}/g")
+    old = store.stat("v").version
+    _put(bucket, "g/v", b"second")
+    assert store.stat("v").version != old
+    assert store.read_range("v", 0, 6, old) == b"second"  # a real GCS would answer 412
+
+
+def test_forbidden_is_access_denied():
+    with FakeGCS() as fake:
+        with pytest.raises(AccessDenied):
+            list(_store(fake.url, "gs://forbidden/x").list())
