@@ -238,11 +238,13 @@ def apply_plan(
     return summary
 
 
-def sweep_temporaries(dest: Path, markers: tuple[str, ...]) -> int:
-    """Remove leftover temporaries (names containing one of ``markers``) of a killed run under ``dest``.
+def sweep_temporaries(dest: Path, markers: tuple[str, ...], keep: Iterable[Path] = ()) -> int:
+    """Remove leftover temporaries (names containing one of ``markers``) of a killed run under ``dest``,
+    except those of the final paths in ``keep`` (``.name.lading-part`` next to ``name``).
 
     Only called while holding DEST's lock, so no live writer owns them.
     """
+    kept_prefixes = {(path.parent, f".{path.name}.lading") for path in keep}
     removed = 0
     stack = [dest]
     while stack:
@@ -254,7 +256,8 @@ def sweep_temporaries(dest: Path, markers: tuple[str, ...]) -> int:
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 stack.append(Path(entry.path))
-            elif any(marker in entry.name for marker in markers):
+            elif any(marker in entry.name for marker in markers) and not any(
+                    directory == parent and entry.name.startswith(prefix) for parent, prefix in kept_prefixes):
                 try:
                     os.unlink(entry.path)
                     removed += 1

@@ -18,7 +18,7 @@ from staging.sync.state import JOURNAL_NAME, LOCK_NAME, SyncState
 from staging.transfer import TransferOptions
 
 #: Substrings of temporary names a killed run may leave in DEST (ours and the transfer engine's).
-TEMP_MARKERS: tuple[str, ...] = (".lading-link-", ".lading-tmp", ".lading-part")
+TEMP_MARKERS: tuple[str, ...] = (".lading-link-", ".lading-part")
 
 
 def plan_only(store: Store, request: SyncRequest, workers: int = 32) -> SyncPlan:
@@ -39,15 +39,14 @@ def sync_into(
     """Plan and apply ``selection`` into ``request.dest`` under DEST's lock.
 
     ``skip_keys`` are left out of the fetches (but still count as selected, so ``--delete`` keeps
-    their old copies). A previous run killed mid-way left its journal: its temporaries are swept.
+    their old copies). A previous run killed mid-way left its journal: its stray temporaries are
+    swept once this run's fetches are done.
     """
     dest = Path(request.dest)
     dest.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(dest / LOCK_NAME):
         interrupted = (dest / JOURNAL_NAME).exists()
         state = SyncState.load(dest)
-        if interrupted:
-            sweep_temporaries(dest, TEMP_MARKERS)
         state.source = request.source
         plan = plan_sync(selection, request, state)
         if skip_keys:
@@ -55,9 +54,15 @@ def sync_into(
         if plan.to_fetch:
             state.begin()
         try:
-            return apply_plan(plan, state, fetcher, options, events, phase)
+            summary = apply_plan(plan, state, fetcher, options, events, phase)
         finally:
             state.close()
+        if interrupted:
+            # After the fetches, so a large download can resume from its parts first; what is
+            # left belongs to no live download, except failed keys' parts, kept for the next run.
+            keep = {dest.joinpath(*failed.key.split("/")) for failed in summary.failed}
+            sweep_temporaries(dest, TEMP_MARKERS, keep)
+        return summary
 
 
 def run_sync(
