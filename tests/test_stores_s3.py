@@ -321,3 +321,12 @@ def test_usable_after_fork(s3, endpoint):
     assert message == b"1 1 before"
     assert store.read_range("f", 11, 21) == b"after fork"  # the parent still works
     assert store._client.get() is parent_client
+
+
+def test_sse_kms_etag_is_not_taken_for_an_md5(s3, endpoint):
+    s3.put_object(Bucket=BUCKET, Key="data/enc", Body=b"secret", ServerSideEncryption="aws:kms")
+    plain = hashlib.md5(b"secret").hexdigest()
+    _put(s3, "data/plain", b"secret")
+    store = _store(endpoint)
+    assert store.stat("plain").md5 == plain
+    assert store.stat("enc").md5 is None

@@ -151,8 +151,10 @@ class S3Store:
             Bucket=self.bucket, Key=self.root + key))
         etag = _etag(head.get("ETag"))
         modified = head.get("LastModified")
+        # With SSE-KMS or SSE-C the ETag is not the MD5 of the content.
+        encrypted = head.get("ServerSideEncryption") == "aws:kms" or "SSECustomerAlgorithm" in head
         return ObjectInfo(key, int(head.get("ContentLength", 0)), etag,
-                          modified.timestamp() if modified else 0.0, md5_of_etag(etag))
+                          modified.timestamp() if modified else 0.0, None if encrypted else md5_of_etag(etag))
 
     # -- reads ----------------------------------------------------------------------------------
 

@@ -1,0 +1,62 @@
+"""Reusable click options for every command that talks to a bucket (sync, mount, pack, hook, fetch).
+
+Usage::
+
+    @click.command()
+    @store_options
+    def sync(source: str, **options: Any) -> int:
+        config = pop_store_config(options)   # removes the four store options from ``options``
+        store = open_store(source, config)
+
+Resolution is done by :func:`cli.context.store_config` (flag > environment > default).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, MutableMapping, TypeVar
+
+import click
+
+from cli.context import store_config
+from staging.stores.base import StoreConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The keyword arguments :func:`store_options` adds to a command.
+STORE_OPTION_NAMES = ("endpoint_url", "profile", "no_sign_request", "region")
+
+
+def store_options(func: F) -> F:
+    """Add ``--endpoint-url``, ``--profile``, ``--no-sign-request`` and ``--region`` to a command."""
+    options = [
+        click.option("--endpoint-url", metavar="URL", default=None,
+                     help="S3-compatible endpoint (MinIO, Ceph, moto...). "
+                          "Default: $AWS_ENDPOINT_URL_S3, then $AWS_ENDPOINT_URL."),
+        click.option("--profile", metavar="NAME", default=None,
+                     help="AWS profile from ~/.aws/config. Default: $AWS_PROFILE."),
+        click.option("--no-sign-request", is_flag=True, default=False,
+                     help="Send S3 requests unsigned, for public buckets (no credentials needed)."),
+        click.option("--region", metavar="REGION", default=None,
+                     help="S3 region. Default: $AWS_REGION, $AWS_DEFAULT_REGION, the profile's."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def config_from_options(options: MutableMapping[str, Any]) -> StoreConfig:
+    """The StoreConfig for the values :func:`store_options` parsed (left in ``options``)."""
+    return store_config(
+        endpoint_url=options.get("endpoint_url"),
+        profile=options.get("profile"),
+        no_sign_request=bool(options.get("no_sign_request")),
+        region=options.get("region"),
+    )
+
+
+def pop_store_config(options: MutableMapping[str, Any]) -> StoreConfig:
+    """Like :func:`config_from_options`, and remove the store options from ``options``."""
+    config = config_from_options(options)
+    for name in STORE_OPTION_NAMES:
+        options.pop(name, None)
+    return config
