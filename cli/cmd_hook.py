@@ -16,7 +16,8 @@ from staging.errors import UsageError
 from staging.transfer import TransferResult
 
 if TYPE_CHECKING:
-    from staging.hooks.stage import StagePlan
+    from staging.hooks.stage import StageResult
+    from staging.sync.plan import SyncPlan
 
 SCHEMA_HELP = """\b
 Schema (only data.datasets is read; the rest of data: is yours):
@@ -51,11 +52,17 @@ class LogProgress:
         """Say why we are idle."""
         self.echo(f"lading: {self.label}: another process on this node is staging it; waiting ({lock_path})")
 
-    def on_start(self, files: int, nbytes: int) -> None:
-        """Announce the download."""
-        self.files, self.total = files, nbytes
+    def on_phase(self, phase: str, plan: "SyncPlan | None") -> None:
+        """Announce the download (sync's plan says how much), or pass a notice on."""
+        if plan is None and phase != "download":
+            self.echo(f"lading: {self.label}: {phase}")
+            return
+        self.files = len(plan.to_fetch) if plan is not None else 1
+        self.total = plan.fetch_bytes if plan is not None else 0
         self.started = self.last = time.monotonic()
-        self.echo(f"lading: {self.label}: fetching {files} object(s), {_human(nbytes)}")
+        if self.files:
+            size = f", {_human(self.total)}" if plan is not None else ""
+            self.echo(f"lading: {self.label}: fetching {self.files} object(s){size}")
 
     def on_bytes(self, nbytes: int) -> None:
         """Count bytes; print a line when the interval has passed."""
@@ -97,21 +104,21 @@ def _slot_count(env: Mapping[str, str]) -> int:
     return len(ids)
 
 
-def _stage_one(state: AppState, source: str, dest: str, views: Callable[[StagePlan], dict[int, list]],
+def _stage_one(state: AppState, source: str, dest: str, views: Callable[[StageResult], dict[int, list[str]]],
                json_out: bool = False) -> dict:
-    from staging.hooks.fetch import plan_fetch
-    from staging.hooks.stage import build_views, raise_for_failures, stage
+    """Stage SOURCE at DEST once per node, build the per-slot views, print a summary line."""
+    from staging.hooks.fetch import stage_source
+    from staging.hooks.stage import build_views, raise_for_failures
 
-    store, plan = plan_fetch(source, dest, store_config())
-    progress = LogProgress(f"{plan.source} -> {plan.anchor}", _echo_for(state))
-    result = stage(store, plan, events=progress)
-    raise_for_failures(result)
-    linked = build_views(plan, views(plan))
-    summary = result.to_json() | {"view_links": linked}
+    progress = LogProgress(f"{source} -> {dest}", _echo_for(state))
+    staged = stage_source(source, dest, store_config(), events=progress)
+    raise_for_failures(staged.result)
+    linked = build_views(staged.root, staged.result.files, views(staged.result))
+    result = staged.result
     if not json_out and not state.quiet:
         click.echo(_summary_line(progress.label, result.fetched, result.fetched_bytes, result.unchanged,
                                  result.removed, time.monotonic() - progress.started))
-    return summary
+    return result.to_json() | {"view_links": linked}
 
 
 def _summary_line(label: str, fetched: int, nbytes: int, unchanged: int, removed: int, seconds: float) -> str:
@@ -194,7 +201,7 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool) -> int:
     finds nothing changed, and downloads and rewrites nothing. Output is one line per step and
     a progress line every few seconds (made for task logs).
     """
-    from staging.hooks.run import datasets_from_config, dest_path, slots_per_trial, views_for
+    from staging.hooks.run import check_sharding, datasets_from_config, dest_path, slots_per_trial, views_for
 
     config, origin = _load_experiment_config(config_file, os.environ)
     specs = datasets_from_config(config, origin)
@@ -205,8 +212,9 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool) -> int:
     for spec in specs:
         needs_slots = spec.slots or spec.distribution == "sharded"
         count = _slot_count(os.environ) if needs_slots else 0
+        check_sharding(spec, count, trial_slots)
         summaries.append(_stage_one(state, spec.source, dest_path(spec),
-                                    lambda plan, spec=spec, count=count: views_for(spec, plan, count, trial_slots),
+                                    lambda result, spec=spec, count=count: views_for(spec, result, count, trial_slots),
                                     json_out=json_out))
     if json_out:
         click.echo(json.dumps({"datasets": summaries}, indent=2))
@@ -245,7 +253,7 @@ def fetch(state: AppState, uri: str, dest: str, slots: bool, json_out: bool) -> 
     Concurrent runs on one machine download once (a lock next to DEST).
     """
     count = _slot_count(os.environ) if slots else 0
-    summary = _stage_one(state, uri, dest, lambda plan: {i: list(plan.items) for i in range(count)},
+    summary = _stage_one(state, uri, dest, lambda result: {i: sorted(result.files) for i in range(count)},
                          json_out=json_out)
     if json_out:
         click.echo(json.dumps(summary, indent=2))

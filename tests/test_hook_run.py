@@ -13,6 +13,7 @@ import pytest
 
 from proxies import FaultProxy
 from staging.hooks.script import HookEntry, updated_text
+from staging.sync.state import RESERVED_NAMES
 
 BUCKET = "lading-hook"
 SECRET = "lading-secret-VALUE-4242"
@@ -62,10 +63,10 @@ def object_gets(proxy: FaultProxy) -> int:
 
 
 def snapshot(*roots: Path) -> dict[str, tuple[int, int]]:
-    """(inode, mtime_ns) of every file under the roots, and of the markers beside them."""
+    """(inode, mtime_ns) of every file under the roots (sync's state record in DEST included)."""
     found = {}
     for root in roots:
-        for path in [*root.rglob("*"), *root.parent.glob(f".{root.name}.lading-staged.json")]:
+        for path in root.rglob("*"):
             if path.is_file():
                 st = path.stat()
                 found[str(path)] = (st.st_ino, st.st_mtime_ns)
@@ -95,7 +96,8 @@ def test_two_containers_download_once_then_a_restart_makes_no_get(proxy, tmp_pat
     for key in staged:
         assert proxy.counts[("GET", f"/{BUCKET}/{key}")] == 1, key  # one download for both containers
     for root in (dest, tmp_path / "node" / "train-rank0", tmp_path / "node" / "train-rank1"):
-        got = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        got = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
+               if p.is_file() and p.name not in RESERVED_NAMES}  # sync's state record and lock
         assert got == {key.removeprefix("data/"): body for key, body in staged.items()}
     view_file = tmp_path / "node" / "train-rank1" / "train-0.bin"
     assert view_file.stat().st_ino == (dest / "train-0.bin").stat().st_ino  # a hard link, not a copy
@@ -118,7 +120,8 @@ def test_failing_download_fails_the_hook_with_a_clear_message(proxy, tmp_path):
     assert "HOOK-DONE" not in output
     assert "lading could not stage" in output and "lading: error:" in output
     assert SECRET not in output and TOKEN not in output
-    assert not [p for p in dest.rglob("*") if p.is_file()]  # nothing half-written under a final name
+    # nothing half-written under a final name (only sync's state record and lock)
+    assert not [p for p in dest.rglob("*") if p.is_file() and p.name not in RESERVED_NAMES]
 
 
 def test_bad_data_section_fails_the_hook(proxy, tmp_path):

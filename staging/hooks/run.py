@@ -12,8 +12,8 @@ Schema (the rest of ``data:`` is yours; lading reads only ``data.datasets``)::
 - ``replicated``: every slot sees everything. With ``slots: true`` each slot ``i`` of
   ``DET_SLOT_IDS`` (by position, which is the slot's ``LOCAL_RANK``) gets ``{dest}-rank{i}``,
   a tree of hard links to ``dest`` (no extra space, no second download).
-- ``sharded``: keys sorted, key ``k`` goes to rank ``k mod world_size``; rank ``i`` sees its
-  shard in ``{dest}-rank{i}``. A startup hook runs before any rank exists, so this needs the
+- ``sharded``: :mod:`staging.sharding`'s rule (keys sorted, key ``k`` to rank
+  ``k mod world_size``); rank ``i`` sees its shard in ``{dest}-rank{i}``. A startup hook runs before any rank exists, so this needs the
   whole trial in this container (``resources.slots_per_trial`` equal to the container's slot
   count); otherwise it is refused: use ``lading sync --distribution sharded`` in the entrypoint.
 """
@@ -23,11 +23,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from staging.errors import UsageError
-from staging.hooks.stage import StagePlan
-from staging.transfer import TransferItem
+from staging.hooks.stage import StageResult
+from staging.sharding import select_for_rank
 
 DISTRIBUTIONS = ("replicated", "sharded")
 _FIELDS = {"source", "dest", "distribution", "slots"}
@@ -82,24 +82,25 @@ def slots_per_trial(config: Mapping[str, object]) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def shard(items: Sequence[TransferItem], rank: int, world_size: int) -> list[TransferItem]:
-    """Rank ``rank``'s shard: keys sorted, key ``k`` to rank ``k mod world_size``."""
-    ordered = sorted(items, key=lambda item: item.info.key)
-    return ordered[rank::world_size]
-
-
-def views_for(spec: DatasetSpec, plan: StagePlan, slot_count: int,
-              trial_slots: int | None) -> dict[int, list[TransferItem]]:
-    """Which items each per-slot view ``{dest}-rank{i}`` holds (empty dict: no views)."""
+def views_for(spec: DatasetSpec, result: StageResult, slot_count: int,
+              trial_slots: int | None) -> dict[int, list[str]]:
+    """Which keys each per-slot view ``{dest}-rank{i}`` holds (empty dict: no views)."""
+    keys = sorted(result.files)
     if spec.distribution == "replicated":
-        return {i: list(plan.items) for i in range(slot_count)} if spec.slots else {}
+        return {i: keys for i in range(slot_count)} if spec.slots else {}
     world = trial_slots or slot_count
     if slot_count == 0 or world != slot_count:
         raise UsageError(
             f"{spec.source}: 'sharded' in a startup hook needs the whole trial in this container "
             f"(slots_per_trial={trial_slots}, DET_SLOT_IDS has {slot_count})",
             "no rank exists yet in a startup hook; run `lading sync --distribution sharded` from the entrypoint")
-    return {i: shard(plan.items, i, world) for i in range(world)}
+    return {i: [info.key for info in select_for_rank(result.infos, i, world, "sharded")] for i in range(world)}
+
+
+def check_sharding(spec: DatasetSpec, slot_count: int, trial_slots: int | None) -> None:
+    """Refuse a sharded dataset the hook cannot split, before downloading anything."""
+    if spec.distribution == "sharded" and (slot_count == 0 or (trial_slots or slot_count) != slot_count):
+        views_for(spec, StageResult(spec.source, Path(spec.dest), 0), slot_count, trial_slots)
 
 
 def dest_path(spec: DatasetSpec) -> str:

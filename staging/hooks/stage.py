@@ -1,66 +1,45 @@
-"""Stage a planned set of objects into a destination, once per node.
+"""Stage a dataset on this node, once: a prefix through ``lading sync``'s engine, one object here.
 
 Every container of a trial on one host runs the startup hook at the same moment. They share
-the work through two files next to the destination (never inside it, so data loaders that
-list the directory don't see them):
+the work through a lock and a completion marker:
 
-- ``.{name}.lading-lock``: an exclusive ``fcntl.flock``. The first container downloads; the
-  others wait on the lock (no timeout: the holder either finishes or dies, which frees it).
-- ``.{name}.lading-staged.json``: the completion marker. One record per object verified on
-  disk: key, size, the source version (S3 ETag, GCS generation) and the local file's size and
-  mtime. A later run lists the source, compares, and fetches only what changed; when nothing
-  did it makes no object request and writes nothing.
+- a prefix is synced with :func:`staging.sync.run.sync_into`: DEST's lock, the state record in
+  DEST as the marker, and removal of files lading put there that have left the source;
+- one object (``lading fetch s3://b/data.csv /tmp/d/``) keeps its marker and lock as hidden
+  siblings of the file, ``.{name}.lading-staged.json`` and ``.{name}.lading-lock``, so several
+  fetches into one directory don't share a record.
 
-Files are written by :func:`staging.transfer.fetch_all` (temporary name, verified, renamed).
+Either way the marker holds each object's source version (S3 ETag, GCS generation) and the
+local file's size and mtime: a later run lists (or stats) the source, compares, and when
+nothing changed it downloads nothing and writes nothing. Waiting processes block on the lock
+with no timeout (the kernel frees it if the holder dies). Files are written by the transfer
+engine (temporary name, verified, renamed).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
 import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
-from staging.errors import ProblemFound
+from staging.errors import AccessDenied, LadingError, NotFound, ProblemFound, TransientError
 from staging.stores.base import ObjectInfo, Store
-from staging.transfer import NoEvents, TransferItem, TransferOptions, TransferResult, fetch_all
+from staging.sync.apply import FailedKey, store_fetcher
+from staging.sync.locks import exclusive_lock
+from staging.sync.plan import SyncPlan, SyncRequest, select_objects
+from staging.sync.run import sync_into
+from staging.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
 
 MARKER_FORMAT = 1
 
 
-@dataclass(frozen=True)
-class StagePlan:
-    """What to stage: ``items`` land under ``root``; ``anchor`` names the marker and the lock."""
-
-    source: str
-    root: Path
-    anchor: Path
-    items: tuple[TransferItem, ...]
-
-    @property
-    def marker_path(self) -> Path:
-        """The completion marker, a hidden sibling of ``anchor``."""
-        return self.anchor.parent / f".{self.anchor.name}.lading-staged.json"
-
-    @property
-    def lock_path(self) -> Path:
-        """The per-node lock file, a hidden sibling of ``anchor``."""
-        return self.anchor.parent / f".{self.anchor.name}.lading-lock"
-
-    @property
-    def total_bytes(self) -> int:
-        """Bytes in the source listing."""
-        return sum(item.info.size for item in self.items)
-
-
 @dataclass
 class StageResult:
-    """What one staging run did."""
+    """What one staging run did; ``files`` maps each staged key to its path (for the views)."""
 
     source: str
     dest: Path
@@ -69,28 +48,29 @@ class StageResult:
     fetched_bytes: int = 0
     unchanged: int = 0
     removed: int = 0
-    waited: bool = False
-    failed: list[TransferResult] = field(default_factory=list)
+    failed: list[FailedKey] = field(default_factory=list)
+    files: dict[str, Path] = field(default_factory=dict)
+    infos: list[ObjectInfo] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         """The summary as JSON-ready data."""
         return {
             "source": self.source, "dest": str(self.dest), "objects": self.objects,
             "fetched": self.fetched, "fetched_bytes": self.fetched_bytes,
-            "unchanged": self.unchanged, "removed": self.removed, "waited": self.waited,
-            "failed": [{"key": r.key, "error": r.error.message if r.error else "failed"} for r in self.failed],
+            "unchanged": self.unchanged, "removed": self.removed,
+            "failed": [{"key": f.key, "error": f.error} for f in self.failed],
         }
 
 
 class StageEvents(Protocol):
-    """Progress callbacks (the transfer callbacks plus two staging moments)."""
+    """Progress callbacks: sync's (``on_phase``), the transfer's, and ``on_wait``."""
 
     def on_wait(self, lock_path: Path) -> None:
         """Another process on this node holds the lock; we block until it is done."""
         ...
 
-    def on_start(self, files: int, nbytes: int) -> None:
-        """About to fetch ``files`` objects, ``nbytes`` in total."""
+    def on_phase(self, phase: str, plan: SyncPlan | None) -> None:
+        """A phase starts (``plan`` is None for the single-object path and for notices)."""
         ...
 
     def on_bytes(self, nbytes: int) -> None:
@@ -102,143 +82,110 @@ class StageEvents(Protocol):
         ...
 
 
-class QuietStageEvents(NoEvents):
+class QuietStageEvents:
     """StageEvents that ignore everything."""
 
     def on_wait(self, lock_path: Path) -> None:
         """Ignore."""
 
-    def on_start(self, files: int, nbytes: int) -> None:
+    def on_phase(self, phase: str, plan: SyncPlan | None) -> None:
+        """Ignore."""
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Ignore."""
+
+    def on_done(self, result: TransferResult) -> None:
         """Ignore."""
 
 
-@contextlib.contextmanager
-def node_lock(path: Path, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
-    """Hold an exclusive flock on ``path``; yields whether we had to wait for it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+def stage_prefix(store: Store, source: str, root: Path, options: TransferOptions = TransferOptions(),
+                 events: StageEvents = QuietStageEvents()) -> StageResult:
+    """Sync every object under ``source`` into ``root`` (a mirror: lading's own stale files go)."""
+    request = SyncRequest(source=source, dest=root, delete=True)
+    selection = select_objects(store, request, options.workers)
+    if not selection.objects:
+        raise NotFound(f"nothing at {source}: no object of that name and no keys under it",
+                       "check the bucket and prefix (keys are case-sensitive)")
+    summary = sync_into(store_fetcher(store), selection, request, options, events)
+    return StageResult(source, root, len(selection.objects), fetched=summary.files, fetched_bytes=summary.bytes,
+                       unchanged=summary.skipped, removed=summary.deleted, failed=list(summary.failed),
+                       files={info.key: root.joinpath(*info.key.split("/")) for info in selection.objects},
+                       infos=list(selection.objects))
+
+
+def marker_path(target: Path) -> Path:
+    """The single-object completion marker, a hidden sibling of ``target``."""
+    return target.parent / f".{target.name}.lading-staged.json"
+
+
+def lock_path(target: Path) -> Path:
+    """The single-object lock file, a hidden sibling of ``target``."""
+    return target.parent / f".{target.name}.lading-lock"
+
+
+def stage_object(store: Store, source: str, info: ObjectInfo, target: Path,
+                 options: TransferOptions = TransferOptions(),
+                 events: StageEvents = QuietStageEvents()) -> StageResult:
+    """Bring ``target`` up to date with one object, under its lock, checked against its marker."""
+    result = StageResult(source, target, 1, files={info.key: target}, infos=[info])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(lock_path(target), lambda: events.on_wait(lock_path(target))):
+        if _read_marker(marker_path(target), source) == _expected(info, target):
+            result.unchanged = 1
+            return result  # nothing changed: no GET, no write
+        events.on_phase("download", None)
+        (outcome,) = fetch_all(store, [TransferItem(info, target)], options, events) or [None]
+        if outcome is None or not outcome.ok:
+            error = outcome.error if outcome is not None and outcome.error is not None else None
+            result.failed.append(FailedKey(info.key, error.message if error else "download failed",
+                                           error.exit_code if error else 1))
+            return result
+        result.fetched, result.fetched_bytes = 1, outcome.nbytes
+        _write_marker(marker_path(target), source, _expected(info, target))
+    return result
+
+
+def _expected(info: ObjectInfo, target: Path) -> list | None:
+    """The marker row for ``info`` as it is on disk now (None when the file is missing)."""
     try:
-        waited = False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            waited = True
-            if on_wait is not None:
-                on_wait()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield waited
-    finally:
-        os.close(fd)  # closing releases the lock
+        st = target.stat()
+    except OSError:
+        return None
+    return [info.key, info.size, info.version, st.st_size, st.st_mtime_ns]
 
 
-def _read_marker(path: Path, source: str) -> dict[str, list]:
-    """key -> [size, version, local_size, local_mtime_ns]; empty when absent, corrupt or for another source."""
+def _read_marker(path: Path, source: str) -> list | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return {}
+        return None
     if not isinstance(data, dict) or data.get("format") != MARKER_FORMAT or data.get("source") != source:
-        return {}
-    entries = data.get("objects")
-    return {row[0]: row[1:] for row in entries if isinstance(row, list) and len(row) == 5} if isinstance(entries, list) else {}
+        return None
+    return data.get("object")
 
 
-def _write_marker(path: Path, source: str, records: dict[str, list]) -> None:
+def _write_marker(path: Path, source: str, row: list | None) -> None:
     """Write the marker atomically (temporary file, fsync, rename)."""
-    body = {"format": MARKER_FORMAT, "source": source,
-            "objects": [[key, *records[key]] for key in sorted(records)]}
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as handle:
-        json.dump(body, handle, separators=(",", ":"))
+        json.dump({"format": MARKER_FORMAT, "source": source, "object": row}, handle, separators=(",", ":"))
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
 
 
-def _local_state(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns)
-
-
-def _is_current(item: TransferItem, record: list | None) -> bool:
-    """Whether the marker says this exact object version is on disk, and the file agrees."""
-    if record is None or record[0] != item.info.size or record[1] != item.info.version:
-        return False
-    return _local_state(item.dest) == (record[2], record[3])
-
-
-def _record(info: ObjectInfo, dest: Path) -> list | None:
-    local = _local_state(dest)
-    return None if local is None else [info.size, info.version, local[0], local[1]]
-
-
-def _remove_stale(plan: StagePlan, old: dict[str, list], keep: set[str]) -> int:
-    """Delete files a previous run staged whose object left the source, if untouched since."""
-    removed = 0
-    for key, record in old.items():
-        if key in keep:
-            continue
-        path = plan.root.joinpath(*key.split("/"))
-        if _local_state(path) == (record[2], record[3]):
-            path.unlink(missing_ok=True)
-            removed += 1
-    return removed
-
-
-def stage(
-    store: Store,
-    plan: StagePlan,
-    options: TransferOptions = TransferOptions(),
-    events: StageEvents = QuietStageEvents(),
-) -> StageResult:
-    """Bring ``plan.root`` up to date with the source listing, once per node (see module doc)."""
-    result = StageResult(plan.source, plan.root, len(plan.items))
-    with node_lock(plan.lock_path, lambda: events.on_wait(plan.lock_path)) as waited:
-        result.waited = waited
-        old = _read_marker(plan.marker_path, plan.source)
-        todo = [item for item in plan.items if not _is_current(item, old.get(item.info.key))]
-        keys = {item.info.key for item in plan.items}
-        records = {key: old[key] for key in keys if key in old}
-        result.unchanged = len(plan.items) - len(todo)
-        stale = set(old) - keys
-        if not todo and not stale:
-            return result  # nothing changed: no request beyond the listing, no write
-        result.removed = _remove_stale(plan, old, keys)
-        for key in stale:
-            records.pop(key, None)
-        for item in todo:
-            records.pop(item.info.key, None)
-            item.dest.parent.mkdir(parents=True, exist_ok=True)
-        events.on_start(len(todo), sum(item.info.size for item in todo))
-        for outcome in fetch_all(store, todo, options, events) if todo else []:
-            if outcome.ok:
-                result.fetched += 1
-                result.fetched_bytes += outcome.nbytes
-            else:
-                result.failed.append(outcome)
-        by_key = {item.info.key: item for item in todo}
-        failed = {outcome.key for outcome in result.failed}
-        for key, item in by_key.items():
-            if key not in failed and (record := _record(item.info, item.dest)) is not None:
-                records[key] = record
-        _write_marker(plan.marker_path, plan.source, records)
-    return result
+_ERRORS: dict[int, type[LadingError]] = {3: NotFound, 4: AccessDenied, 5: TransientError}
 
 
 def raise_for_failures(result: StageResult) -> None:
-    """Turn failed objects into one ProblemFound naming them (the underlying error when single)."""
+    """Turn failed objects into one error naming them, with the first failure's exit code."""
     if not result.failed:
         return
     first = result.failed[0]
-    if len(result.failed) == 1 and first.error is not None:
-        raise first.error
-    names = ", ".join(r.key for r in result.failed[:5]) + (" ..." if len(result.failed) > 5 else "")
-    detail = f": {first.error.message}" if first.error is not None else ""
-    raise ProblemFound(f"{len(result.failed)} of {result.objects} objects from {result.source} "
-                       f"failed ({names}){detail}", "rerun: what already arrived is kept and skipped")
+    names = ", ".join(f.key for f in result.failed[:5]) + (" ..." if len(result.failed) > 5 else "")
+    message = (f"{len(result.failed)} of {result.objects} object(s) from {result.source} failed "
+               f"({names}): {first.error}")
+    raise _ERRORS.get(first.exit_code, ProblemFound)(message, "rerun: what already arrived is kept and skipped")
 
 
 def view_root(root: Path, index: int) -> Path:
@@ -246,22 +193,22 @@ def view_root(root: Path, index: int) -> Path:
     return root.with_name(f"{root.name}-rank{index}")
 
 
-def build_views(plan: StagePlan, views: dict[int, list[TransferItem]]) -> int:
-    """Hard-link each view's items under ``{root}-rank{i}`` (copy across filesystems).
+def build_views(root: Path, files: dict[str, Path], views: dict[int, list[str]]) -> int:
+    """Hard-link each view's keys from ``files`` under ``{root}-rank{i}`` (copy across filesystems).
 
-    ``views`` maps a slot index to the items it sees (all of them, or its shard). Links that
+    ``views`` maps a slot index to the keys it sees (all of them, or its shard). Links that
     already point at the staged file are left alone; nothing else in the view is touched.
     Returns the number of links (or copies) made.
     """
     made = 0
-    for index, items in views.items():
-        target_root = view_root(plan.root, index)
-        for item in items:
-            rel = item.dest.relative_to(plan.root) if item.dest != plan.root else None
-            target = target_root.joinpath(rel) if rel is not None else target_root
-            if _same_file(item.dest, target):
+    for index, keys in views.items():
+        base = view_root(root, index)
+        for key in keys:
+            staged = files[key]
+            target = base / staged.relative_to(root) if staged != root else base
+            if _same_file(staged, target):
                 continue
-            _link_atomically(item.dest, target)
+            _link_atomically(staged, target)
             made += 1
     return made
 
