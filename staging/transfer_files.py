@@ -34,11 +34,11 @@ def is_temporary(name: str) -> bool:
 
 
 def remove_temporaries(dest: Path) -> None:
-    """Remove the temporary and sidecar of ``dest``, if any."""
+    """Remove the temporary and sidecar of ``dest``, if any (best effort: never raises)."""
     for path in (temporary_path(dest), sidecar_path(dest)):
         try:
             path.unlink()
-        except FileNotFoundError:
+        except OSError:
             pass
 
 

@@ -25,7 +25,7 @@ from staging.transfer_readers import Reader, open_reader
 from staging.transfer_verify import IntegrityError, Verifier
 
 #: How long an interrupted transfer waits for running requests before giving up on them.
-_CANCEL_GRACE = 5.0
+_CANCEL_GRACE = 1.0
 
 
 class Cancelled(BaseException):

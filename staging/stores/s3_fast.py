@@ -98,10 +98,10 @@ class _Signer:
         return cached
 
     def sign(self, method: str, host: str, path: str, query: str, headers: dict[str, str],
-             creds: tuple[str, str, str | None]) -> None:
+             creds: tuple[str, str, str | None], now: _dt.datetime | None = None) -> None:
         """Add ``x-amz-date``, ``x-amz-content-sha256`` and ``Authorization`` to ``headers``."""
         access, secret, token = creds
-        now = _dt.datetime.now(_dt.timezone.utc)
+        now = now or _dt.datetime.now(_dt.timezone.utc)
         stamp = now.strftime("%Y%m%dT%H%M%SZ")
         day = stamp[:8]
         headers["x-amz-date"] = stamp
