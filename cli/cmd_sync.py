@@ -12,7 +12,8 @@ from typing import Any, Callable, Mapping
 
 import click
 
-from cli.context import AppState, store_config
+from cli.context import AppState
+from cli.store_options import pop_store_config, store_options
 from staging.errors import UsageError
 from staging.topology import FIELDS, Topology, detect_topology
 
@@ -52,18 +53,9 @@ def _topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
         "node_rank": "Index of this node.",
     }
     for name in reversed(FIELDS):
-        func = click.option("--" + name.replace("_", "-"), name, type=click.IntRange(min=0), default=None,
+        lowest = 1 if name.endswith("world_size") else 0
+        func = click.option("--" + name.replace("_", "-"), name, type=click.IntRange(min=lowest), default=None,
                             help=helps[name])(func)
-    return func
-
-
-def _store_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Connection settings shared with other store commands."""
-    func = click.option("--region", default=None, help="S3 region (default: AWS_REGION / profile).")(func)
-    func = click.option("--no-sign-request", is_flag=True, help="Anonymous S3 access (public buckets).")(func)
-    func = click.option("--profile", default=None, help="AWS profile (default: AWS_PROFILE).")(func)
-    func = click.option("--endpoint-url", default=None,
-                        help="S3-compatible endpoint (default: AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL).")(func)
     return func
 
 
@@ -279,12 +271,11 @@ def _report_failures(summary: Any) -> int:
               help="Parallel transfers.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--json", "json_out", is_flag=True, help="Print only JSON: the summary, or the plan with --dry-run.")
-@_store_options
+@store_options
 @click.pass_obj
 def sync(state: AppState, source: str, dest: str, distribution: str, balance: str, include: tuple[str, ...],
          exclude: tuple[str, ...], manifest_file: str | None, delete: bool, cache_dir: str | None, no_cache: bool,
-         workers: int, dry_run: bool, json_out: bool, endpoint_url: str | None, profile: str | None,
-         no_sign_request: bool, region: str | None, **topology_values: int | None) -> int:
+         workers: int, dry_run: bool, json_out: bool, **options: Any) -> int:
     """Copy SOURCE (s3://, gs://, a path) into DEST for this rank, incrementally.
 
     DEST is a template (default /tmp/data-rank{rank}) with {rank}, {local_rank},
@@ -296,14 +287,15 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
     from staging.sync import DEFAULT_CACHE_ROOT, SyncRequest, plan_only, run_sync, use_node_cache
     from staging.transfer import TransferOptions
 
-    topology = _resolve_topology(topology_values)
+    config = pop_store_config(options)
+    topology = _resolve_topology(options)  # what is left: the topology flags
     uri = parse_uri(source)
     target = render_dest(dest, topology)
     _check_sharded_dest(dest, distribution, topology)
     manifest = load_manifest(manifest_file) if manifest_file else None
     request = SyncRequest(str(uri), target, include, exclude, manifest, distribution, balance,
                           topology.rank, topology.world_size, delete)
-    store = open_store(uri, store_config(endpoint_url, profile, no_sign_request, region))
+    store = open_store(uri, config)
     if dry_run:
         plan = plan_only(store, request, workers)
         click.echo(json.dumps(plan.to_json(), indent=2)) if json_out else _print_plan(plan)

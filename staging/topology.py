@@ -122,7 +122,8 @@ def detect_topology(env: Mapping[str, str], explicit: Mapping[str, int | None] |
         fill("local_world_size", values["local_rank"] + 1, "derived")
     fill("local_world_size", 1, "default")
     if "node_rank" not in values:
-        fill("node_rank", values["rank"] // max(1, values["local_world_size"]), "derived")
+        how = "default" if sources["rank"] == "default" else "derived"
+        fill("node_rank", values["rank"] // max(1, values["local_world_size"]), how)
     topology = Topology(**values, launcher=launcher, sources=sources)
     _validate(topology)
     return topology

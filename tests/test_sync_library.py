@@ -1,0 +1,117 @@
+"""The sync library in-process: state record and journal, plan reasons, safety, node-cache rules."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from staging.errors import UnsafeKey
+from staging.stores.base import ObjectInfo
+from staging.stores.local import LocalStore
+from staging.sync import SyncRequest, plan_only, run_sync, use_node_cache
+from staging.sync.nodecache import cache_entry_name
+from staging.sync.plan import matches_filters, select_objects
+from staging.sync.state import JOURNAL_NAME, STATE_NAME, Entry, SyncState
+from sync_fixtures import read_tree
+
+
+class ListedStore:
+    """A store whose listing is given (to produce keys no filesystem can hold)."""
+
+    url = "mem://"
+
+    def __init__(self, objects: list[ObjectInfo]) -> None:
+        self.objects = objects
+
+    def list(self, prefix: str = ""):
+        yield from self.objects
+
+
+def make_source(root: Path, files: dict[str, bytes]) -> None:
+    for key, body in files.items():
+        path = root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(body)
+
+
+def test_journal_survives_a_kill_and_a_torn_line(tmp_path):
+    state = SyncState(tmp_path)
+    state.begin()
+    state.record(Entry("a", 1, "v1", 10, 1))
+    state.record(Entry("b", 2, "v2", 20, 2))
+    state.forget(["a"])
+    state.close()  # as if killed: no snapshot
+    with open(tmp_path / JOURNAL_NAME, "a") as handle:
+        handle.write('{"key": "c", "si')  # torn last line
+    loaded = SyncState.load(tmp_path)
+    assert set(loaded.entries) == {"b"} and loaded.entries["b"].version == "v2"
+    loaded.save()
+    assert not (tmp_path / JOURNAL_NAME).exists()
+    assert set(SyncState.load(tmp_path).entries) == {"b"}
+
+
+def test_save_without_changes_rewrites_nothing(tmp_path):
+    state = SyncState(tmp_path)
+    state.record(Entry("a", 1, "v", 1, 1))
+    state.save()
+    before = os.stat(tmp_path / STATE_NAME).st_mtime_ns
+    SyncState.load(tmp_path).save()
+    assert os.stat(tmp_path / STATE_NAME).st_mtime_ns == before
+
+
+def test_plan_reasons_and_local_source_sync(tmp_path):
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    files = {"x/1": b"one", "x/2": b"two", "y": b"why"}
+    make_source(src, files)
+    store = LocalStore(src)
+    request = SyncRequest(str(src), dest)
+    assert {f.reason for f in plan_only(store, request).to_fetch} == {"new"}
+    summary = run_sync(store, request)
+    assert (summary.files, summary.failed) == (3, []) and read_tree(dest) == files
+    (dest / "x/1").write_bytes(b"ONE")
+    (dest / "y").unlink()
+    (src / "x/2").write_bytes(b"TWO!")
+    plan = plan_only(store, request)
+    assert {f.info.key: f.reason for f in plan.to_fetch} == {"x/1": "modified", "x/2": "changed", "y": "missing"}
+    run_sync(store, request)
+    assert read_tree(dest) == {"x/1": b"one", "x/2": b"TWO!", "y": b"why"}
+    assert plan_only(store, request).to_fetch == []
+
+
+def test_reserved_names_markers_and_collisions():
+    request = SyncRequest("mem://", Path("/nonexistent"))
+    store = ListedStore([ObjectInfo("dir/", 0, "m"), ObjectInfo("ok", 1, "v")])
+    selection = select_objects(store, request)
+    assert [o.key for o in selection.objects] == ["ok"] and selection.markers == 1
+    with pytest.raises(UnsafeKey, match="reserved"):
+        select_objects(ListedStore([ObjectInfo(".lading-sync.json", 1, "v")]), request)
+    with pytest.raises(UnsafeKey, match="NUL"):
+        select_objects(ListedStore([ObjectInfo("a\x00b", 1, "v")]), request)
+    many = [ObjectInfo(f"../k{i}", 1, "v") for i in range(8)]
+    with pytest.raises(UnsafeKey, match=r"8 unsafe key\(s\).*and 3 more"):
+        select_objects(ListedStore(many), request)
+
+
+def test_filters():
+    assert matches_filters("a/b/c.jpg", ["*.jpg"], [])
+    assert not matches_filters("a/b/c.png", ["*.jpg"], [])
+    assert not matches_filters("tmp/c.jpg", ["*.jpg"], ["tmp/*"])
+    assert matches_filters("anything", [], [])
+
+
+def test_node_cache_rule_and_entry_names(tmp_path):
+    assert use_node_cache(4, False, False, False)
+    assert not use_node_cache(1, False, False, False)
+    assert use_node_cache(1, True, False, False)
+    assert not use_node_cache(4, True, True, False)
+    assert not use_node_cache(4, True, False, True)
+    base = SyncRequest("s3://bkt/p", tmp_path / "a")
+    same = SyncRequest("s3://bkt/p", tmp_path / "b", rank=1, world_size=2)  # replicated: same entry
+    assert cache_entry_name(base) == cache_entry_name(same)
+    assert cache_entry_name(base) != cache_entry_name(SyncRequest("s3://bkt/p", tmp_path, include=("*.x",)))
+    shard0 = SyncRequest("s3://bkt/p", tmp_path, distribution="sharded", rank=0, world_size=2)
+    shard1 = SyncRequest("s3://bkt/p", tmp_path, distribution="sharded", rank=1, world_size=2)
+    assert cache_entry_name(shard0) != cache_entry_name(shard1)
+    assert cache_entry_name(base).startswith("bkt_p-")
