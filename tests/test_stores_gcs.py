@@ -349,3 +349,27 @@ def test_forbidden_is_access_denied():
     with FakeGCS() as fake:
         with pytest.raises(AccessDenied):
             list(_store(fake.url, "gs://forbidden/x").list())
+
+
+def test_upload_is_retried_and_progress_taken_back(bucket, emulator, tmp_path):
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom((9 << 20) + 5))
+    with FaultProxy(emulator) as proxy:
+        store = _store(proxy.url, f"gs://{bucket.name}/r", chunk_size=4 << 20)
+        proxy.add_fault("slowdown", first=1, method="PUT", path_prefix="/upload/")
+        progress: list[int] = []
+        info = store.upload(big, "big", progress=progress.append)
+        assert proxy.injected["slowdown"] == 1
+    assert any(n < 0 for n in progress) and sum(progress) == big.stat().st_size
+    assert info.crc32c == _crc32c(big.read_bytes())
+    assert bucket.blob("r/big").download_as_bytes() == big.read_bytes()
+
+
+def test_empty_object_round_trip(bucket, emulator, tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    store = _store(emulator, f"gs://{bucket.name}/e")
+    info = store.upload(empty, "e")
+    assert info.size == 0 and info.md5 == hashlib.md5(b"").hexdigest()
+    store.download("e", tmp_path / "e.tmp", version=info.version)
+    assert (tmp_path / "e.tmp").read_bytes() == b""
