@@ -57,8 +57,8 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
               help="Bound on all read buffers (default: 1/16 of RAM, 128MiB..2GiB).")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep fetched data on local disk so later epochs skip the store.")
-@click.option("--cache-size", callback=_size, default="10GiB", show_default=True, metavar="SIZE",
-              help="Disk cache limit (least recently used data evicted first).")
+@click.option("--cache-size", callback=_size, metavar="SIZE",
+              help="Disk cache limit, least recently used data evicted first [default: 10GiB].")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds a read may wait for the store before failing with EIO.")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=16, show_default=True,
@@ -74,7 +74,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.pass_obj
 def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifest: Path | None,
           distribution: str, balance: str, rank: int | None, world_size: int | None,
-          max_memory: int | None, cache_dir: Path | None, cache_size: int, timeout: float,
+          max_memory: int | None, cache_dir: Path | None, cache_size: int | None, timeout: float,
           concurrency: int, log_file: Path | None, allow_other: bool, json_out: bool,
           endpoint_url: str | None, profile: str | None, region: str | None, no_sign_request: bool) -> int:
     """Mount URI read-only at MOUNTPOINT with lazy, prefetched reads.
@@ -107,7 +107,7 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
         reader=ReaderConfig(max_memory=max_memory or default_max_memory(), concurrency=concurrency,
                             timeout=timeout),
         cache_dir=cache_dir.absolute() if cache_dir else None,
-        cache_size=cache_size,
+        cache_size=cache_size or 10 << 30,
         foreground=foreground,
         log_file=log_file.absolute() if log_file else None,
         allow_other=allow_other,

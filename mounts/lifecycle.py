@@ -241,7 +241,10 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     dump = lambda: log.info("stats %s", json.dumps(stats.snapshot(), sort_keys=True))  # noqa: E731
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # inherited by every FUSE thread
     threading.Thread(target=_stats_on_signal, args=(dump,), daemon=True, name="lading-stats").start()
+    served = threading.Event()
+
     def initialised() -> None:
+        served.set()
         threading.Thread(target=tune_readahead, args=(options.mountpoint,), daemon=True).start()
         on_init()
 
@@ -252,12 +255,16 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     try:
         mfusepy.FUSE(operations, str(options.mountpoint), foreground=True, **fuse_options)
     except RuntimeError as err:
+        if served.is_set():  # libfuse's loop returns an error code when a signal stops it
+            log.info("stopped by a signal (libfuse code %s)", err)
+            return
         raise errors.ProblemFound(f"FUSE failed to mount {options.mountpoint}: {err}",
                                   "is /dev/fuse available, and fusermount3 installed?") from err
     finally:
         reader.close()
         dump()
-    log.info("unmounted %s", options.mountpoint)
+        if served.is_set():
+            log.info("unmounted %s", options.mountpoint)
 
 
 def tune_readahead(mountpoint: Path, kib: int = READAHEAD_KIB, timeout: float = 10.0) -> bool:

@@ -35,6 +35,7 @@ MAX_WINDOW = 64 << 20
 MAX_GET = 8 << 20
 MIN_GET = 1 << 20
 SMALL_FILE = 1 << 20
+STALL_GRACE = 0.5  # seconds during which a chunk that just timed out fails without waiting
 
 
 class ReadTimeout(TransientError):
@@ -80,6 +81,7 @@ class Reader:
         self.stats = stats or Stats()
         self._pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="lading-get")
         self._pending: dict[ChunkId, Future[memoryview]] = {}
+        self._stalled: dict[ChunkId, float] = {}  # chunk -> when a reader last timed out on it
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -165,6 +167,7 @@ class Reader:
 
     def _wait_chunks(self, handle: OpenFile, first: int, last: int) -> list[memoryview]:
         deadline = time.monotonic() + self.config.timeout
+        self._fail_fast_if_stalled(handle, first, last)
         futures = self._ensure(handle, first, last, demand=True)
         views = []
         for chunk in range(first, last):
@@ -172,10 +175,28 @@ class Reader:
             try:
                 views.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
             except FutureTimeout:
+                with self._lock:
+                    key = (handle.entry.index, chunk)
+                    if self._pending.get(key) is future:
+                        del self._pending[key]  # the next read asks the store again
+                    self._stalled[key] = time.monotonic()
                 self.stats.add(read_timeouts=1)
                 raise ReadTimeout(f"{handle.entry.key}: no answer from the store within "
                                   f"{self.config.timeout:g}s") from None
         return views
+
+    def _fail_fast_if_stalled(self, handle: OpenFile, first: int, last: int) -> None:
+        """Fail at once if these chunks just timed out: the kernel retries a failed readahead
+        with a second read at once, and that one must not wait another --timeout."""
+        if not self._stalled:
+            return
+        now = time.monotonic()
+        with self._lock:
+            for chunk in range(first, last):
+                when = self._stalled.get((handle.entry.index, chunk))
+                if when is not None and now - when < STALL_GRACE:
+                    self.stats.add(read_timeouts=1)
+                    raise ReadTimeout(f"{handle.entry.key}: the store just timed out")
 
     def _ensure(self, handle: OpenFile, first: int, last: int, demand: bool,
                 get_chunks: int | None = None) -> dict[int, Future[memoryview]]:
@@ -280,6 +301,7 @@ class Reader:
             with self._lock:
                 if self._pending.get(key) is futures[chunk]:
                     del self._pending[key]
+                self._stalled.pop(key, None)
             futures[chunk].set_result(view)
 
     def _fail(self, index: int, futures: dict[int, Future[memoryview]], err: BaseException) -> None:

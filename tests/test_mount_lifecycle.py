@@ -1,0 +1,118 @@
+"""Mount lifecycle: ready on return, clean unmount by command and by signal, automatic unmount
+when the daemon dies, foreground mode, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_mount_support import REPO, alive, cli, force_unmount, mounted, put_objects, wait_for
+
+BUCKET = "mount-life"
+OBJECTS = {"a.txt": b"alpha\n", "d/b.bin": bytes(range(256)) * 400}
+
+
+@pytest.fixture(scope="module")
+def bucket(moto_server) -> dict[str, str]:
+    put_objects(moto_server.env, BUCKET, OBJECTS)
+    return moto_server.env
+
+
+def _stats_lines(log: Path) -> list[dict]:
+    return [json.loads(line.split(" stats ", 1)[1]) for line in log.read_text().splitlines() if " stats " in line]
+
+
+def test_mount_is_ready_on_return_and_unmount_leaves_nothing(bucket, tmp_path: Path) -> None:
+    with mounted(f"s3://{BUCKET}", tmp_path / "mnt", env=bucket) as mnt:
+        assert (mnt.path / "a.txt").read_bytes() == b"alpha\n"
+        assert alive(mnt.pid)
+        mnt.unmount()
+        assert not os.path.ismount(mnt.path) and os.listdir(mnt.path) == []
+        final = _stats_lines(mnt.log)[-1]  # dumped at unmount
+        assert final["bytes_served"] == len(b"alpha\n") and final["opens"] == 1
+
+
+def test_sigusr1_dumps_stats(bucket, tmp_path: Path) -> None:
+    with mounted(f"s3://{BUCKET}", tmp_path / "mnt", env=bucket) as mnt:
+        (mnt.path / "d/b.bin").read_bytes()
+        stats = mnt.stats()
+        assert stats["requests"] == 1 and stats["bytes_fetched"] == len(OBJECTS["d/b.bin"])
+        assert stats["ttfb_ms"]["n"] == 1 and alive(mnt.pid)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_sigint_unmount_cleanly(bucket, tmp_path: Path, signum: int) -> None:
+    with mounted(f"s3://{BUCKET}", tmp_path / "mnt", env=bucket) as mnt:
+        os.kill(mnt.pid, signum)
+        wait_for(lambda: not os.path.ismount(mnt.path), 15, "the mount to go away")
+        wait_for(lambda: not alive(mnt.pid), 15, "the daemon to exit")
+        assert "unmounted" in mnt.log.read_text()
+
+
+def test_killed_daemon_is_unmounted_automatically(bucket, tmp_path: Path) -> None:
+    with mounted(f"s3://{BUCKET}", tmp_path / "mnt", env=bucket) as mnt:
+        os.kill(mnt.pid, signal.SIGKILL)
+        wait_for(lambda: not os.path.ismount(mnt.path), 15, "auto_unmount after SIGKILL")
+        assert os.listdir(mnt.path) == []  # no "Transport endpoint is not connected"
+
+
+def test_foreground_stays_attached_until_ctrl_c(bucket, tmp_path: Path) -> None:
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    env = {**os.environ, **bucket}
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "mount", f"s3://{BUCKET}", str(mountpoint), "--foreground"],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: os.path.ismount(mountpoint) or proc.poll() is not None, 30, "the foreground mount")
+        assert proc.poll() is None
+        assert (mountpoint / "a.txt").read_bytes() == b"alpha\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert "mounted s3://mount-life at" in err and "stats" in err
+        assert not os.path.ismount(mountpoint)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        force_unmount(mountpoint)
+
+
+def test_local_directory_source(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "x/y").mkdir(parents=True)
+    (src / "x/y/z.txt").write_text("zed")
+    with mounted(str(src), tmp_path / "mnt") as mnt:
+        assert (mnt.path / "x/y/z.txt").read_text() == "zed"
+
+
+def test_bad_input_is_a_one_line_error_and_nothing_is_mounted(bucket, tmp_path: Path) -> None:
+    target = tmp_path / "mnt"
+    target.mkdir()
+    cases = [
+        (["mount", f"s3://{BUCKET}", str(tmp_path / "missing")], 3, "does not exist"),
+        (["mount", "s3://no-such-bucket-here", str(target), "--timeout", "2"], 3, "no-such-bucket-here"),
+        (["mount", "ftp://x/y", str(target)], 2, "unsupported scheme"),
+        (["mount", f"s3://{BUCKET}", str(target), "--max-memory", "12Q"], 2, "invalid size"),
+        (["mount", f"s3://{BUCKET}", str(target), "--distribution", "sharded", "--rank", "3",
+          "--world-size", "2"], 2, "rank"),
+        (["unmount", str(target)], 3, "not a mount point"),
+    ]
+    for args, code, text in cases:
+        result = cli(*args, env=bucket)
+        assert result.returncode == code, (args, result.stderr)
+        assert text in result.stderr and "Traceback" not in result.stderr, (args, result.stderr)
+        assert not os.path.ismount(target)
+
+
+def test_mounting_twice_is_refused(bucket, tmp_path: Path) -> None:
+    with mounted(f"s3://{BUCKET}", tmp_path / "mnt", env=bucket) as mnt:
+        result = cli("mount", f"s3://{BUCKET}", str(mnt.path), env=bucket)
+        assert result.returncode == 2 and "already a mount point" in result.stderr
+        assert (mnt.path / "a.txt").read_bytes() == b"alpha\n"
