@@ -7,12 +7,14 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import click
 
-from cli.context import AppState, store_config
+from cli.context import AppState
+from cli.store_options import pop_store_config, store_options
 from staging.errors import UsageError
+from staging.stores.base import StoreConfig
 from staging.transfer import TransferResult
 
 if TYPE_CHECKING:
@@ -104,14 +106,14 @@ def _slot_count(env: Mapping[str, str]) -> int:
     return len(ids)
 
 
-def _stage_one(state: AppState, source: str, dest: str, views: Callable[[StageResult], dict[int, list[str]]],
-               json_out: bool = False) -> dict:
+def _stage_one(state: AppState, config: StoreConfig, source: str, dest: str,
+               views: Callable[[StageResult], dict[int, list[str]]], json_out: bool = False) -> dict:
     """Stage SOURCE at DEST once per node, build the per-slot views, print a summary line."""
     from staging.hooks.fetch import stage_source
     from staging.hooks.stage import build_views, raise_for_failures
 
     progress = LogProgress(f"{source} -> {dest}", _echo_for(state))
-    staged = stage_source(source, dest, store_config(), events=progress)
+    staged = stage_source(source, dest, config, events=progress)
     raise_for_failures(staged.result)
     linked = build_views(staged.root, staged.result.files, views(staged.result))
     result = staged.result
@@ -191,8 +193,9 @@ def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="Experiment config (YAML). Default: $DET_EXPERIMENT_CONFIG (JSON), as in a det container.")
 @click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
+@store_options
 @click.pass_obj
-def hook_run(state: AppState, config_file: str | None, json_out: bool) -> int:
+def hook_run(state: AppState, config_file: str | None, json_out: bool, **options: Any) -> int:
     """Stage the experiment config's data.datasets on this node.
 
     Each dataset is staged once per node: the first container takes a lock next to DEST and
@@ -203,6 +206,7 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool) -> int:
     """
     from staging.hooks.run import check_sharding, datasets_from_config, dest_path, slots_per_trial, views_for
 
+    store_config = pop_store_config(options)
     config, origin = _load_experiment_config(config_file, os.environ)
     specs = datasets_from_config(config, origin)
     if not specs:
@@ -213,7 +217,7 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool) -> int:
         needs_slots = spec.slots or spec.distribution == "sharded"
         count = _slot_count(os.environ) if needs_slots else 0
         check_sharding(spec, count, trial_slots)
-        summaries.append(_stage_one(state, spec.source, dest_path(spec),
+        summaries.append(_stage_one(state, store_config, spec.source, dest_path(spec),
                                     lambda result, spec=spec, count=count: views_for(spec, result, count, trial_slots),
                                     json_out=json_out))
     if json_out:
@@ -238,8 +242,9 @@ def _load_experiment_config(config_file: str | None, env: Mapping[str, str]) -> 
 @click.argument("dest")
 @click.option("--slots", is_flag=True, help="Also build {DEST}-rank{i} hard-link views, one per slot in DET_SLOT_IDS.")
 @click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
+@store_options
 @click.pass_obj
-def fetch(state: AppState, uri: str, dest: str, slots: bool, json_out: bool) -> int:
+def fetch(state: AppState, uri: str, dest: str, slots: bool, json_out: bool, **options: Any) -> int:
     """Download URI (one object or a prefix) to DEST unless already there and unchanged.
 
     \b
@@ -249,11 +254,12 @@ def fetch(state: AppState, uri: str, dest: str, slots: bool, json_out: bool) -> 
 
     A trailing '/' on DEST (or an existing directory) means "into this directory". Files are
     written under a temporary name and renamed once verified; transient errors are retried.
-    A marker next to DEST records what arrived (ETag/generation), so a second run only lists.
-    Concurrent runs on one machine download once (a lock next to DEST).
+    A completion record holds each object's ETag/generation (for a prefix, `lading sync`'s
+    state file in DEST; for one object, a hidden marker beside the file), so a second run
+    only lists or stats and downloads nothing. Concurrent runs on one machine download once.
     """
     count = _slot_count(os.environ) if slots else 0
-    summary = _stage_one(state, uri, dest, lambda result: {i: sorted(result.files) for i in range(count)},
+    summary = _stage_one(state, pop_store_config(options), uri, dest, lambda result: {i: sorted(result.files) for i in range(count)},
                          json_out=json_out)
     if json_out:
         click.echo(json.dumps(summary, indent=2))

@@ -130,7 +130,8 @@ def stage_object(store: Store, source: str, info: ObjectInfo, target: Path,
     result = StageResult(source, target, 1, files={info.key: target}, infos=[info])
     target.parent.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(lock_path(target), lambda: events.on_wait(lock_path(target))):
-        if _read_marker(marker_path(target), source) == _expected(info, target):
+        current = _expected(info, target)
+        if current is not None and _read_marker(marker_path(target), source) == current:
             result.unchanged = 1
             return result  # nothing changed: no GET, no write
         events.on_phase("download", None)
