@@ -3,6 +3,7 @@ SageMaker manifest. Plan first (:func:`plan_pack`), then write (:func:`run_pack`
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import time
@@ -21,7 +22,8 @@ from staging.stores import open_store
 from staging.stores.base import StoreConfig
 from staging.stores.uri import StoreURI, parse_uri
 
-__all__ = ["PackEvents", "PackOptions", "PackPlan", "PackResult", "default_name", "plan_pack", "run_pack"]
+__all__ = ["PackEvents", "PackOptions", "PackPlan", "PackResult", "default_name", "plan_pack", "run_pack",
+           "write_pack"]
 
 
 class PackEvents:
@@ -90,19 +92,25 @@ def plan_pack(source: str, dest: str, options: PackOptions, config: StoreConfig 
         objects = list_local(Path(source_uri.prefix))
     else:
         objects = [info for info in open_store(source_uri, config).list() if not info.key.endswith("/")]
-    return plan_shards(group_samples(objects), options)
+    collecting = gc.isenabled()
+    gc.disable()  # grouping builds ~2 small objects per file; the cyclic GC would rescan them all
+    try:
+        return plan_shards(group_samples(objects), options)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def _open_source(uri: StoreURI, config: StoreConfig) -> MemberSource:
     if uri.scheme == "file":
         return LocalSource(Path(uri.prefix))
-    return StoreSource(open_store(uri, config), retry=config.retry)
+    return StoreSource(open_store(uri, config))
 
 
 def _open_publisher(uri: StoreURI, plan: PackPlan, config: StoreConfig) -> Publisher:
     if uri.scheme == "file":
         return LocalPublisher(Path(uri.prefix), plan)
-    return StorePublisher(open_store(uri, config), plan, config.retry)
+    return StorePublisher(open_store(uri, config), plan)
 
 
 def _write_shard(publisher: Publisher, source: MemberSource, shard, events: PackEvents) -> None:
@@ -132,20 +140,25 @@ def _write_error(err: OSError, path: Path) -> LadingError:
 
 
 def run_pack(plan: PackPlan, source: str, dest: str, config: StoreConfig | None = None,
-             events: PackEvents | None = None, now: Callable[[], float] = time.monotonic) -> PackResult:
+             events: PackEvents | None = None) -> PackResult:
     """Write the planned shards, then publish manifest and index. Nothing is indexed on failure."""
     config = config or StoreConfig()
+    dest_uri = parse_uri(dest)
+    return write_pack(plan, _open_source(parse_uri(source), config), _open_publisher(dest_uri, plan, config),
+                      str(dest_uri), events)
+
+
+def write_pack(plan: PackPlan, source: MemberSource, publisher: Publisher, dest: str,
+               events: PackEvents | None = None, now: Callable[[], float] = time.monotonic) -> PackResult:
+    """Write every shard from ``source`` through ``publisher``; the index goes last, or not at all."""
     events = events or PackEvents()
     started = now()
-    dest_uri = parse_uri(dest)
-    publisher = _open_publisher(dest_uri, plan, config)
-    member_source = _open_source(parse_uri(source), config)
     try:
         for shard in plan.shards:
-            _write_shard(publisher, member_source, shard, events)
+            _write_shard(publisher, source, shard, events)
 
         def documents(published: list[PublishedShard]) -> tuple[bytes, bytes]:
-            manifest_base = str(dest_uri).rstrip("/") + "/" + plan.prefix
+            manifest_base = dest.rstrip("/") + "/" + plan.prefix
             return dump(build_index(plan, published)), dump(build_manifest(manifest_base, plan))
 
         shards = publisher.finish(documents)
@@ -153,5 +166,5 @@ def run_pack(plan: PackPlan, source: str, dest: str, config: StoreConfig | None 
         publisher.abort()
         raise
     finally:
-        member_source.close()
-    return PackResult(plan, str(dest_uri), shards, now() - started)
+        source.close()
+    return PackResult(plan, dest, shards, now() - started)

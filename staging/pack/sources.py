@@ -14,7 +14,6 @@ from typing import Iterable, Iterator, Protocol
 from staging.errors import AccessDenied, NotFound, ObjectChanged, TransientError
 from staging.pack.grouping import Member
 from staging.pack.writer import SMALL_FILE, ShardWriter
-from staging.retry import DEFAULT_POLICY, RetryPolicy, with_retries
 from staging.stores.base import ObjectInfo, Store
 
 
@@ -75,11 +74,9 @@ class StoreSource:
     listed version, so an object replaced mid-pack fails with ObjectChanged.
     """
 
-    def __init__(self, store: Store, workers: int = 16, window: int = 128 << 20,
-                 retry: RetryPolicy = DEFAULT_POLICY) -> None:
+    def __init__(self, store: Store, workers: int = 16, window: int = 128 << 20) -> None:
         self.store = store
         self.window = window
-        self.retry = retry
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lading-pack-read")
         self._workers = workers
         self._tmp = tempfile.TemporaryDirectory(prefix="lading-pack-")
@@ -88,11 +85,11 @@ class StoreSource:
         info = member.info
         if info.size > SMALL_FILE:
             dest = Path(self._tmp.name) / f"{abs(hash(info.key))}.part"
-            with_retries(lambda: self.store.download(info.key, dest, info.version), self.retry)
+            self.store.download(info.key, dest, info.version)  # stores retry transient errors
             return dest
         if info.size == 0:
             return b""
-        return with_retries(lambda: self.store.read_range(info.key, 0, info.size, info.version), self.retry)
+        return self.store.read_range(info.key, 0, info.size, info.version)
 
     def _prefetched(self, members: Iterable[Member]) -> Iterator[tuple[Member, Future]]:
         pending: deque[tuple[Member, Future]] = deque()

@@ -19,7 +19,6 @@ from typing import Callable, Protocol
 from staging.errors import NotFound, UsageError
 from staging.pack.index import PublishedShard
 from staging.pack.plan import PackPlan, ShardPlan
-from staging.retry import DEFAULT_POLICY, RetryPolicy, with_retries
 from staging.stores.base import ObjectInfo, Store
 
 
@@ -57,7 +56,9 @@ class LocalPublisher:
         if (self.final_dir / Path(plan.index_key).name).exists():
             raise _already_packed(str(self.final_dir / Path(plan.index_key).name))
         self.final_dir.mkdir(parents=True, exist_ok=True)
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{plan.options.name}.lading-pack-", dir=self.final_dir))
+        _remove_stale_staging(self.final_dir, plan.options.name)
+        self.staging = Path(tempfile.mkdtemp(prefix=f".{plan.options.name}.lading-pack-{os.getpid()}-",
+                                             dir=self.final_dir))
         self._done: list[tuple[ShardPlan, Path]] = []
 
     def shard_path(self, shard: ShardPlan) -> Path:
@@ -90,13 +91,30 @@ class LocalPublisher:
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
+def _remove_stale_staging(directory: Path, name: str) -> None:
+    """Remove staging directories left by packs that were killed (their process is gone)."""
+    for leftover in directory.glob(f".{name}.lading-pack-*-*"):
+        pid = leftover.name.rsplit("-", 2)[-2]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class StorePublisher:
     """Uploads shards in the background while the next one is written; index last."""
 
-    def __init__(self, store: Store, plan: PackPlan, retry: RetryPolicy = DEFAULT_POLICY) -> None:
+    def __init__(self, store: Store, plan: PackPlan) -> None:
         self.store = store
         self.plan = plan
-        self.retry = retry
         try:
             store.stat(plan.index_key)
         except NotFound:
@@ -113,7 +131,7 @@ class StorePublisher:
 
     def _upload(self, path: Path, key: str, remove: bool) -> ObjectInfo:
         try:
-            return with_retries(lambda: self.store.upload(path, key), self.retry)
+            return self.store.upload(path, key)  # stores retry transient errors themselves
         finally:
             if remove:
                 path.unlink(missing_ok=True)

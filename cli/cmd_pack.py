@@ -1,0 +1,137 @@
+"""`lading pack SOURCE DEST`: parse options, call staging.pack, render progress and the summary."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from cli.context import AppState
+from cli.store_options import pop_store_config, store_options
+from staging.context.sizes import format_size, parse_size
+from staging.errors import UsageError
+
+PACK_EPILOG = """\b
+Examples:
+  lading pack ./images s3://bucket/datasets/ --name imagenet --version v1
+  lading pack s3://bucket/raw/train /data/shards --shard-size 500MB --shuffle --seed 7
+  lading pack ./images ./shards --dry-run --json        # the plan, nothing written
+
+\b
+Samples: files are grouped WebDataset-style: the key is the path up to the first dot of
+the file name, the extension is the rest (train/cat.0001.jpg -> key train/cat,
+extension 0001.jpg). A sample's files sit side by side in one shard. Names that would
+be misread (no extension, leading dot, extensions equal but for case, a file that is
+also a directory) are refused before anything is written.
+Output (under DEST, or DEST/NAME/VERSION/ with --version):
+  NAME-000000.tar ...   POSIX tar shards, balanced by bytes around --shard-size,
+                        fixed mtime/owner/mode: same input and seed, same bytes
+  NAME.manifest.json    a SageMaker ManifestFile listing the shards
+  NAME.index.json       the wids shard index (url, nsamples, filesize, etag);
+                        written last, so a reader never sees it before its shards
+Read the shards from training code with staging.datasets.ShardDataset.
+
+\b
+Exit codes: 0 ok, 1 problem (a file changed while packing, names clash),
+2 usage (bad option, refused name, already packed), 3 not found, 4 access denied,
+5 transient failure after retries, 130 interrupted."""
+
+
+class _Bar:
+    """PackEvents drawing a tqdm bar of input bytes on stderr."""
+
+    def __init__(self, total: int) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="packing",
+                        file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Advance the bar."""
+        self.bar.update(nbytes)
+
+    def on_shard(self, name: str, nbytes: int) -> None:
+        """Show the shard just finished."""
+        self.bar.set_postfix_str(name, refresh=False)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        self.bar.close()
+
+
+def _plan_summary(plan: Any) -> dict[str, Any]:
+    return {
+        "dry_run": True,
+        "name": plan.options.name,
+        "version": plan.options.version,
+        "samples": plan.nsamples,
+        "files": sum(shard.nfiles for shard in plan.shards),
+        "input_bytes": plan.input_bytes,
+        "shard_bytes": plan.nbytes,
+        "shards": [{"name": plan.shard_key(s), "samples": len(s.samples), "bytes": s.nbytes} for s in plan.shards],
+        "index": plan.index_key,
+        "manifest": plan.manifest_key,
+    }
+
+
+def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
+    from rich.console import Console
+
+    console = Console(highlight=False, soft_wrap=True)
+    shards = summary["shards"]
+    sizes = [shard["bytes"] for shard in shards]
+    verb = "would pack" if dry_run else "packed"
+    console.print(f"{verb} {summary['files']:,} files ({summary['samples']:,} samples, "
+                  f"{format_size(summary['input_bytes'])}) into {len(shards)} shard(s) of "
+                  f"{format_size(min(sizes))}..{format_size(max(sizes))}"
+                  + ("" if dry_run else f" in {summary['seconds']:.1f} s"))
+    if not dry_run and not state.quiet:
+        console.print(f"index:    {summary['index']}")
+        console.print(f"manifest: {summary['manifest']}")
+
+
+@click.command(epilog=PACK_EPILOG)
+@click.argument("source")
+@click.argument("dest")
+@click.option("--shard-size", default="150MB", show_default=True, metavar="SIZE",
+              help="Target shard size (B, KB, MB, GB, KiB, MiB, GiB); shards are balanced around it.")
+@click.option("--name", default=None, help="Dataset name, used in the file names (default: SOURCE's last folder).")
+@click.option("--version", "version", default=None, metavar="V", help="Store the dataset under DEST/NAME/V/.")
+@click.option("--shuffle", is_flag=True, help="Shuffle samples (a sample's files stay together), seeded.")
+@click.option("--seed", type=int, default=None, help="Seed for --shuffle (default 0). Same seed, same shards.")
+@click.option("--dry-run", is_flag=True, help="Show the plan (samples, shards, sizes); write nothing.")
+@click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
+@store_options
+@click.pass_obj
+def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | None, version: str | None,
+         shuffle: bool, seed: int | None, dry_run: bool, json_out: bool, **options: Any) -> int:
+    """Pack the files under SOURCE into WebDataset tar shards at DEST.
+
+    SOURCE and DEST are local directories or bucket prefixes (s3://bucket/prefix,
+    gs://bucket/prefix).
+    """
+    from staging.pack import PackOptions, default_name, plan_pack, run_pack
+
+    config = pop_store_config(options)
+    if seed is not None and not shuffle:
+        raise UsageError("--seed only makes sense with --shuffle", "add --shuffle, or drop --seed")
+    pack_options = PackOptions(name=name or default_name(source), shard_size=parse_size(shard_size),
+                               shuffle=shuffle, seed=seed or 0, version=version)
+    plan = plan_pack(source, dest, pack_options, config)
+    if dry_run:
+        summary = _plan_summary(plan)
+    else:
+        bar = _Bar(plan.input_bytes) if sys.stderr.isatty() and not json_out and not state.quiet else None
+        try:
+            result = run_pack(plan, source, dest, config, bar)  # type: ignore[arg-type]
+        finally:
+            if bar is not None:
+                bar.close()
+        summary = result.summary()
+    if json_out:
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        _render(state, summary, dry_run)
+    return 0
