@@ -197,6 +197,7 @@ class FastS3Client:
         self.config = config
         self._lock = threading.Lock()
         self._state: tuple[int, _Endpoint, _Signer, _Credentials, _Pool] | None = None
+        self.page_size = 1000
 
     def _setup(self) -> tuple[_Endpoint, _Signer, _Credentials, _Pool]:
         import os
@@ -300,7 +301,7 @@ class FastS3Client:
             root += "/"
         token: str | None = None
         while True:
-            query = {"list-type": "2", "prefix": root + prefix, "max-keys": "1000"}
+            query = {"list-type": "2", "prefix": root + prefix, "max-keys": str(self.page_size)}
             if token:
                 query["continuation-token"] = token
             body = self._list_page(query)
