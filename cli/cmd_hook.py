@@ -302,8 +302,7 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
                                "problems": [problem.to_json() for problem in problems]}, indent=2))
     else:
         for problem in problems:
-            where = "bind_mounts" if problem.index < 0 else f"bind_mounts[{problem.index}]"
-            click.echo(f"{origin}: {where}: {problem.message}")
+            click.echo(f"{origin}: {problem.message}")
         verdict = "ok" if not problems else f"{len(problems)} problem(s)"
         click.echo(f"{origin}: {count} bind mount(s), {verdict}", err=bool(problems))
     return 1 if problems else 0

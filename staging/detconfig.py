@@ -1,4 +1,6 @@
-"""Experiment-config ``bind_mounts``: det's schema, plus "does the host path exist here?".
+"""Experiment-config ``bind_mounts`` for ``lading bind-mounts``: det's schema (the check from
+:mod:`staging.context.config`, shared with ``lading check --config``), plus what det leaves to
+the agent: valid propagation values, and "does the host path exist here?".
 
 det's schema (``schemas/expconf/v0/bind-mount.json`` in determined 0.38), per entry:
 ``host_path`` (required string, absolute), ``container_path`` (required string, not ``.``),
@@ -17,45 +19,37 @@ from typing import Callable, Mapping
 
 import yaml
 
+from staging.context import config as context_config
 from staging.errors import NotFound, UsageError
 
 PROPAGATIONS = ("private", "rprivate", "shared", "rshared", "slave", "rslave")
-_KEYS = ("host_path", "container_path", "read_only", "propagation")
 
 
 @dataclass(frozen=True)
 class MountProblem:
-    """One thing wrong with ``bind_mounts[index]``; ``schema`` is False for checks beyond det's."""
+    """One thing wrong with ``bind_mounts``; ``det_schema`` is False for checks beyond det's."""
 
-    index: int
-    field: str
     message: str
-    schema: bool = True
+    det_schema: bool = True
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready form."""
-        return {"index": self.index, "field": self.field, "message": self.message, "det_schema": self.schema}
+        return {"message": self.message, "det_schema": self.det_schema}
 
 
 def load_config(path: Path) -> Mapping[str, object]:
-    """Read an experiment config (YAML); a missing file is NotFound, bad YAML a UsageError."""
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise NotFound(f"config file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read {str(path)!r}: {err}") from None
-    return parse_config(text, str(path))
+    """Read an experiment config file (``lading check --config``'s reader: same errors)."""
+    return context_config.load_config(str(path))
 
 
 def parse_config(text: str, origin: str) -> Mapping[str, object]:
-    """Parse YAML (or JSON) text into a mapping, or raise UsageError naming the line."""
+    """Parse config text (``DET_EXPERIMENT_CONFIG`` is JSON, which is YAML) into a mapping."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
-        raise UsageError(f"{origin}{where}: not valid YAML: {getattr(err, 'problem', None) or err}") from None
+        raise UsageError(f"{origin}{where}: not valid YAML/JSON: {getattr(err, 'problem', None) or err}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -63,53 +57,29 @@ def parse_config(text: str, origin: str) -> Mapping[str, object]:
     return data
 
 
-def bind_mounts(config: Mapping[str, object]) -> list[object]:
-    """The raw ``bind_mounts`` entries (an absent or null section is empty)."""
-    value = config.get("bind_mounts")
-    if value is None:
-        return []
-    return value if isinstance(value, list) else [value]
-
-
 def validate_bind_mounts(config: Mapping[str, object],
                          exists: Callable[[str], bool] | None = None) -> list[MountProblem]:
-    """det's schema checks for every entry, plus host-path existence when ``exists`` is given."""
+    """det's schema checks (shared with ``lading check --config``), the runtime's propagation
+    values, and, when ``exists`` is given, whether each host path exists."""
     raw = config.get("bind_mounts")
-    if raw is not None and not isinstance(raw, list):
-        return [MountProblem(-1, "bind_mounts", f"must be a list of mounts, got {type(raw).__name__}")]
-    problems: list[MountProblem] = []
-    for index, entry in enumerate(raw or []):
-        problems.extend(_entry_problems(index, entry, exists))
+    problems = [MountProblem(text) for text in context_config.bind_mount_problems(raw)]
+    for index, entry in enumerate(raw if isinstance(raw, list) else []):
+        if isinstance(entry, Mapping):
+            problems.extend(_beyond_det(index, entry, exists))
     return problems
 
 
-def _entry_problems(index: int, entry: object, exists: Callable[[str], bool] | None) -> list[MountProblem]:
-    if not isinstance(entry, Mapping):
-        return [MountProblem(index, "", f"must be a mapping with host_path and container_path, got {entry!r}")]
-    out = [MountProblem(index, str(key), f"unknown key {key!r} (det allows {', '.join(_KEYS)})")
-           for key in entry if key not in _KEYS]
-    host, container = entry.get("host_path"), entry.get("container_path")
-    for name, value in (("host_path", host), ("container_path", container)):
-        if value is None:
-            out.append(MountProblem(index, name, f"{name} is required"))
-        elif not isinstance(value, str):
-            out.append(MountProblem(index, name, f"{name} must be a string, got {value!r}"))
-    if isinstance(host, str) and not host.startswith("/"):
-        out.append(MountProblem(index, "host_path", f"host_path must be an absolute path, got {host!r}"))
-    if container == ".":
-        out.append(MountProblem(index, "container_path", 'container_path must not be "."'))
-    read_only = entry.get("read_only")
-    if read_only is not None and not isinstance(read_only, bool):
-        out.append(MountProblem(index, "read_only", f"read_only must be true or false, got {read_only!r}"))
-    propagation = entry.get("propagation")
-    if propagation is not None and not isinstance(propagation, str):
-        out.append(MountProblem(index, "propagation", f"propagation must be a string, got {propagation!r}"))
-    elif isinstance(propagation, str) and propagation not in PROPAGATIONS:
-        out.append(MountProblem(index, "propagation",
-                                f"propagation {propagation!r} is not one of {', '.join(PROPAGATIONS)}", schema=False))
+def _beyond_det(index: int, entry: Mapping, exists: Callable[[str], bool] | None) -> list[MountProblem]:
+    found = []
+    propagation, host = entry.get("propagation"), entry.get("host_path")
+    if isinstance(propagation, str) and propagation not in PROPAGATIONS:
+        found.append(MountProblem(f"bind_mounts[{index}]: propagation {propagation!r} is not one of "
+                                  f"{', '.join(PROPAGATIONS)} (det accepts it, the container runtime won't)",
+                                  det_schema=False))
     if exists is not None and isinstance(host, str) and host.startswith("/") and not exists(host):
-        out.append(MountProblem(index, "host_path", f"host_path {host} does not exist on this machine", schema=False))
-    return out
+        found.append(MountProblem(f"bind_mounts[{index}]: host_path {host} does not exist on this machine",
+                                  det_schema=False))
+    return found
 
 
 def suggest_bind_mount(path: str) -> dict[str, object]:
