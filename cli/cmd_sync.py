@@ -202,7 +202,8 @@ def _progress(state: AppState, json_out: bool) -> Any:
         return Silent()
     if sys.stdout.isatty() and sys.stderr.isatty():
         return BarProgress()
-    return LineProgress(lambda line: click.echo(line, err=True))
+    interval = float(os.environ.get("LADING_PROGRESS_SECONDS", PROGRESS_INTERVAL))
+    return LineProgress(lambda line: click.echo(line, err=True), interval)
 
 
 def _check_sharded_dest(template: str, distribution: str, topology: Topology) -> None:

@@ -248,3 +248,7 @@ def test_output_lines_when_not_a_tty(lading, dataset, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "synced 24 file(s)" in result.stdout and "0 failed" in result.stdout
     assert "\r" not in result.stderr  # no bar in logs
+    result = lading("sync", SOURCE, str(tmp_path / "again"), "--workers", "1", env={"LADING_PROGRESS_SECONDS": "0"})
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("lading sync: download ")]
+    assert len(lines) >= 10 and lines[-1].startswith("lading sync: download 24/24 files")
