@@ -97,24 +97,23 @@ def order_samples(samples: list[Sample], options: PackOptions) -> list[Sample]:
 
 
 def cut_balanced(sizes: list[int], target: int) -> list[int]:
-    """Indices where shards start, so ``ceil(total/target)`` shards get nearly equal bytes.
+    """Indices where shards start: contiguous runs of nearly equal bytes, about ``target`` each.
 
-    Cuts go at the sample boundary closest to each ideal ``k * total / n``; a sample larger than
-    ``target`` can leave one shard larger than the target (samples are never split).
+    Each new shard aims at ``remaining / ceil(remaining / target)`` bytes and ends at the sample
+    boundary closest to that goal. Samples are never split, so a sample larger than ``target``
+    makes a shard of its own.
     """
-    total = sum(sizes)
-    count = max(1, min(len(sizes), math.ceil(total / target)))
     starts = [0]
-    running = 0
-    next_cut = 1
+    remaining = sum(sizes)
+    goal = remaining / max(1, math.ceil(remaining / target))
+    current = 0
     for index, size in enumerate(sizes):
-        if next_cut >= count:
-            break
-        ideal = next_cut * total / count
-        if index > starts[-1] and abs(running - ideal) <= abs(running + size - ideal):
+        if current and remaining > current and abs(current - goal) <= abs(current + size - goal):
             starts.append(index)
-            next_cut += 1
-        running += size
+            remaining -= current
+            goal = remaining / max(1, math.ceil(remaining / target))
+            current = 0
+        current += size
     return starts
 
 
