@@ -69,7 +69,7 @@ def render(report: CheckReport, top: int, quiet: bool) -> None:
     """The human report: verdict, totals, largest entries, warnings, remedy, explanation."""
     from rich.console import Console  # imported here: --json never pays for rich
 
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)
     if report.explanation is not None:
         _render_explanation(console, report)
     console.print(_verdict(report))
