@@ -14,6 +14,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from typing import Any, Callable, TypeVar
 
 from mounts.reader import OpenFile, Reader
@@ -66,7 +67,9 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
             self._ids = itertools.count(1)
             self._lock = threading.Lock()
             uid, gid = os.getuid(), os.getgid()
-            self._dir_attrs = {"st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_uid": uid, "st_gid": gid}
+            now = time.time_ns()  # directories have no time of their own: show the mount's
+            self._dir_attrs = {"st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_uid": uid, "st_gid": gid,
+                               "st_mtime": now, "st_ctime": now, "st_atime": now}
             self._uid, self._gid = uid, gid
 
         def init(self, path: str) -> None:
