@@ -17,7 +17,8 @@ from staging.errors import NotFound, ObjectChanged, TransientError
 from staging.retry import RetryPolicy
 from staging.stores import StoreConfig, open_store, parse_uri
 from staging.stores.base import ObjectInfo
-from staging.stores.s3_fast import FastS3Client, _Signer
+from staging.stores.s3 import S3Store
+from staging.stores.s3_fast import FastS3Client, FastS3Store, _Signer
 from staging.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
 from staging.transfer_files import ResumeRecord, is_temporary, sidecar_path
 from staging.transfer_readers import StreamingReader, open_reader
@@ -209,14 +210,17 @@ def test_lean_listing_matches_s3store_listing(s3, s3_env):
     keys = [f"p/{i:02d}" for i in range(11)] + ["q/x y+z", "q/ü.txt", "q/a=b&c"]
     for key in keys:
         s3.put_object(Bucket=BUCKET, Key="data/" + key, Body=key.encode())
+    s3.put_object(Bucket=BUCKET, Key="data/folder/", Body=b"")  # a folder marker: not listed
     store = _store(s3_env["AWS_ENDPOINT_URL"])
     client = FastS3Client(store.uri, store.config)
     client.page_size = 4  # several pages, continuation tokens
 
-    lean = [(i.key, i.size, i.version, i.md5) for i in client.list()]
-    reference = [(i.key, i.size, i.version, i.md5) for i in store.list()]
+    lean = [(i.key, i.size, i.version, i.md5, int(i.mtime)) for i in client.list()]
+    reference = [(i.key, i.size, i.version, i.md5, int(i.mtime))
+                 for i in S3Store(store.uri, store.config, page_size=5).list()]
 
     assert lean == reference and len(lean) == len(keys)
+    assert isinstance(store, FastS3Store) and [i.key for i in store.list("q/")] == ["q/a=b&c", "q/x y+z", "q/ü.txt"]
     assert client.head("q/x y+z").size == len("q/x y+z")
 
 

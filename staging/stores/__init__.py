@@ -17,9 +17,9 @@ def open_store(location: str | StoreURI, config: StoreConfig | None = None) -> S
 
         return LocalStore(uri.prefix)
     if uri.scheme == "s3":
-        from staging.stores.s3 import S3Store
+        from staging.stores.s3_fast import FastS3Store
 
-        return S3Store(uri, config)
+        return FastS3Store(uri, config)
     from staging.stores.gcs import GCSStore
 
     return GCSStore(uri, config)

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 from urllib.parse import quote, urlsplit
 
-from staging.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError
+from staging.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
+from staging.retry import with_retries
 from staging.stores.base import ObjectInfo, StoreConfig
+from staging.stores.s3 import S3Store
 from staging.stores.uri import StoreURI
 
 #: Receives each chunk of a response body, in order.
@@ -149,9 +151,13 @@ def _error_for_status(status: int, body: bytes, what: str) -> LadingError:
 
 
 def _error_for_exception(err: BaseException, what: str) -> LadingError:
-    """The one place connection-level failures become project errors."""
+    """The one place connection-level (and credential-resolution) failures become project errors."""
     if isinstance(err, LadingError):
         return err
+    if type(err).__module__.startswith("botocore"):
+        if type(err).__name__ == "ProfileNotFound":
+            return UsageError(str(err), "list profiles with: aws configure list-profiles")
+        return AccessDenied(f"cannot resolve AWS credentials for {what}: {err}")
     if isinstance(err, http.client.IncompleteRead):
         return TransientError(f"truncated response for {what} ({len(err.partial)} bytes, wanted more)")
     if isinstance(err, (socket.timeout, TimeoutError)):
@@ -211,23 +217,36 @@ class FastS3Client:
             return self._state[1:]
 
     def _resolve(self) -> tuple[_Endpoint, _Signer, _Credentials, _Pool]:
-        """Let boto3 resolve endpoint, region and credentials, once."""
-        import boto3
-        from botocore import UNSIGNED
-        from botocore.config import Config
+        """Resolve region and credentials through botocore's chain, once.
 
-        session = boto3.Session(profile_name=self.config.profile)
-        client_config = Config(signature_version=UNSIGNED) if self.config.no_sign_request else None
-        client = session.client("s3", endpoint_url=self.config.endpoint_url,
-                                region_name=self.config.region, config=client_config)
-        region = client.meta.region_name or "us-east-1"
-        endpoint = _resolve_endpoint(client.meta.endpoint_url, self.uri.bucket, region)
+        With an explicit endpoint (the CLI resolves ``AWS_ENDPOINT_URL[_S3]`` into
+        ``config.endpoint_url``) no client is built, which keeps a no-op sync fast; without
+        one, a boto3 client resolves the endpoint exactly as S3Store's does.
+        """
+        import botocore.session
+
+        session = botocore.session.Session(profile=self.config.profile)
+        region = self.config.region or session.get_config_variable("region")
+        endpoint_url = self.config.endpoint_url
+        if endpoint_url is None:
+            endpoint_url, region = self._endpoint_from_boto3(region)
+        region = region or "us-east-1"
+        endpoint = _resolve_endpoint(endpoint_url, self.uri.bucket, region)
         creds = None if self.config.no_sign_request else session.get_credentials()
         if creds is None and not self.config.no_sign_request:
             raise AccessDenied("no AWS credentials found",
                                "configure credentials (aws configure, AWS_* variables, --profile) "
                                "or pass --no-sign-request for a public bucket")
         return endpoint, _Signer(region), _Credentials(creds), _Pool(endpoint, self.config.timeout)
+
+    def _endpoint_from_boto3(self, region: str | None) -> tuple[str, str | None]:
+        import boto3
+        from botocore import UNSIGNED
+        from botocore.config import Config
+
+        client = boto3.Session(profile_name=self.config.profile).client(
+            "s3", region_name=region, config=Config(signature_version=UNSIGNED))
+        return client.meta.endpoint_url, client.meta.region_name
 
     def _request(self, method: str, key: str | None, query: dict[str, str],
                  headers: dict[str, str]) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, _Pool]:
@@ -280,7 +299,10 @@ class FastS3Client:
         return GetResult(got, etag_is_md5=not encrypted)
 
     def head(self, key: str) -> ObjectInfo:
-        """Metadata of one object."""
+        """Metadata of one object (retried like every store call)."""
+        return with_retries(lambda: self._head_once(key), self.config.retry)
+
+    def _head_once(self, key: str) -> ObjectInfo:
         what = f"s3://{self.uri.bucket}/{self.uri.join(key)}"
         try:
             response, conn, pool = self._request("HEAD", key, {}, {})
@@ -308,17 +330,21 @@ class FastS3Client:
             page = ET.fromstring(body)
             for item in page.iter(f"{_S3_NS}Contents"):
                 full = item.findtext(f"{_S3_NS}Key") or ""
-                if full.endswith("/"):
-                    continue  # a "directory marker" object
+                size = int(item.findtext(f"{_S3_NS}Size") or 0)
+                if full == root or (full.endswith("/") and size == 0):
+                    continue  # the prefix itself, or a "folder marker" object
                 etag = (item.findtext(f"{_S3_NS}ETag") or "").strip('"')
                 modified = _dt.datetime.fromisoformat((item.findtext(f"{_S3_NS}LastModified") or "1970-01-01T00:00:00Z").replace("Z", "+00:00"))
-                yield ObjectInfo(full[len(root):], int(item.findtext(f"{_S3_NS}Size") or 0), etag,
+                yield ObjectInfo(full[len(root):], size, etag,
                                  modified.timestamp(), md5=etag if _is_md5(etag) else None)
             token = page.findtext(f"{_S3_NS}NextContinuationToken")
             if page.findtext(f"{_S3_NS}IsTruncated") != "true" or not token:
                 return
 
     def _list_page(self, query: dict[str, str]) -> bytes:
+        return with_retries(lambda: self._list_page_once(query), self.config.retry)
+
+    def _list_page_once(self, query: dict[str, str]) -> bytes:
         what = f"s3://{self.uri.bucket}/{query['prefix']}"
         try:
             response, conn, pool = self._request("GET", None, query, {})
@@ -364,18 +390,28 @@ def _is_md5(etag: str) -> bool:
     return len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
 
 
+class FastS3Store(S3Store):
+    """S3Store whose hot read paths go through :class:`FastS3Client`: listing here, and the
+    transfer engine's GETs via :func:`fast_client_for`. Uploads, stat and the Store-protocol
+    reads stay on boto3."""
+
+    def __init__(self, uri: StoreURI, config: StoreConfig, **kwargs: int) -> None:
+        super().__init__(uri, config, **kwargs)
+        self.fast = FastS3Client(uri, config)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """ListObjectsV2 through the lean path (same results as S3Store.list, ~5x less CPU)."""
+        self.fast.page_size = self.page_size
+        return self.fast.list(prefix)
+
+
 def fast_client_for(store: object) -> FastS3Client | None:
-    """A lean client for an S3 store (anything with an ``s3`` :class:`StoreURI` ``uri`` and a
-    :class:`StoreConfig` ``config``), shared by all callers of that store; None otherwise."""
+    """The lean client of an S3 store: a FastS3Store's own, or a new one for anything with an
+    ``s3`` :class:`StoreURI` ``uri`` and a :class:`StoreConfig` ``config``; None otherwise."""
+    if isinstance(store, FastS3Store):
+        return store.fast
     uri = getattr(store, "uri", None)
     config = getattr(store, "config", None)
     if not isinstance(uri, StoreURI) or uri.scheme != "s3" or not isinstance(config, StoreConfig):
         return None
-    client = getattr(store, "_lading_fast_client", None)
-    if client is None:
-        client = FastS3Client(uri, config)
-        try:
-            setattr(store, "_lading_fast_client", client)
-        except AttributeError:  # a store with __slots__: no sharing, still correct
-            pass
-    return client
+    return FastS3Client(uri, config)
