@@ -18,6 +18,8 @@ from staging.stores.base import StoreConfig
 from staging.transfer import TransferResult
 
 if TYPE_CHECKING:
+    from staging.context import CheckReport
+    from staging.contextfix import FixPlan
     from staging.hooks.stage import StageResult
     from staging.sync.plan import SyncPlan
 
@@ -306,3 +308,64 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
         verdict = "ok" if not problems else f"{len(problems)} problem(s)"
         click.echo(f"{origin}: {count} bind mount(s), {verdict}", err=bool(problems))
     return 1 if problems else 0
+
+
+def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json: bool, state: AppState | None) -> int:
+    """`lading check --fix --bucket URI [--yes]`: print the plan, or apply it and check again."""
+    from staging.context import check_context, format_size
+    from staging.contextfix import apply_fix, plan_fix
+    from staging.stores import open_store
+
+    if not bucket:
+        raise UsageError("--fix needs --bucket URI (where the large paths go)", "e.g. --bucket s3://my-bucket/model-data")
+    quiet = bool(state and state.quiet)
+    if report.fits:
+        click.echo(json.dumps({"fits": True, "plan": None}) if as_json else
+                   f"fits ({format_size(report.total_bytes)} of {format_size(report.limit_bytes)}): nothing to fix")
+        return 0
+    plan = plan_fix(report, bucket)
+    if not yes:
+        click.echo(json.dumps({"fits": False, "applied": False, "plan": plan.to_json()}, indent=2) if as_json
+                   else _render_fix_plan(plan))
+        return 1
+    progress = LogProgress(f"upload to {plan.bucket}", _echo_for(AppState(quiet=quiet or as_json)))
+    progress.files, progress.total = sum(len(i.files) for i in plan.items if i.restore), plan.upload_bytes
+    result = apply_fix(plan, open_store(plan.bucket, _default_store_config()), progress.on_bytes)
+    after = check_context(str(plan.context), limit=report.limit_bytes, remedies=False)
+    if as_json:
+        click.echo(json.dumps({"fits": after.fits, "applied": True, "plan": plan.to_json(),
+                               "result": result.to_json(), "total_bytes": after.total_bytes}, indent=2))
+    elif not quiet:
+        click.echo(f"uploaded {result.uploaded} file(s) ({format_size(result.uploaded_bytes)}), "
+                   f"{result.already_there} already in {plan.bucket}; all verified")
+        click.echo(f"{plan.context / '.detignore'}: +{len(result.detignore_added)} line(s); "
+                   f"startup-hook.sh: {'updated' if result.hook_changed else 'already up to date'}")
+        verdict = "fits" if after.fits else "STILL OVER"
+        click.echo(f"now: {verdict}, {format_size(after.total_bytes)} of {format_size(after.limit_bytes)}; "
+                   "your files are untouched (only ignored); the hook downloads them when the task starts")
+    return 0 if after.fits else 1
+
+
+def _default_store_config() -> StoreConfig:
+    from cli.context import store_config
+
+    return store_config()
+
+
+def _render_fix_plan(plan: "FixPlan") -> str:
+    from staging.context import format_size
+
+    lines = [f"over the limit: {format_size(plan.total_before)} of {format_size(plan.limit_bytes)}. "
+             f"Plan (dry run; add --yes to apply):"]
+    for item in plan.items:
+        name = item.path + ("/" if item.is_dir else "")
+        where = f"upload {len(item.files)} file(s) to {item.uri}" if item.restore else \
+            "ignore only (a cache or virtualenv: rebuilt, not restored)"
+        lines.append(f"  {format_size(item.det_bytes):>10}  {name}: {where}")
+    lines.append(f"then add to {plan.context / '.detignore'}: " + " ".join(plan.detignore_lines))
+    for entry in plan.hook_entries():
+        lines.append(f"and to {plan.context / 'startup-hook.sh'}: lading fetch {entry.source} {entry.dest}")
+    verdict = "fits" if plan.fits_after else "STILL OVER"
+    lines.append(f"after: {format_size(plan.total_after)} ({verdict}); uploads are verified before any "
+                 "file in the context changes, and no file is deleted")
+    return "\n".join(lines)
