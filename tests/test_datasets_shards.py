@@ -1,0 +1,148 @@
+"""ShardDataset over packed shards: every sample exactly once across ranks and workers, the same
+order for the same seed, and it works from PyTorch's DataLoader with several workers."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from staging import datasets
+from staging.datasets import ShardDataset
+from staging.errors import UsageError
+from staging.pack import PackOptions, plan_pack, run_pack
+
+NSAMPLES = 53
+
+
+def expected_samples() -> dict[str, dict[str, bytes]]:
+    return {f"s{i:03d}": {"cls": str(i % 5).encode(), "bin": bytes([i]) * (200 + 13 * i)} for i in range(NSAMPLES)}
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory) -> Path:
+    """53 samples of 2 files in 7 shards; returns the index path."""
+    root = tmp_path_factory.mktemp("packed")
+    source = root / "src"
+    source.mkdir()
+    for key, fields in expected_samples().items():
+        for ext, data in fields.items():
+            (source / f"{key}.{ext}").write_bytes(data)
+    plan = plan_pack(str(source), str(root / "out"), PackOptions("ds", shard_size=20_000))
+    run_pack(plan, str(source), str(root / "out"))
+    assert len(plan.shards) == 7, len(plan.shards)
+    return root / "out" / "ds.index.json"
+
+
+def as_plain(sample: dict) -> tuple[str, dict[str, bytes]]:
+    return sample["__key__"], {k: v for k, v in sample.items() if k != "__key__"}
+
+
+def collect(index: Path, world: int, workers: int, **kwargs) -> list[list[list[str]]]:
+    """keys[rank][worker] in the order yielded, checking each sample's contents on the way."""
+    expected = expected_samples()
+    result = []
+    for rank in range(world):
+        dataset = ShardDataset(str(index), rank=rank, world_size=world, **kwargs)
+        per_worker = []
+        for worker in range(workers):
+            keys = []
+            for sample in dataset.iter_worker(worker, workers):
+                key, fields = as_plain(sample)
+                assert fields == expected[key]
+                keys.append(key)
+            per_worker.append(keys)
+        result.append(per_worker)
+    return result
+
+
+@pytest.mark.parametrize("world, workers", [(1, 1), (2, 1), (3, 2), (4, 3), (2, 8)])
+def test_ranks_and_workers_are_disjoint_and_complete(packed, world, workers):
+    parts = collect(packed, world, workers, shuffle_buffer=10, seed=4, randomize_shard_order=True)
+    everything = [key for rank in parts for worker in rank for key in worker]
+    assert Counter(everything) == Counter(list(expected_samples()))  # each sample exactly once
+    per_rank = [sum(len(worker) for worker in rank) for rank in parts]
+    assert max(per_rank) - min(per_rank) <= 1, "ranks must get equal counts (DDP would hang)"
+
+
+def test_unshuffled_single_reader_yields_pack_order(packed):
+    assert collect(packed, 1, 1) == [[[f"s{i:03d}" for i in range(NSAMPLES)]]]
+
+
+def test_same_seed_same_order_other_seed_other_order(packed):
+    first = collect(packed, 2, 2, shuffle_buffer=16, seed=7, randomize_shard_order=True)
+    again = collect(packed, 2, 2, shuffle_buffer=16, seed=7, randomize_shard_order=True)
+    other = collect(packed, 2, 2, shuffle_buffer=16, seed=8, randomize_shard_order=True)
+    assert first == again
+    assert first != other
+
+
+def test_set_epoch_reshuffles_reproducibly(packed):
+    dataset = ShardDataset(str(packed), shuffle_buffer=16, seed=1, randomize_shard_order=True)
+    orders = []
+    for epoch in (0, 1, 0):
+        dataset.set_epoch(epoch)
+        orders.append([s["__key__"] for s in dataset])
+    assert orders[0] == orders[2] != orders[1]
+    assert sorted(orders[1]) == sorted(orders[0])
+
+
+def test_shard_list_without_index_deals_whole_shards(packed):
+    shards = sorted(str(p) for p in packed.parent.glob("ds-*.tar"))
+    seen = []
+    for rank in range(2):
+        dataset = ShardDataset(shards, rank=rank, world_size=2)
+        for worker in range(2):
+            spans = dataset.spans(worker, 2)
+            assert [span.shard.uri for span in spans] == shards[rank::2][worker::2]
+            seen += [s["__key__"] for s in dataset.iter_worker(worker, 2)]
+    assert sorted(seen) == sorted(expected_samples())
+
+
+def test_worker_splitting_through_simulated_worker_info(packed, monkeypatch):
+    dataset = ShardDataset(str(packed))
+    keys = []
+    for worker in range(3):
+        monkeypatch.setattr(datasets, "_worker_slot", lambda w=worker: (w, 3))
+        keys.append([s["__key__"] for s in dataset])
+    assert sorted(k for part in keys for k in part) == sorted(expected_samples())
+    assert all(abs(len(part) - NSAMPLES / 3) < 1 for part in keys)
+
+
+def test_bad_arguments(packed, tmp_path):
+    with pytest.raises(UsageError, match="rank 2 is not in 0..1"):
+        ShardDataset(str(packed), rank=2, world_size=2)
+    (tmp_path / "bad.index.json").write_text('{"shardlist": []}')
+    with pytest.raises(Exception, match="not a wids shard index"):
+        ShardDataset(str(tmp_path / "bad.index.json"))
+
+
+def test_pickles_and_has_no_torch_import_at_module_import(packed):
+    dataset = ShardDataset(str(packed), shuffle_buffer=4, seed=2)
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert [s["__key__"] for s in clone] == [s["__key__"] for s in dataset]
+    code = "import sys, staging.datasets; assert 'torch' not in sys.modules, 'torch imported'"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def keys_of(batch):
+    """A collate_fn keeping the sample keys (module level: DataLoader workers pickle it)."""
+    return [sample["__key__"] for sample in batch]
+
+
+@pytest.mark.parametrize("workers, start", [(2, "fork"), (3, "fork")])
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_dataloader_with_workers(packed, workers, start):
+    torch_data = pytest.importorskip("torch.utils.data")
+    seen = []
+    for rank in range(2):
+        dataset = ShardDataset(str(packed), rank=rank, world_size=2, shuffle_buffer=8, seed=5)
+        assert isinstance(dataset, torch_data.IterableDataset)
+        loader = torch_data.DataLoader(dataset, batch_size=4, num_workers=workers, collate_fn=keys_of,
+                                       multiprocessing_context=start)
+        seen += [key for batch in loader for key in batch]
+    assert Counter(seen) == Counter(list(expected_samples()))
