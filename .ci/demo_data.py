@@ -14,6 +14,10 @@ def make_context(root: Path) -> None:
     for i in range(8):
         (root / "data" / f"train-{i:02d}.bin").write_bytes(os.urandom(12 << 20))
     (root / "checkpoints" / "epoch-1.pt").write_bytes(os.urandom(3 << 20))
+    (root / "__pycache__").mkdir(exist_ok=True)
+    (root / "__pycache__" / "model_def.cpython-311.pyc").write_bytes(b"\0" * 2048)
+    (root / "data" / ".detignore").write_text("*.bin\n")  # det ignores nested .detignore files
+    (root / ".env").write_text("WANDB_API_KEY=not-a-real-key\n")
 
 
 if __name__ == "__main__":

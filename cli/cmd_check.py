@@ -51,9 +51,11 @@ Exit codes: 0 fits, 1 over the limit, 2 usage error, 3 not found,
 @click.option("--config", "config_path", metavar="FILE",
               help="The experiment config: warn when it is uploaded with the context and when "
                    "its bind_mounts break det's schema.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
 @click.pass_obj
 def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], top: int,
-          explain_path: str | None, limit_text: str, as_json: bool, config_path: str | None) -> int:
+          explain_path: str | None, limit_text: str, as_json: bool, config_path: str | None,
+          quiet: bool) -> int:
     """Will det accept CONTEXT_DIR?"""
     limit = parse_size(limit_text)
     report = check_context(context_dir, includes, limit=limit, config_path=config_path,
@@ -61,7 +63,7 @@ def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], t
     if as_json:
         sys.stdout.write(report.to_json(top) + "\n")
     else:
-        render(report, top=top, quiet=bool(state and state.quiet))
+        render(report, top=top, quiet=quiet or bool(state and state.quiet))
     return 0 if report.fits else 1
 
 
@@ -76,7 +78,7 @@ def render(report: CheckReport, top: int, quiet: bool) -> None:
     if quiet or report.explanation is not None:
         return
     walked = report.walked
-    console.print(f"  {len(walked.files):,} files in {len(walked.dirs):,} directories; "
+    console.print(f"  {_count(len(walked.files), 'file')} in {_count(len(walked.dirs), 'directory')}; "
                   f"{format_size(report.raw_bytes)} on disk, {report.total_bytes:,} bytes as det "
                   "counts them (ceil(size/3)*3 per file)")
     _render_tables(console, report, top)
@@ -149,6 +151,11 @@ def _render_explanation(console, report: CheckReport) -> None:
     verdict = "[green]uploaded[/]" if explanation.uploaded else "[red]not uploaded[/]"
     console.print(f"{_escape(explanation.path)} ({explanation.kind}): {verdict}: "
                   f"{_escape(explanation.reason)}")
+
+
+def _count(n: int, noun: str) -> str:
+    plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+    return f"{n:,} {noun if n == 1 else plural}"
 
 
 def _escape(text: str) -> str:

@@ -195,19 +195,33 @@ def test_remedy_escapes_glob_characters(tmp_path):
 
 def test_warnings_for_environments_caches_checkpoints_data_and_secrets(tmp_path):
     ctx = tmp_path / "ctx"
-    for rel in [".venv/pyvenv.cfg", "env2/bin/activate", ".cache/pip/x", "checkpoints/e1.pt",
-                "data/train.csv", ".env", ".env.example", "keys/id_rsa", "keys/id_rsa.pub", "tls/server.pem",
-                "aws/credentials", "model.py", "empty_data/data/"]:
+    for rel in [".venv/pyvenv.cfg", "env2/bin/activate", ".cache/pip/x", ".env", ".env.example",
+                "keys/id_rsa", "keys/id_rsa.pub", "tls/server.pem", "aws/credentials", "model.py",
+                "empty_data/data/", "src/data/tiny.json"]:
         if rel.endswith("/"):
             (ctx / rel).mkdir(parents=True)
         else:
             write(ctx / rel)
+    sparse(ctx / "checkpoints" / "e1.pt", 2 << 20)
+    sparse(ctx / "data" / "train.csv", 2 << 20)
     kinds = {(w.kind, w.path) for w in check_context(str(ctx)).warnings}
     assert kinds == {
         ("virtualenv", ".venv"), ("virtualenv", "env2"), ("cache", ".cache"), ("checkpoints", "checkpoints"),
         ("data", "data"), ("secret", ".env"), ("secret", "keys/id_rsa"), ("secret", "tls/server.pem"),
         ("secret", "aws/credentials"),
     }
+
+
+def test_nested_detignore_warning_suggests_lifted_rules(tmp_path):
+    write(tmp_path / "data" / ".detignore", "# only comments count as nothing\n*.bin\n!keep.bin\n/top.txt\nsub/x\n")
+    write(tmp_path / "data" / "a.bin")
+    (warning,) = [w for w in check_context(str(tmp_path)).warnings if w.kind == "nested_detignore"]
+    assert warning.path == "data/.detignore"
+    assert warning.message.endswith("'/data/**/*.bin', '!/data/**/keep.bin', '/data/top.txt', '/data/sub/x'")
+    # The suggestion does what the nested file meant: lifted into the top-level .detignore,
+    # data/a.bin is dropped.
+    write(tmp_path / ".detignore", "/data/**/*.bin\n!/data/**/keep.bin\n/data/top.txt\n/data/sub/x\n")
+    assert "data/a.bin" not in check_context(str(tmp_path)).walked.files
 
 
 def test_never_reads_file_contents(tmp_path):

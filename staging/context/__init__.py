@@ -40,7 +40,7 @@ def check_context(context_dir: str, includes: Sequence[str] = (), *, limit: int 
     dirs = directory_stats(walked)
     det_bytes = {path: stat.det_bytes for path, stat in dirs.items()}
     report = CheckReport(roots=roots, limit_bytes=limit, walked=walked, dirs=dirs)
-    report.warnings = walk_warnings(walked) + content_warnings(walked, det_bytes)
+    report.warnings = walk_warnings(walked, roots) + content_warnings(walked, det_bytes)
     if config is not None and config_path is not None:
         report.warnings += config_warnings(config_path, config, roots, _uploaded_set(walked, config_path))
     if remedies and not report.fits:

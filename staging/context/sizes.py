@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
 
 from staging.errors import UsageError
 
@@ -38,10 +37,8 @@ def parse_size(text: str) -> int:
         hint = "use MiB (1,048,576 bytes) or MB (1,000,000 bytes)" if unit in ("k", "m", "g", "t") \
             else "plain bytes or a number with B, KB, MB, GB, KiB, MiB or GiB, e.g. 95MiB"
         raise UsageError(f"invalid size {text!r}", hint=hint)
-    try:
-        value = int(Decimal(match.group("number")) * _UNITS[unit])
-    except InvalidOperation as err:  # pragma: no cover - the regex admits only valid decimals
-        raise UsageError(f"invalid size {text!r}") from err
+    whole, _, fraction = match.group("number").partition(".")
+    value = int((whole or "0") + fraction) * _UNITS[unit] // 10 ** len(fraction)  # exact, rounded down
     if value <= 0:
         raise UsageError(f"invalid size {text!r}: must be at least 1 byte")
     return value

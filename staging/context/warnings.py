@@ -3,13 +3,14 @@ directories uploaded empty, skipped files, virtualenvs, caches, checkpoints, dat
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
+from typing import Iterable, Iterator, Mapping, Sequence
 
 from staging.context.sizes import format_size
-from staging.context.walk import WalkResult
+from staging.context.walk import Root, WalkResult
 
 CACHE_DIRS = frozenset({".cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox", "node_modules",
                         ".ipynb_checkpoints", ".hypothesis"})
@@ -22,6 +23,7 @@ SECRET_NAMES = (".env", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "credentia
 #: regex fragments for one path segment ("*" is [^/\n]*)
 SECRET_GLOBS = (r"[^/\n]*\.pem", r"[^/\n]*\.key", r"[^/\n]*\.p12", r"[^/\n]*\.pfx",
                 r"\.env\.[^/\n]*", r"service-account[^/\n]*\.json", r"[^/\n]*[-_]credentials\.json")
+BULKY_DIR_BYTES = 1 << 20  # data and checkpoint directories below this are not worth a warning
 NOT_SECRET_SUFFIXES = (".example", ".sample", ".template", ".dist")
 _SECRET_NAME = re.compile(r"(?:^|/)(?:" + "|".join([*map(re.escape, SECRET_NAMES), *SECRET_GLOBS])
                           + r")\Z")
@@ -31,8 +33,8 @@ _VENV_MARKER = re.compile(r"(?:^|/)(?:pyvenv\.cfg|bin/activate)\Z")
 _VENV_NEEDLES = ("pyvenv.cfg", "bin/activate")
 
 _MESSAGES = {
-    "nested_detignore": "det reads only the .detignore at the top of the context; this one is "
-                        "ignored (its rules must move up, with this directory as a prefix)",
+    "nested_detignore": "det reads only the .detignore at the top of the context (or include); "
+                        "this one is ignored, so its rules do nothing",
     "symlinked_dir": "symlink to a directory: det uploads it as an empty directory",
     "broken_symlink": "broken symlink: det skips it",
     "unreadable_file": "not readable: det skips it",
@@ -54,9 +56,44 @@ class ContextWarning:
         return {"kind": self.kind, "path": self.path, "message": self.message}
 
 
-def walk_warnings(walked: WalkResult) -> list[ContextWarning]:
-    """Turn what the walk noticed into warnings."""
-    return [ContextWarning(kind, path, _MESSAGES[kind]) for kind, path in walked.notes]
+def walk_warnings(walked: WalkResult, roots: Sequence[Root] = ()) -> list[ContextWarning]:
+    """Turn what the walk noticed into warnings; for a nested .detignore, also the lines that
+    would do its job from the top-level .detignore."""
+    found = []
+    for kind, path in walked.notes:
+        message = _MESSAGES[kind]
+        if kind == "nested_detignore" and roots:
+            lines = _lifted_rules(roots, path)
+            if lines:
+                message += "; to keep them, add to the top-level .detignore: " + ", ".join(
+                    repr(line) for line in lines)
+        found.append(ContextWarning(kind, path, message))
+    return found
+
+
+def _lifted_rules(roots: Sequence[Root], upload_path: str, max_lines: int = 10) -> list[str]:
+    """The rules of a nested .detignore rewritten for the root's .detignore (gitignore meaning:
+    relative to the directory that holds it)."""
+    root = next((r for r in roots[1:] if upload_path.startswith(r.prefix)), roots[0])
+    rel = upload_path[len(root.prefix):]
+    directory = posixpath.dirname(rel)
+    try:
+        with open(os.path.join(root.path, rel), "r", errors="replace") as handle:
+            raw = [line.strip() for line in handle.readlines()[:200]]
+    except OSError:
+        return []
+    lifted = []
+    for line in raw:
+        if not line or line.startswith("#"):
+            continue
+        negate, body = ("!", line[1:]) if line.startswith("!") else ("", line)
+        if body.startswith("/"):
+            lifted.append(f"{negate}/{directory}{body}")
+        elif "/" in body.rstrip("/"):
+            lifted.append(f"{negate}/{directory}/{body}")
+        else:
+            lifted.append(f"{negate}/{directory}/**/{body}")
+    return lifted[:max_lines]
 
 
 def content_warnings(walked: WalkResult, dir_bytes: Mapping[str, int]) -> list[ContextWarning]:
@@ -84,7 +121,7 @@ def _directory_warnings(dirs: Iterable[str], dir_bytes: Mapping[str, int]) -> li
         if size == 0 or any(path.startswith(parent + "/") for parent in reported):
             continue
         kind = _directory_kind(posixpath.basename(path))
-        if kind is None:
+        if kind is None or (kind != "cache" and size < BULKY_DIR_BYTES):
             continue
         reported.append(path)
         what = {"cache": "a cache directory", "checkpoints": "a checkpoint directory",
