@@ -80,12 +80,16 @@ class CheckReport:
     def largest_files(self, n: int) -> list[tuple[str, int]]:
         """The n largest uploaded files as (path, raw bytes), largest first."""
         sizes, files = self.walked.sizes, self.walked.files
-        return [(files[i], sizes[i]) for i in heapq.nlargest(n, range(len(sizes)), key=sizes.__getitem__)]
+        if n <= 0 or not sizes:
+            return []
+        threshold = min(heapq.nlargest(n, sizes))
+        ties_included = [(files[i], size) for i, size in enumerate(sizes) if size >= threshold]
+        return sorted(ties_included, key=lambda item: (-item[1], item[0]))[:n]
 
     def largest_dirs(self, n: int) -> list[DirStat]:
         """The n largest uploaded directories (by det bytes below them), largest first."""
-        return heapq.nlargest(n, (d for path, d in self.dirs.items() if path),
-                              key=lambda d: (d.det_bytes, d.path))
+        picked = heapq.nlargest(n, (d for path, d in self.dirs.items() if path), key=lambda d: d.det_bytes)
+        return sorted(picked, key=lambda d: (-d.det_bytes, d.path))
 
     def to_json(self, top: int) -> str:
         """``json.dumps(self.to_dict(top))`` with the (possibly huge) file list written at C speed
