@@ -22,6 +22,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from mounts.cache import ChunkId, DiskCache, MemoryCache, chunk_prefix
+from mounts.source import range_reader
 from mounts.stats import Stats
 from mounts.tree import FileEntry
 from staging.errors import LadingError, TransientError
@@ -75,6 +76,7 @@ class Reader:
     def __init__(self, store: Store, config: ReaderConfig, disk: DiskCache | None = None,
                  stats: Stats | None = None) -> None:
         self.store = store
+        self._read_range = range_reader(store)
         self.config = config
         self.memory = MemoryCache(config.max_memory)
         self.disk = disk
@@ -276,7 +278,7 @@ class Reader:
         entry = handle.entry
         began = time.monotonic()
         try:
-            data = self.store.read_range(entry.key, start, stop, entry.version)
+            data = self._read_range(entry.key, start, stop, entry.version)
             if len(data) != stop - start:
                 raise TransientError(f"{entry.key}: short read ({len(data)} of {stop - start} bytes)")
         except BaseException as err:  # noqa: BLE001 - every failure must reach the waiting reader
