@@ -52,14 +52,24 @@ Exit codes: 0 fits, 1 over the limit, 2 usage error, 3 not found,
               help="The experiment config: warn when it is uploaded with the context and when "
                    "its bind_mounts break det's schema.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
+@click.option("--fix", is_flag=True, help="Over the limit: upload the largest data-like paths to --bucket, "
+              "add them to .detignore and to startup-hook.sh (a dry run unless --yes).")
+@click.option("--bucket", metavar="URI", help="Where --fix uploads: s3://bucket/prefix, gs://..., or a path.")
+@click.option("--yes", is_flag=True, help="With --fix: apply (upload and verify first, then edit the context).")
 @click.pass_obj
 def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], top: int,
           explain_path: str | None, limit_text: str, as_json: bool, config_path: str | None,
-          quiet: bool) -> int:
+          quiet: bool, fix: bool = False, bucket: str | None = None, yes: bool = False) -> int:
     """Will det accept CONTEXT_DIR?"""
     limit = parse_size(limit_text)
     report = check_context(context_dir, includes, limit=limit, config_path=config_path,
                            explain_path=explain_path)
+    if fix or bucket or yes:  # `check --fix` lives with the startup-hook code (cli/cmd_hook.py)
+        from cli.cmd_hook import run_check_fix
+
+        if not fix:
+            raise click.UsageError("--bucket and --yes go with --fix")
+        return run_check_fix(report, bucket, yes, as_json, state)
     if as_json:
         sys.stdout.write(report.to_json(top) + "\n")
     else:
