@@ -252,3 +252,11 @@ def test_output_lines_when_not_a_tty(lading, dataset, tmp_path):
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("lading sync: download ")]
     assert len(lines) >= 10 and lines[-1].startswith("lading sync: download 24/24 files")
+
+
+def test_dest_that_is_a_file_is_a_usage_error(lading, dataset, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = lading("sync", SOURCE, str(blocker))
+    assert result.returncode == 2 and "exists and is not a directory" in result.stderr
+    assert blocker.read_text() == "x"

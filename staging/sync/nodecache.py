@@ -34,7 +34,7 @@ from staging.stores.base import Store
 from staging.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
 from staging.sync.locks import exclusive_lock
 from staging.sync.plan import Selection, SyncRequest
-from staging.sync.run import sync_into
+from staging.sync.run import make_directory, sync_into
 from staging.sync.state import SyncState
 from staging.transfer import TransferItem, TransferOptions, TransferResult
 
@@ -121,7 +121,7 @@ def sync_through_cache(
 ) -> SyncSummary:
     """Fill the node cache entry for ``request`` (once per node), then build DEST from it."""
     started = time.monotonic()
-    cache_root.mkdir(parents=True, exist_ok=True)
+    make_directory(cache_root, "cache directory")
     entry = cache_root / cache_entry_name(request)
     def waiting() -> None:
         events.on_phase("waiting for another process on this node to fill the cache", None)

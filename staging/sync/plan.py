@@ -200,11 +200,11 @@ def _refuse(reasons: list[str], source: str) -> None:
                     "rename them in the bucket, or leave them out with --exclude")
 
 
-def _classify(info: ObjectInfo, dest: Path, state: SyncState) -> str | None:
+def _classify(info: ObjectInfo, dest: str, state: SyncState) -> str | None:
     """Why ``info`` must be fetched into ``dest``, or None when the local copy is current."""
     entry = state.entries.get(info.key)
     try:
-        st = os.lstat(dest.joinpath(*info.key.split("/")))
+        st = os.lstat(f"{dest}/{info.key}")  # keys were checked by key_parts: plain relative paths
     except OSError:
         st = None
     if entry is None:
@@ -223,8 +223,9 @@ def plan_sync(selection: Selection, request: SyncRequest, state: SyncState) -> S
     dest = Path(request.dest)
     plan = SyncPlan(request.source, str(dest), request.rank, request.world_size, request.distribution,
                     request.balance, listed=selection.listed, matched=selection.matched)
+    root = str(dest)
     for info in selection.objects:
-        reason = _classify(info, dest, state)
+        reason = _classify(info, root, state)
         if reason is None:
             plan.up_to_date.append(info)
         else:

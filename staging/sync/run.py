@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from staging.errors import AccessDenied, UsageError
 from staging.stores.base import Store
 from staging.sync.apply import (Fetcher, NoSyncEvents, SyncEvents, SyncSummary, apply_plan, store_fetcher,
                                 sweep_temporaries)
@@ -43,7 +44,7 @@ def sync_into(
     swept once this run's fetches are done.
     """
     dest = Path(request.dest)
-    dest.mkdir(parents=True, exist_ok=True)
+    make_directory(dest, "DEST")
     with exclusive_lock(dest / LOCK_NAME):
         interrupted = (dest / JOURNAL_NAME).exists()
         state = SyncState.load(dest)
@@ -63,6 +64,18 @@ def sync_into(
             keep = {dest.joinpath(*failed.key.split("/")) for failed in summary.failed}
             sweep_temporaries(dest, TEMP_MARKERS, keep)
         return summary
+
+
+def make_directory(path: Path, what: str) -> None:
+    """``mkdir -p`` with one-line errors: a file in the way is a usage error, EACCES access denied."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"{what} {path} exists and is not a directory") from None
+    except PermissionError:
+        raise AccessDenied(f"cannot create {what} {path}: permission denied") from None
+    except OSError as err:
+        raise UsageError(f"cannot create {what} {path}: {err.strerror or err}") from None
 
 
 def run_sync(
