@@ -50,6 +50,8 @@ class TransferOptions:
     its directory before and after the rename (survives power loss, costs a disk flush per
     file; an interrupted or killed process is safe either way). ``fast_path`` allows the lean
     S3 GET path (:mod:`staging.stores.s3_fast`). ``retry`` overrides the store's retry policy.
+    ``part_concurrency`` caps ranged reads in flight (beyond ~16 streams a server's per-object
+    throughput drops; measured in bench/RESULTS.md), idle workers take small objects meanwhile.
     """
 
     workers: int = 32
@@ -59,6 +61,7 @@ class TransferOptions:
     durable: bool = False
     fast_path: bool = True
     retry: RetryPolicy | None = None
+    part_concurrency: int = 16
 
 
 class TransferEvents(Protocol):

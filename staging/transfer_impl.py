@@ -62,6 +62,8 @@ class _Engine:
         self._jobs = threading.Condition()
         self._parts: deque[Callable[[], None]] = deque()
         self._preparing = 0
+        self._parts_running = 0
+        self._part_limit = max(1, options.part_concurrency)
         self._items: Iterator[TransferItem] = iter(())
         self._exhausted = False
         self._failure: BaseException | None = None
@@ -106,23 +108,36 @@ class _Engine:
                 self._jobs.notify_all()
 
     def _next_job(self) -> Callable[[], None] | None:
-        """A queued part, else a job for the next item, else None when all is handed out."""
+        """A queued part (while fewer than ``part_concurrency`` run), else a job for the next
+        item, else None once everything is handed out."""
         with self._jobs:
             while True:
-                if self._parts:
-                    return self._parts.popleft()
+                if self._parts and self._parts_running < self._part_limit:
+                    self._parts_running += 1
+                    return self._as_part(self._parts.popleft())
                 if not self._exhausted:
                     item = next(self._items, None)
                     if item is not None:
                         break
                     self._exhausted = True
-                if not self._preparing or self._cancel.is_set():
+                if (not self._parts and not self._preparing) or self._cancel.is_set():
                     return None
-                self._jobs.wait()  # a large item is being prepared: its parts are coming
+                self._jobs.wait()  # parts are queued or coming: wait for a free slot
             if not self._is_large(item):
                 return lambda: self._fetch_small(item)
             self._preparing += 1
         return lambda: self._start_large(item)
+
+    def _as_part(self, job: Callable[[], None]) -> Callable[[], None]:
+        def part() -> None:
+            try:
+                job()
+            finally:
+                with self._jobs:
+                    self._parts_running -= 1
+                    self._jobs.notify_all()
+
+        return part
 
     def _is_large(self, item: TransferItem) -> bool:
         size = item.info.size
@@ -141,7 +156,7 @@ class _Engine:
         self._finish(TransferResult(item.info.key, item.dest, False, 0, _as_lading(error, item.dest)))
 
     def _start_large(self, item: TransferItem) -> None:
-        """Prepare the temporary, queue the missing parts, and start on the first one."""
+        """Prepare the temporary and queue the missing parts."""
         download = LargeDownload(item, self._large)
         parts: list[int] = []
         try:
@@ -152,10 +167,8 @@ class _Engine:
         finally:
             with self._jobs:
                 self._preparing -= 1
-                self._parts.extend((lambda i=i: download.run_part(i)) for i in parts[1:])
+                self._parts.extend((lambda i=i: download.run_part(i)) for i in parts)
                 self._jobs.notify_all()
-        if parts:
-            download.run_part(parts[0])
 
     def _fetch_small(self, item: TransferItem) -> None:
         tmp = temporary_path(item.dest)

@@ -18,11 +18,14 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import hmac
+import html
 import http.client
 import queue
+import re
 import socket
 import threading
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 from urllib.parse import quote, urlsplit
@@ -38,7 +41,6 @@ Sink = Callable[[memoryview], None]
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _CHUNK = 1 << 18
-_S3_NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
 
 
 class GetResult(NamedTuple):
@@ -317,29 +319,22 @@ class FastS3Client:
                           md5=etag if _is_md5(etag) else None)
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """ListObjectsV2 page by page; keys are relative to the store's prefix."""
+        """ListObjectsV2 page by page; keys are relative to the store's prefix.
+
+        The next page is requested as soon as its continuation token is known, so the server
+        works on page N+1 while page N is parsed and consumed.
+        """
         root = self.uri.join("") if self.uri.prefix else ""
         if root and not root.endswith("/"):
             root += "/"
-        token: str | None = None
-        while True:
-            query = {"list-type": "2", "prefix": root + prefix, "max-keys": str(self.page_size)}
-            if token:
-                query["continuation-token"] = token
-            body = self._list_page(query)
-            page = ET.fromstring(body)
-            for item in page.iter(f"{_S3_NS}Contents"):
-                full = item.findtext(f"{_S3_NS}Key") or ""
-                size = int(item.findtext(f"{_S3_NS}Size") or 0)
-                if full == root or (full.endswith("/") and size == 0):
-                    continue  # the prefix itself, or a "folder marker" object
-                etag = (item.findtext(f"{_S3_NS}ETag") or "").strip('"')
-                modified = _dt.datetime.fromisoformat((item.findtext(f"{_S3_NS}LastModified") or "1970-01-01T00:00:00Z").replace("Z", "+00:00"))
-                yield ObjectInfo(full[len(root):], size, etag,
-                                 modified.timestamp(), md5=etag if _is_md5(etag) else None)
-            token = page.findtext(f"{_S3_NS}NextContinuationToken")
-            if page.findtext(f"{_S3_NS}IsTruncated") != "true" or not token:
-                return
+        base = {"list-type": "2", "prefix": root + prefix, "max-keys": str(self.page_size)}
+        with ThreadPoolExecutor(1, thread_name_prefix="lading-list") as ahead:
+            pending = ahead.submit(self._list_page, base)
+            while pending is not None:
+                body = pending.result()
+                token = _next_token(body)
+                pending = ahead.submit(self._list_page, {**base, "continuation-token": token}) if token else None
+                yield from _parse_listing(body, root)
 
     def _list_page(self, query: dict[str, str]) -> bytes:
         return with_retries(lambda: self._list_page_once(query), self.config.retry)
@@ -385,9 +380,56 @@ def _drain(response: http.client.HTTPResponse, sink: Sink) -> int:
     return total
 
 
+_MD5_HEX = re.compile(r"[0-9a-fA-F]{32}")
+_CONTENTS = re.compile(rb"<Contents>(.*?)</Contents>", re.S)
+_KEY = re.compile(rb"<Key>(.*?)</Key>", re.S)
+_SIZE = re.compile(rb"<Size>(\d+)</Size>")
+_ETAG = re.compile(rb"<ETag>(.*?)</ETag>", re.S)
+_MODIFIED = re.compile(rb"<LastModified>(.*?)</LastModified>")
+_TRUNCATED = re.compile(rb"<IsTruncated>\s*true\s*</IsTruncated>")
+_TOKEN = re.compile(rb"<NextContinuationToken>(.*?)</NextContinuationToken>", re.S)
+
+
 def _is_md5(etag: str) -> bool:
     """A single-part upload's ETag is the hex MD5 of the content; multipart ones have ``-N``."""
-    return len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower())
+    return _MD5_HEX.fullmatch(etag) is not None
+
+
+def _text(raw: bytes) -> str:
+    text = raw.decode()
+    return html.unescape(text) if "&" in text else text
+
+
+def _next_token(body: bytes) -> str | None:
+    """The continuation token of a truncated ListObjectsV2 page, else None."""
+    if _TRUNCATED.search(body) is None:
+        return None
+    match = _TOKEN.search(body)
+    return _text(match.group(1)) if match else None
+
+
+def _parse_listing(body: bytes, root: str) -> Iterator[ObjectInfo]:
+    """The objects of one ListObjectsV2 page (regular expressions over the XML: the response
+    has a fixed, flat shape, and this is ~5x cheaper than building an element tree)."""
+    if not body.lstrip().startswith(b"<?xml") and b"<ListBucketResult" not in body:
+        raise TransientError("malformed listing response")
+    cut = len(root)
+    for match in _CONTENTS.finditer(body):
+        item = match.group(1)
+        full = _text(_KEY.search(item).group(1))  # type: ignore[union-attr]
+        size_match = _SIZE.search(item)
+        size = int(size_match.group(1)) if size_match else 0
+        if full == root or (full.endswith("/") and size == 0):
+            continue  # the prefix itself, or a "folder marker" object
+        etag_match = _ETAG.search(item)
+        etag = etag_match.group(1).replace(b"&quot;", b"").replace(b'"', b"").decode() if etag_match else ""
+        modified = _MODIFIED.search(item)
+        mtime = _timestamp(modified.group(1).decode()) if modified else 0.0
+        yield ObjectInfo(full[cut:], size, etag, mtime, md5=etag.lower() if _is_md5(etag) else None)
+
+
+def _timestamp(iso: str) -> float:
+    return _dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
 class FastS3Store(S3Store):
