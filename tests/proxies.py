@@ -26,7 +26,9 @@ The API:
 - ``proxy.count(method=None, path_prefix=None, where=None, faulted=None)``: how many recorded
   requests match. ``proxy.counts``: a Counter of ``(method, path)``.
   ``proxy.reset_counts()`` forgets them.
-- ``proxy.add_fault(kind, first=N | rate=P, method=None, path_prefix=None, seed=0)``: add a rule.
+- ``proxy.add_fault(kind, first=N | rate=P, method=None, path_prefix=None, seed=0, after=0)``:
+  add a rule. ``after=K`` lets the first K matching requests that reach the rule through
+  untouched (e.g. "fail the second chunk, not the first").
   Kinds:
 
   * ``"slowdown"``: answer 503 with an S3 ``SlowDown`` XML error body (request never forwarded);
@@ -106,7 +108,9 @@ class FaultRule:
     method: str | None = None
     path_prefix: str | None = None
     seed: int = 0
+    after: int = 0
     fired: int = 0
+    passed: int = 0
     _rng: random.Random = field(default_factory=random.Random, repr=False)
 
     def __post_init__(self) -> None:
@@ -124,6 +128,9 @@ class FaultRule:
 
     def fire(self) -> bool:
         """Decide (and record) whether this matching request gets the fault."""
+        if self.passed < self.after:
+            self.passed += 1
+            return False
         if self.first is not None:
             if self.fired >= self.first:
                 return False
@@ -323,9 +330,11 @@ class FaultProxy:
         self.stop()
 
     def add_fault(self, kind: str, *, first: int | None = None, rate: float | None = None,
-                  method: str | None = None, path_prefix: str | None = None, seed: int = 0) -> FaultRule:
+                  method: str | None = None, path_prefix: str | None = None, seed: int = 0,
+                  after: int = 0) -> FaultRule:
         """Add a fault rule (see the module docstring) and return it (``rule.fired`` counts hits)."""
-        rule = FaultRule(kind, first=first, rate=rate, method=method, path_prefix=path_prefix, seed=seed)
+        rule = FaultRule(kind, first=first, rate=rate, method=method, path_prefix=path_prefix, seed=seed,
+                         after=after)
         with self._lock:
             self._rules.append(rule)
         return rule

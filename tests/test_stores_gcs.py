@@ -113,15 +113,16 @@ def test_download_and_uploads(bucket, emulator, tmp_path):
     store = _store(emulator, f"gs://{bucket.name}/u")
     small, big = tmp_path / "small", tmp_path / "big"
     small.write_bytes(b"small file")
-    big.write_bytes(os.urandom((9 << 20) + 17))  # the library goes resumable above 8 MiB
+    big.write_bytes(os.urandom((2 << 20) + 17))
     info = store.upload(small, "s")
     assert (info.key, info.size, info.md5) == ("s", 10, hashlib.md5(b"small file").hexdigest())
     progress: list[int] = []
     with FaultProxy(emulator) as proxy:
-        resumable = _store(proxy.url, f"gs://{bucket.name}/u", chunk_size=4 << 20)
+        resumable = _store(proxy.url, f"gs://{bucket.name}/u", resumable_threshold=1 << 20,
+                           chunk_size=512 << 10)
         info = resumable.upload(big, "deep/big", progress=progress.append)
         chunk_puts = proxy.count("PUT", path_prefix="/upload/")
-    assert chunk_puts == 3  # 9 MiB + 17 bytes in 4 MiB chunks: a resumable session
+    assert chunk_puts == 5  # 2 MiB + 17 bytes in 512 KiB chunks: a resumable session
     assert info.size == big.stat().st_size == sum(progress)
     assert info.crc32c == _crc32c(big.read_bytes())
     seen: list[int] = []
@@ -351,16 +352,42 @@ def test_forbidden_is_access_denied():
             list(_store(fake.url, "gs://forbidden/x").list())
 
 
-def test_upload_is_retried_and_progress_taken_back(bucket, emulator, tmp_path):
-    big = tmp_path / "big"
-    big.write_bytes(os.urandom((9 << 20) + 5))
+def test_small_upload_is_retried_and_progress_taken_back(bucket, emulator, tmp_path):
+    small = tmp_path / "small"
+    small.write_bytes(os.urandom(300 << 10))
     with FaultProxy(emulator) as proxy:
-        store = _store(proxy.url, f"gs://{bucket.name}/r", chunk_size=4 << 20)
-        proxy.add_fault("slowdown", first=1, method="PUT", path_prefix="/upload/")
+        store = _store(proxy.url, f"gs://{bucket.name}/r")
+        proxy.add_fault("slowdown", first=1, method="POST", path_prefix="/upload/")
+        progress: list[int] = []
+        info = store.upload(small, "small", progress=progress.append)
+        assert proxy.injected["slowdown"] == 1
+    assert any(n < 0 for n in progress) and sum(progress) == small.stat().st_size
+    assert info.md5 == hashlib.md5(small.read_bytes()).hexdigest()
+
+
+def test_resumable_upload_resumes_from_the_committed_bytes(bucket, emulator, tmp_path):
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom((2 << 20) + 5))
+    chunk = 512 << 10
+    with FaultProxy(emulator) as proxy:
+        store = _store(proxy.url, f"gs://{bucket.name}/r", resumable_threshold=1 << 20, chunk_size=chunk)
+        uploads = f"/upload/storage/v1/b/{bucket.name}/o"
+        # Faults after the first chunk: the emulator wrongly answers a status query with
+        # "Range: bytes=0-0" (one byte) when nothing is committed; real GCS omits Range.
+        proxy.add_fault("slowdown", first=1, after=1, method="PUT", path_prefix=uploads)
+        proxy.add_fault("reset", first=1, after=1, method="PUT", path_prefix=uploads)
         progress: list[int] = []
         info = store.upload(big, "big", progress=progress.append)
-        assert proxy.injected["slowdown"] == 1
-    assert any(n < 0 for n in progress) and sum(progress) == big.stat().st_size
+        puts = [r for r in proxy.requests if r.method == "PUT"]
+    ranges = [r.headers.get("Content-Range") for r in puts]
+    total = big.stat().st_size
+    chunks = [f"bytes {i * chunk}-{min((i + 1) * chunk, total) - 1}/{total}" for i in range(5)]
+    # chunk 1 is throttled, the status query after it is reset, the next one says chunk 0 is
+    # committed, and the upload continues with chunk 1: nothing before it is sent again.
+    assert ranges == [chunks[0], chunks[1], f"bytes */{total}", f"bytes */{total}", *chunks[1:]]
+    assert [r.fault for r in puts[:4]] == [None, "slowdown", "reset", None]
+    assert all(n > 0 for n in progress) and sum(progress) == big.stat().st_size
+    assert "x-goog-hash" in puts[-1].headers  # the whole file's CRC32C, on the final chunk
     assert info.crc32c == _crc32c(big.read_bytes())
     assert bucket.blob("r/big").download_as_bytes() == big.read_bytes()
 

@@ -95,3 +95,9 @@ def test_bad_rules_are_refused(proxy):
         proxy.add_fault("explode", first=1)
     with pytest.raises(ValueError):
         proxy.add_fault("reset")
+
+
+def test_after_lets_the_first_requests_through(proxy):
+    proxy.add_fault("slowdown", first=1, after=2, method="GET")
+    statuses = [_request(proxy.url, "GET", "/proxy-bucket/obj")[0] for _ in range(4)]
+    assert statuses == [200, 200, 503, 200]

@@ -44,19 +44,20 @@ def md5_hex(md5_base64: str | None) -> str | None:
 class GCSStore:
     """A bucket prefix on Google Cloud Storage (or the emulator).
 
-    Tunables (attributes): ``page_size`` objects per listing request; ``chunk_size`` (a
-    multiple of 256 KiB) for resumable uploads. The library uploads files of up to 8 MiB in
-    one request and larger ones through a resumable session, one chunk per request.
+    Tunables (attributes): ``page_size`` objects per listing request; files larger than
+    ``resumable_threshold`` upload through a resumable session in ``chunk_size`` chunks (a
+    multiple of 256 KiB), which resumes after a failure from the bytes GCS committed.
     """
 
     def __init__(self, uri: StoreURI, config: StoreConfig, *, page_size: int = 1000,
-                 chunk_size: int = 16 << 20) -> None:
+                 resumable_threshold: int = 8 << 20, chunk_size: int = 16 << 20) -> None:
         self.uri = uri
         self.config = config
         self.url = str(uri)
         self.bucket = uri.bucket
         self.root = root_prefix(uri.prefix)
         self.page_size = page_size
+        self.resumable_threshold = min(resumable_threshold, 8 << 20)  # the SDK's one-shot limit
         self.chunk_size = chunk_size
         self._client = LazyClient(self._build_client)
 
@@ -201,15 +202,20 @@ class GCSStore:
     # -- uploads --------------------------------------------------------------------------------
 
     def upload(self, src: Path, key: str, progress: ProgressCallback | None = None) -> ObjectInfo:
-        """Upload ``src``: one request when small, a resumable session in chunks when large.
+        """Upload ``src``: one request up to ``resumable_threshold``, else a resumable session.
 
-        A transient failure restarts the upload (the progress already reported is taken back
-        with a negative callback).
+        A small upload that fails transiently is sent again whole (its reported progress taken
+        back with a negative callback); a resumable one continues from the bytes GCS committed.
         """
         size = os.path.getsize(src)
+        if size > self.resumable_threshold:
+            from staging.stores.gcs_upload import ResumableUpload
+
+            ResumableUpload(self, src, key, size, progress).run()
+            return self.stat(key)
 
         def attempt(bucket: Any) -> ObjectInfo:
-            blob = bucket.blob(self.root + key, chunk_size=self.chunk_size)
+            blob = bucket.blob(self.root + key)
             with open(src, "rb") as handle:
                 reader = _ProgressReader(handle, progress)
                 try:
