@@ -115,3 +115,26 @@ def test_node_cache_rule_and_entry_names(tmp_path):
     shard1 = SyncRequest("s3://bkt/p", tmp_path, distribution="sharded", rank=1, world_size=2)
     assert cache_entry_name(shard0) != cache_entry_name(shard1)
     assert cache_entry_name(base).startswith("bkt_p-")
+
+
+def test_delete_never_follows_symlinks_or_tampered_records(tmp_path):
+    src, dest, outside = tmp_path / "src", tmp_path / "dest", tmp_path / "outside"
+    make_source(src, {"a/x": b"1", "b": b"2"})
+    outside.mkdir()
+    (outside / "x").write_bytes(b"precious")
+    (outside / "victim").write_bytes(b"precious")
+    store = LocalStore(src)
+    run_sync(store, SyncRequest(str(src), dest))
+    # a tampered record naming a file outside DEST, and a directory swapped for a symlink
+    with open(dest / JOURNAL_NAME, "a") as handle:
+        handle.write('{"key": "../outside/victim", "size": 1, "version": "v", "mtime_ns": 1, "local_size": 1}\n')
+    import shutil
+
+    shutil.rmtree(dest / "a")
+    (dest / "a").symlink_to(outside)
+    (src / "a" / "x").unlink()
+    summary = run_sync(store, SyncRequest(str(src), dest, delete=True))
+    assert (outside / "x").read_bytes() == b"precious"
+    assert (outside / "victim").read_bytes() == b"precious"
+    assert summary.failed == [] and (dest / "b").read_bytes() == b"2"
+    assert "a/x" not in SyncState.load(dest).entries

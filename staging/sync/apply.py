@@ -141,20 +141,39 @@ def prepare_parent(root: Path, key: str, made: set[Path]) -> Path:
     return final
 
 
+def _reachable_without_links(dest: Path, key: str) -> Path | None:
+    """``dest/key`` if none of its directories under ``dest`` is a symlink or a non-directory."""
+    current = dest
+    parts = key.split("/")
+    for part in parts[:-1]:
+        current = current / part
+        try:
+            if not stat_mode.S_ISDIR(os.lstat(current).st_mode):
+                return None
+        except OSError:
+            return None
+    return current / parts[-1]
+
+
 def delete_tracked(dest: Path, keys: Iterable[str], state: SyncState) -> int:
-    """Remove files lading tracks under ``dest`` and prune directories left empty."""
+    """Remove files lading tracks under ``dest`` and prune directories left empty.
+
+    Never follows a symlinked directory, so nothing outside ``dest`` is removed.
+    """
     deleted = 0
     parents: set[Path] = set()
     done: list[str] = []
     for key in keys:
-        path = dest.joinpath(*key.split("/"))
+        done.append(key)
+        path = _reachable_without_links(dest, key)
+        if path is None:
+            continue
         try:
             if not stat_mode.S_ISDIR(os.lstat(path).st_mode):
                 path.unlink()
                 deleted += 1
         except FileNotFoundError:
             pass
-        done.append(key)
         parents.update(p for p in path.parents if p != dest and dest in p.parents)
     state.forget(done)
     for directory in sorted(parents, key=lambda p: len(p.parts), reverse=True):

@@ -22,6 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Iterable
 
+from staging.errors import UnsafeKey
+from staging.keys import key_parts
+
 STATE_NAME = ".lading-sync.json"
 JOURNAL_NAME = ".lading-sync.journal"
 LOCK_NAME = ".lading-sync.lock"
@@ -152,10 +155,14 @@ class SyncState:
 
 
 def _entry(row: object) -> Entry | None:
+    """An entry from a JSON row; None if malformed or if its key is unsafe (the record lives in
+    DEST and anyone may edit it, and ``--delete`` acts on these keys)."""
     if not isinstance(row, dict):
         return None
     try:
-        return Entry(str(row["key"]), int(row["size"]), str(row["version"]), int(row["mtime_ns"]),
-                     int(row["local_size"]))
-    except (KeyError, TypeError, ValueError):
+        entry = Entry(str(row["key"]), int(row["size"]), str(row["version"]), int(row["mtime_ns"]),
+                      int(row["local_size"]))
+        key_parts(entry.key)
+    except (KeyError, TypeError, ValueError, UnsafeKey):
         return None
+    return entry
