@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
@@ -260,3 +258,11 @@ def test_dest_that_is_a_file_is_a_usage_error(lading, dataset, tmp_path):
     result = lading("sync", SOURCE, str(blocker))
     assert result.returncode == 2 and "exists and is not a directory" in result.stderr
     assert blocker.read_text() == "x"
+
+
+def test_every_key_failing_for_one_reason_gives_its_exit_code(lading, dataset, proxy, tmp_path):
+    proxy.add_fault("reset", rate=1.0, method="GET", path_prefix=f"/{BUCKET}/data/")
+    result = lading("sync", SOURCE, str(tmp_path / "out"), env={"AWS_ENDPOINT_URL": proxy.url, "LADING_RETRIES": "1"})
+    assert result.returncode == 5, result.stderr
+    assert "24 key(s) failed" in result.stderr and "d0/sub/obj-000.bin" in result.stderr
+    assert read_tree(tmp_path / "out") == {}
