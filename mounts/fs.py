@@ -120,6 +120,10 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
             return reader.read(self._handles[fh], offset, size)
 
         @boundary
+        def read_into(self, fh: int, dest: int, size: int, offset: int) -> int:
+            return reader.read_into(self._handles[fh], offset, size, dest)
+
+        @boundary
         def release(self, path: str, fh: int) -> int:
             with self._lock:
                 self._handles.pop(fh, None)
@@ -144,3 +148,16 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
         chmod = chown = utimens = symlink = link = mknod = setxattr = removexattr = read_only
 
     return LadingFS()
+
+
+def make_fuse_class(mfusepy: Any) -> type:
+    """mfusepy's FUSE with a read callback that copies our buffers straight into FUSE's buffer
+    (mfusepy's own needs a bytes object per read: one more copy of every byte served)."""
+    import ctypes
+
+    class LadingFUSE(mfusepy.FUSE):
+        def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+            dest = ctypes.cast(buf, ctypes.c_void_p).value
+            return self.operations.read_into(fip.contents.fh, dest, size, offset)
+
+    return LadingFUSE

@@ -222,7 +222,7 @@ def _configure_logging(options: MountOptions, to_stderr: bool) -> None:
 
 def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     """List, build the tree and the reader, and run FUSE until unmounted."""
-    from mounts.fs import make_operations
+    from mounts.fs import make_fuse_class, make_operations
     from mounts.fuse_lib import load_mfusepy
 
     mfusepy = load_mfusepy()
@@ -253,7 +253,7 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     log.info("mounting %s on %s (libfuse %d, options %s)", options.source, options.mountpoint,
              mfusepy.fuse_version_major, fuse_options)
     try:
-        mfusepy.FUSE(operations, str(options.mountpoint), foreground=True, **fuse_options)
+        make_fuse_class(mfusepy)(operations, str(options.mountpoint), foreground=True, **fuse_options)
     except RuntimeError as err:
         if served.is_set():  # libfuse's loop returns an error code when a signal stops it
             log.info("stopped by a signal (libfuse code %s)", err)

@@ -14,6 +14,7 @@ was listed; a changed object raises ObjectChanged instead of mixing bytes.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import threading
 import time
@@ -22,10 +23,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from mounts.cache import ChunkId, DiskCache, MemoryCache, chunk_prefix
-from mounts.source import range_reader
+from mounts.source import range_streamer
 from mounts.stats import Stats
 from mounts.tree import FileEntry
 from staging.errors import LadingError, TransientError
+from staging.retry import DEFAULT_POLICY
 from staging.stores.base import Store
 
 log = logging.getLogger("lading.mount")
@@ -33,7 +35,7 @@ log = logging.getLogger("lading.mount")
 CHUNK = 256 * 1024
 INITIAL_WINDOW = 1 << 20
 MAX_WINDOW = 64 << 20
-MAX_GET = 8 << 20
+MAX_GET = 4 << 20
 MIN_GET = 1 << 20
 SMALL_FILE = 1 << 20
 STALL_GRACE = 0.5  # seconds during which a chunk that just timed out fails without waiting
@@ -76,7 +78,8 @@ class Reader:
     def __init__(self, store: Store, config: ReaderConfig, disk: DiskCache | None = None,
                  stats: Stats | None = None) -> None:
         self.store = store
-        self._read_range = range_reader(store)
+        self._stream = range_streamer(store)
+        self._retry = getattr(getattr(store, "config", None), "retry", DEFAULT_POLICY)
         self.config = config
         self.memory = MemoryCache(config.max_memory)
         self.disk = disk
@@ -102,17 +105,32 @@ class Reader:
 
     def read(self, handle: OpenFile, offset: int, size: int) -> bytes:
         """Bytes ``[offset, offset+size)`` of the file (short at end of file)."""
-        file_size = handle.entry.size
-        end = min(offset + size, file_size)
+        return b"".join(self.slices(handle, offset, size))
+
+    def read_into(self, handle: OpenFile, offset: int, size: int, dest: int) -> int:
+        """Copy bytes ``[offset, offset+size)`` to address ``dest`` (FUSE's buffer); return the count.
+
+        One copy from our buffers straight into the kernel's: no intermediate bytes object.
+        """
+        written = 0
+        for piece in self.slices(handle, offset, size):
+            n = len(piece)
+            ctypes.memmove(dest + written, ctypes.addressof(ctypes.c_char.from_buffer(piece)), n)
+            written += n
+        return written
+
+    def slices(self, handle: OpenFile, offset: int, size: int) -> list[memoryview]:
+        """Views of our buffers that together hold bytes ``[offset, offset+size)``."""
+        end = min(offset + size, handle.entry.size)
         if offset >= end:
-            return b""
+            return []
         self._plan_prefetch(handle, offset, end)
-        data = self._gather(handle, offset, end)
-        self.stats.add(reads=1, bytes_served=len(data))
+        pieces = self._gather(handle, offset, end)
+        self.stats.add(reads=1, bytes_served=end - offset)
         if not handle.answered:
             handle.answered = True
             self.stats.sample("ttfb", time.monotonic() - handle.opened)
-        return data
+        return pieces
 
     # -- prefetch policy -------------------------------------------------------------------
     def _plan_prefetch(self, handle: OpenFile, offset: int, end: int) -> None:
@@ -145,7 +163,7 @@ class Reader:
         self._ensure(handle, first, last, demand=False, get_chunks=max(1, get_size // CHUNK))
 
     # -- data path -------------------------------------------------------------------------
-    def _gather(self, handle: OpenFile, offset: int, end: int) -> bytes:
+    def _gather(self, handle: OpenFile, offset: int, end: int) -> list[memoryview]:
         first, last = offset // CHUNK, _chunks_in(end)
         index = handle.entry.index
         views = []
@@ -161,11 +179,14 @@ class Reader:
             views = self._wait_chunks(handle, first, last)
         else:
             self.stats.add(memory_hits=1)
-        start = offset - first * CHUNK
-        if len(views) == 1:
-            return bytes(views[0][start:start + end - offset])
-        joined = b"".join(views)
-        return joined[start:start + end - offset]
+        pieces = []
+        position = first * CHUNK
+        for view in views:
+            lo, hi = max(offset - position, 0), min(end - position, len(view))
+            if hi > lo:
+                pieces.append(view[lo:hi])
+            position += len(view)
+        return pieces
 
     def _wait_chunks(self, handle: OpenFile, first: int, last: int) -> list[memoryview]:
         deadline = time.monotonic() + self.config.timeout
@@ -257,7 +278,7 @@ class Reader:
         data = self.disk.get(f"{handle.prefix}-{chunk}")
         if data is None:
             return None
-        view = memoryview(data)
+        view = memoryview(bytearray(data))  # writable, like every buffer read_into copies from
         self.memory.put((handle.entry.index, chunk), view)
         self.stats.add(disk_hits=1)
         return view
@@ -275,36 +296,72 @@ class Reader:
 
     def _fetch(self, handle: OpenFile, chunks: list[int], futures: dict[int, Future[memoryview]],
                start: int, stop: int) -> None:
+        """One GET for a run of chunks, publishing each chunk as soon as its bytes are in.
+
+        A transient failure mid-body is retried from the first chunk not yet published.
+        """
         entry = handle.entry
         began = time.monotonic()
+        buffer = bytearray(stop - start)
+        view = memoryview(buffer)
+        state = {"filled": 0, "published": 0}
+        attempt = 1
+
+        def sink(piece: memoryview) -> None:
+            filled = state["filled"]
+            size = len(piece)
+            if filled + size > len(buffer):
+                raise TransientError(f"{entry.key}: the server sent more bytes than asked for")
+            view[filled:filled + size] = piece
+            filled += size
+            state["filled"] = filled
+            while state["published"] < len(chunks):
+                chunk_end = min(len(buffer), (state["published"] + 1) * CHUNK)
+                if filled < chunk_end:
+                    break
+                self._publish(handle, chunks[state["published"]], futures,
+                              view[state["published"] * CHUNK:chunk_end])
+                state["published"] += 1
+
         try:
-            data = self._read_range(entry.key, start, stop, entry.version)
-            if len(data) != stop - start:
-                raise TransientError(f"{entry.key}: short read ({len(data)} of {stop - start} bytes)")
+            while True:
+                resume = state["published"] * CHUNK
+                state["filled"] = resume
+                try:
+                    self._stream(entry.key, start + resume, stop, entry.version, sink)
+                    if state["published"] < len(chunks):
+                        raise TransientError(f"{entry.key}: short read ({state['filled']} of {len(buffer)} bytes)")
+                    break
+                except TransientError as err:
+                    if attempt >= self._retry.attempts:
+                        raise
+                    log.info("GET %s [%d, %d) attempt %d failed, retrying: %s", entry.key, start + resume,
+                             stop, attempt, err.message)
+                    time.sleep(self._retry.delay(attempt))
+                    attempt += 1
         except BaseException as err:  # noqa: BLE001 - every failure must reach the waiting reader
             self.memory.release(stop - start)
-            self.stats.add(requests=1, request_errors=1)
+            self.stats.add(requests=attempt, request_errors=1, bytes_fetched=state["filled"])
             if not isinstance(err, LadingError):
                 log.warning("GET %s [%d, %d) failed: %r", entry.key, start, stop, err)
                 err = TransientError(f"{entry.key}: {err}")
             self._fail(entry.index, futures, err)
             return
         self.memory.release(stop - start)
-        self.stats.add(requests=1, bytes_fetched=len(data))
+        self.stats.add(requests=attempt, bytes_fetched=len(buffer))
         self.stats.sample("get_latency", time.monotonic() - began)
-        whole = memoryview(data)
-        for chunk in chunks:
-            offset = chunk * CHUNK - start
-            view = whole[offset:offset + CHUNK]
-            key = (entry.index, chunk)
-            self.memory.put(key, view)
-            if self.disk is not None:
-                self.disk.put(f"{handle.prefix}-{chunk}", view)
-            with self._lock:
-                if self._pending.get(key) is futures[chunk]:
-                    del self._pending[key]
-                self._stalled.pop(key, None)
-            futures[chunk].set_result(view)
+
+    def _publish(self, handle: OpenFile, chunk: int, futures: dict[int, Future[memoryview]],
+                 data: memoryview) -> None:
+        key = (handle.entry.index, chunk)
+        self.memory.put(key, data)
+        if self.disk is not None:
+            self.disk.put(f"{handle.prefix}-{chunk}", data)
+        with self._lock:
+            if self._pending.get(key) is futures[chunk]:
+                del self._pending[key]
+            self._stalled.pop(key, None)
+        futures[chunk].set_result(data)
 
     def _fail(self, index: int, futures: dict[int, Future[memoryview]], err: BaseException) -> None:
         with self._lock:

@@ -2,47 +2,36 @@
 
 botocore costs milliseconds of CPU per request under the GIL, which caps small-file reads;
 :mod:`staging.stores.s3_fast` signs and sends the same version-guarded ranged GET for about a
-tenth of that. Both raise :mod:`staging.errors` exceptions (ObjectChanged on a new version).
+tenth of that, and streams the body, so the reader can serve the first blocks of a large GET
+before its last byte arrives. Both raise :mod:`staging.errors` exceptions (ObjectChanged when
+the object has a new version). One call is one attempt: the reader retries what is missing.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from staging.retry import DEFAULT_POLICY, with_retries
 from staging.stores.base import Store
 
-#: ``read(key, start, end, version)`` -> the bytes ``[start, end)`` (a bytes-like object).
-RangeRead = Callable[[str, int, int, str], "bytes | bytearray"]
+#: Receives the body of a GET in order, in pieces of any size.
+Sink = Callable[[memoryview], None]
+#: ``stream(key, start, end, version, sink)``: one attempt at GET bytes ``[start, end)``.
+RangeStream = Callable[[str, int, int, str, Sink], None]
 
 
-def range_reader(store: Store) -> RangeRead:
-    """The cheapest version-guarded ranged read this store offers."""
+def range_streamer(store: Store) -> RangeStream:
+    """The cheapest version-guarded, streaming ranged read this store offers."""
     if getattr(getattr(store, "uri", None), "scheme", None) == "s3":
         from staging.stores.s3_fast import fast_client_for
 
         fast = fast_client_for(store)
         if fast is not None:
-            policy = getattr(getattr(store, "config", None), "retry", DEFAULT_POLICY)
-            return _lean_reader(fast, policy)
-    return store.read_range
+            def lean(key: str, start: int, end: int, version: str, sink: Sink) -> None:
+                fast.get(key, sink, version, start, end)
 
+            return lean
 
-def _lean_reader(fast: object, policy: object) -> RangeRead:
-    def read(key: str, start: int, end: int, version: str) -> bytearray:
-        def attempt() -> bytearray:
-            buffer = bytearray(end - start)
-            filled = 0
+    def generic(key: str, start: int, end: int, version: str, sink: Sink) -> None:
+        sink(memoryview(store.read_range(key, start, end, version)))
 
-            def sink(chunk: memoryview) -> None:
-                nonlocal filled
-                size = len(chunk)
-                buffer[filled:filled + size] = chunk
-                filled += size
-
-            fast.get(key, sink, version, start, end)  # type: ignore[attr-defined]
-            return buffer if filled == len(buffer) else buffer[:filled]
-
-        return with_retries(attempt, policy)  # type: ignore[arg-type]
-
-    return read
+    return generic
