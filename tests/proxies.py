@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-FAULT_KINDS = ("slowdown", "429", "reset", "truncate")
+FAULT_KINDS = ("slowdown", "429", "reset", "truncate", "norange")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
                "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "expect"}
 _CHUNK = 256 * 1024
@@ -174,16 +174,23 @@ class _Handler(BaseHTTPRequestHandler):
             proxy._record(Seen(self.command, path, query, fault, Headers(self.headers.items())))
             self._inject(fault)
             return
+        headers = self._forward_headers(body)
+        dropped = None
+        range_names = [name for name in headers if name.lower() == "range"]
+        if range_names and proxy._pick(self.command, path, ("norange",)):
+            for name in range_names:  # like a server that ignores Range: 200, the whole object
+                del headers[name]
+            dropped = "norange"
         try:
             upstream = proxy._open_upstream()
-            upstream.request(self.command, self.path, body=body, headers=self._forward_headers(body))
+            upstream.request(self.command, self.path, body=body, headers=headers)
             response = upstream.getresponse()
         except OSError as err:
             proxy._record(Seen(self.command, path, query, None, Headers(self.headers.items())))
             self._send_simple(502, f"upstream failed: {err}".encode(), "text/plain")
             return
         try:
-            self._relay(response, path, query)
+            self._relay(response, path, query, dropped)
         finally:
             upstream.close()
 
@@ -212,7 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers["Connection"] = "close"
         return headers
 
-    def _relay(self, response: http.client.HTTPResponse, path: str, query: str) -> None:
+    def _relay(self, response: http.client.HTTPResponse, path: str, query: str, fault: str | None) -> None:
         proxy = self.server.proxy
         length_header = response.getheader("Content-Length")
         has_body = self.command != "HEAD" and response.status not in (204, 304) and response.status >= 200
@@ -223,7 +230,8 @@ class _Handler(BaseHTTPRequestHandler):
             payload = None
             length = int(length_header or 0) if has_body else 0
         truncate = has_body and length >= 2 and proxy._post_fault(self.command, path)
-        proxy._record(Seen(self.command, path, query, "truncate" if truncate else None, Headers(self.headers.items())))
+        proxy._record(Seen(self.command, path, query, "truncate" if truncate else fault,
+                           Headers(self.headers.items())))
         self.send_response(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":

@@ -101,3 +101,15 @@ def test_after_lets_the_first_requests_through(proxy):
     proxy.add_fault("slowdown", first=1, after=2, method="GET")
     statuses = [_request(proxy.url, "GET", "/proxy-bucket/obj")[0] for _ in range(4)]
     assert statuses == [200, 200, 503, 200]
+
+
+def test_norange_forwards_without_the_range_header(proxy):
+    parsed = urllib.parse.urlsplit(proxy.url)
+    proxy.add_fault("norange", first=1)
+    for expected_status, expected_len in ((200, 1000), (206, 10)):
+        conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=10)
+        conn.request("GET", "/proxy-bucket/obj", headers={"Authorization": _AUTH, "Range": "bytes=0-9"})
+        response = conn.getresponse()
+        assert (response.status, len(response.read())) == (expected_status, expected_len)
+        conn.close()
+    assert [seen.fault for seen in proxy.requests] == ["norange", None]

@@ -180,6 +180,9 @@ class S3Store:
                 raise
             body = response["Body"]
             try:
+                _check_version(response, version, self._where(key))
+                if _range_start(response) is None:  # a server that ignores Range: skip ahead
+                    return _read_slice(body, start, end - start)
                 return body.read()
             finally:
                 body.close()
@@ -248,15 +251,16 @@ class _Download:
         self.out.truncate()
         byte_range = f"bytes={self.written}-" if self.written else None
         response = self.store._get(client, self.key, byte_range, self.etag)
-        etag = _etag(response.get("ETag"))
-        if self.etag is None:
-            self.etag = etag
-        elif etag and etag != self.etag:  # a server that ignores If-Match
-            raise ObjectChanged(f"{self.store._where(self.key)} changed during the download")
-        if self.total is None:
-            self.total = _total_size(response)
         body = response["Body"]
         try:
+            if self.etag is None:
+                self.etag = _etag(response.get("ETag"))
+            where = self.store._where(self.key)
+            _check_version(response, self.etag, where)
+            if self.total is None:
+                self.total = _total_size(response)
+            if byte_range and _range_start(response) != self.written:
+                self._restart(response, where)
             for chunk in body.iter_chunks(_READ_CHUNK):
                 self.out.write(chunk)
                 self.written += len(chunk)
@@ -264,6 +268,41 @@ class _Download:
                     self.progress(len(chunk))
         finally:
             body.close()
+
+    def _restart(self, response: dict[str, Any], where: str) -> None:
+        """The server ignored our Range and sent the whole object: start the file over."""
+        if _range_start(response) is not None:
+            raise TransientError(f"{where}: the server answered a different range than asked")
+        self.out.seek(0)
+        self.out.truncate()
+        if self.progress is not None and self.written:
+            self.progress(-self.written)
+        self.written = 0
+
+
+def _check_version(response: dict[str, Any], version: str | None, where: str) -> None:
+    """Catch a server that ignores If-Match and sends another version."""
+    etag = _etag(response.get("ETag"))
+    if version and etag and etag != version:
+        raise ObjectChanged(f"{where} changed while lading read it",
+                            "the object was replaced during the transfer; run again")
+
+
+def _range_start(response: dict[str, Any]) -> int | None:
+    """First byte of a 206 response (``Content-Range: bytes A-B/TOTAL``), None for a 200."""
+    content_range = response.get("ContentRange") or ""
+    first = content_range.removeprefix("bytes ").split("-", 1)[0]
+    return int(first) if first.isdigit() else None
+
+
+def _read_slice(body: Any, skip: int, length: int) -> bytes:
+    """Read ``length`` bytes after discarding ``skip``, without holding more than a chunk extra."""
+    while skip > 0:
+        dropped = body.read(min(skip, _READ_CHUNK))
+        if not dropped:
+            return b""
+        skip -= len(dropped)
+    return body.read(length)
 
 
 def _total_size(response: dict[str, Any]) -> int:
