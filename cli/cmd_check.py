@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
+from typing import Callable, Iterator
 
 import click
 
@@ -62,8 +65,9 @@ def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], t
           quiet: bool, fix: bool = False, bucket: str | None = None, yes: bool = False) -> int:
     """Will det accept CONTEXT_DIR?"""
     limit = parse_size(limit_text)
-    report = check_context(context_dir, includes, limit=limit, config_path=config_path,
-                           explain_path=explain_path)
+    with _progress(enabled=sys.stderr.isatty() and not quiet) as progress:
+        report = check_context(context_dir, includes, limit=limit, config_path=config_path,
+                               explain_path=explain_path, progress=progress)
     if fix or bucket or yes:  # `check --fix` lives with the startup-hook code (cli/cmd_hook.py)
         from cli.cmd_hook import run_check_fix
 
@@ -75,6 +79,36 @@ def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], t
     else:
         render(report, top=top, quiet=quiet or bool(state and state.quiet))
     return 0 if report.fits else 1
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    """A file counter on stderr for big trees (after half a second, at most 10 updates/s)."""
+    if not enabled:
+        yield None
+        return
+    from rich.console import Console
+    from rich.status import Status
+
+    started = last = time.monotonic()
+    status: Status | None = None
+
+    def update(files: int) -> None:
+        nonlocal status, last
+        now = time.monotonic()
+        if now - last < 0.1 or now - started < 0.5:
+            return
+        last = now
+        if status is None:
+            status = Status("", console=Console(stderr=True))
+            status.start()
+        status.update(f"walking the context: {files:,} files so far")
+
+    try:
+        yield update
+    finally:
+        if status is not None:
+            status.stop()
 
 
 def render(report: CheckReport, top: int, quiet: bool) -> None:

@@ -8,14 +8,15 @@ Typical use::
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from typing import Callable, Sequence
 
 from staging.context.config import config_warnings, load_config
 from staging.context.detignore import IgnoreSpec
 from staging.context.explain import Explanation, explain, upload_name
 from staging.context.report import CheckReport, DirStat, Remedy, directory_stats
 from staging.context.sizes import DET_LIMIT_BYTES, det_size, format_size, parse_size
-from staging.context.walk import Root, resolve_roots, walk_roots
+from staging.context.walk import WalkResult, resolve_roots, walk_roots
 from staging.context.warnings import ContextWarning, content_warnings, walk_warnings
 
 __all__ = [
@@ -26,17 +27,17 @@ __all__ = [
 
 def check_context(context_dir: str, includes: Sequence[str] = (), *, limit: int = DET_LIMIT_BYTES,
                   config_path: str | None = None, explain_path: str | None = None,
-                  remedies: bool = True) -> CheckReport:
+                  remedies: bool = True, progress: Callable[[int], None] | None = None) -> CheckReport:
     """Walk the context (and includes) as det would, and build the report.
 
     Raises NotFound for a missing context, include or config; UsageError for a context that is
     a file, colliding include names, a bad .detignore pattern or a bad config; AccessDenied when
-    the context cannot be listed.
+    the context cannot be listed. ``progress(files_so_far)`` is called after each directory.
     """
     roots = resolve_roots(context_dir, includes)
     config = load_config(config_path) if config_path is not None else None
     specs = [IgnoreSpec([]) if root.is_file else IgnoreSpec.for_root(root.path) for root in roots]
-    walked = walk_roots(roots, specs)
+    walked = walk_roots(roots, specs, progress)
     dirs = directory_stats(walked)
     det_bytes = {path: stat.det_bytes for path, stat in dirs.items()}
     report = CheckReport(roots=roots, limit_bytes=limit, walked=walked, dirs=dirs)
@@ -52,8 +53,7 @@ def check_context(context_dir: str, includes: Sequence[str] = (), *, limit: int 
     return report
 
 
-def _uploaded_set(walked, config_path: str) -> set[str]:
-    import os
-
+def _uploaded_set(walked: WalkResult, config_path: str) -> set[str]:
+    """Uploaded paths that end in the config's file name (all the config check needs)."""
     name = os.path.basename(config_path)
     return {path for path in walked.files if path.rpartition("/")[2] == name}

@@ -77,8 +77,12 @@ def resolve_roots(context_dir: str, includes: Sequence[str] = ()) -> list[Root]:
     return roots
 
 
-def walk_roots(roots: Sequence[Root], specs: Sequence[IgnoreSpec]) -> WalkResult:
-    """Walk every root with its spec; raise UsageError when top-level names collide (det does)."""
+def walk_roots(roots: Sequence[Root], specs: Sequence[IgnoreSpec],
+               progress: Callable[[int], None] | None = None) -> WalkResult:
+    """Walk every root with its spec; raise UsageError when top-level names collide (det does).
+
+    ``progress`` is called with the number of files found so far after each directory.
+    """
     result = WalkResult()
     readable = _read_permission_check()
     for root, spec in zip(roots, specs):
@@ -87,7 +91,7 @@ def walk_roots(roots: Sequence[Root], specs: Sequence[IgnoreSpec]) -> WalkResult
         else:
             if root.name:
                 result.dirs.append(root.name)
-            _walk_tree(root, spec, result, readable)
+            _walk_tree(root, spec, result, readable, progress)
     _check_collisions(result)
     return result
 
@@ -111,8 +115,8 @@ def _count(result: WalkResult, directory: str, path: str, size: int) -> None:
     result.sizes.append(size)
 
 
-def _walk_tree(root: Root, spec: IgnoreSpec, result: WalkResult,
-               readable: Callable | None) -> None:
+def _walk_tree(root: Root, spec: IgnoreSpec, result: WalkResult, readable: Callable | None,
+               progress: Callable[[int], None] | None) -> None:
     """Depth-first walk of one directory root. This loop is the hot path: keep it flat."""
     ignores = spec.matcher()
     files_append, sizes_append = result.files.append, result.sizes.append
@@ -168,6 +172,8 @@ def _walk_tree(root: Root, spec: IgnoreSpec, result: WalkResult,
                 sizes_append(info.st_size)
         if len(result.sizes) > first:
             result.own[prefix + rel[:-1] if rel else root.name] = _totals(result.sizes[first:])
+        if progress is not None:
+            progress(len(result.sizes))
 
 
 def _totals(sizes: list[int]) -> DirTotals:
