@@ -206,12 +206,17 @@ def test_usable_after_fork(bucket, emulator):
 class FakeGCS:
     """Serves ``/storage/v1/b/B/o`` (paged with maxResults/pageToken), object metadata and
     ``/download/...`` media with ``Range`` and ``ifGenerationMatch`` (412 on mismatch), from
-    an in-memory dict. Bucket ``forbidden`` answers 403. Records each request's path?query."""
+    an in-memory dict. Bucket ``forbidden`` answers 403. Records each request's path?query.
+    Also resumable uploads: POST creates a session; PUT chunks and ``bytes */N`` status
+    queries answer 308 with ``Range`` only once something is committed (as real GCS does); the
+    final chunk's ``X-Goog-Hash: crc32c=`` is checked (400 on mismatch)."""
 
     def __init__(self) -> None:
         self.objects: dict[str, tuple[bytes, int]] = {}
         self.requests: list[str] = []
         self._generation = 1000
+        self.sessions: dict[str, tuple[str, bytearray]] = {}
+        self.hash_headers: list[str] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -223,6 +228,14 @@ class FakeGCS:
             def do_GET(self) -> None:
                 fake.requests.append(self.path)
                 fake.serve(self)
+
+            def do_POST(self) -> None:
+                fake.requests.append("POST " + self.path)
+                fake.create_session(self)
+
+            def do_PUT(self) -> None:
+                fake.requests.append("PUT " + self.path)
+                fake.upload_chunk(self)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -261,6 +274,39 @@ class FakeGCS:
         if parsed.path.startswith("/download/"):
             return self._media(handler, data, generation)
         return self._json(handler, 200, self._meta(name))
+
+    def create_session(self, handler: BaseHTTPRequestHandler) -> None:
+        body = json.loads(handler.rfile.read(int(handler.headers.get("Content-Length") or 0)) or b"{}")
+        upload_id = f"u{len(self.sessions)}"
+        self.sessions[upload_id] = (body["name"], bytearray())
+        handler.send_response(200)
+        handler.send_header("Location", f"http://{handler.headers['Host']}/upload/storage/v1/b/fake/o?uploadType=resumable"
+                                        f"&upload_id={upload_id}")
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
+
+    def upload_chunk(self, handler: BaseHTTPRequestHandler) -> None:
+        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(handler.path).query))
+        name, received = self.sessions[query["upload_id"]]
+        chunk = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+        span, _, total = handler.headers["Content-Range"].removeprefix("bytes ").partition("/")
+        if span != "*":
+            first = int(span.split("-")[0])
+            if first != len(received):
+                return self._json(handler, 400, {"error": {"code": 400, "message": "bad offset"}})
+            received.extend(chunk)
+        if len(received) == int(total):
+            digest = handler.headers.get("X-Goog-Hash", "")
+            self.hash_headers.append(digest)
+            if digest and digest != f"crc32c={_crc32c(bytes(received))}":
+                return self._json(handler, 400, {"error": {"code": 400, "message": "crc32c mismatch"}})
+            self.put(name, bytes(received))
+            return self._json(handler, 200, self._meta(name))
+        handler.send_response(308)
+        if received:
+            handler.send_header("Range", f"bytes=0-{len(received) - 1}")
+        handler.send_header("Content-Length", "0")
+        handler.end_headers()
 
     def _list(self, handler: BaseHTTPRequestHandler, query: dict) -> None:
         names = sorted(n for n in self.objects if n.startswith(query.get("prefix", "")))
@@ -400,3 +446,21 @@ def test_empty_object_round_trip(bucket, emulator, tmp_path):
     assert info.size == 0 and info.md5 == hashlib.md5(b"").hexdigest()
     store.download("e", tmp_path / "e.tmp", version=info.version)
     assert (tmp_path / "e.tmp").read_bytes() == b""
+
+
+def test_fake_resumable_upload_restarts_when_nothing_was_committed(tmp_path):
+    """Real GCS omits Range in a 308 when nothing is committed (the emulator says bytes=0-0)."""
+    data = os.urandom((1 << 20) + 3)
+    (tmp_path / "big").write_bytes(data)
+    with FakeGCS() as fake, FaultProxy(fake.url) as proxy:
+        store = _store(proxy.url, "gs://fake/up", resumable_threshold=512 << 10, chunk_size=256 << 10)
+        proxy.add_fault("reset", first=1, method="PUT")  # the very first chunk is lost
+        progress: list[int] = []
+        info = store.upload(tmp_path / "big", "big", progress=progress.append)
+        ranges = [r.headers.get("Content-Range") for r in proxy.requests if r.method == "PUT"]
+    total = len(data)
+    assert ranges[:3] == [f"bytes 0-{(256 << 10) - 1}/{total}", f"bytes */{total}",
+                          f"bytes 0-{(256 << 10) - 1}/{total}"]
+    assert len(ranges) == 2 + 5  # five chunks, one lost, one status query
+    assert fake.objects["up/big"][0] == data and info.size == total == sum(progress)
+    assert fake.hash_headers == [f"crc32c={_crc32c(data)}"]
