@@ -14,7 +14,8 @@ from typing import Callable
 from staging.errors import AccessDenied, LadingError, ProblemFound, UsageError
 from staging.pack.grouping import group_samples
 from staging.pack.index import PublishedShard, build_index, build_manifest, dump
-from staging.pack.plan import PackOptions, PackPlan, plan_shards
+from staging.pack.parallel import usable_workers, write_shards_in_processes
+from staging.pack.plan import PackOptions, PackPlan, ShardPlan, plan_shards
 from staging.pack.sources import LocalSource, MemberSource, StoreSource, list_local
 from staging.pack.upload import LocalPublisher, Publisher, StorePublisher
 from staging.pack.writer import ShardWriter
@@ -113,14 +114,15 @@ def _open_publisher(uri: StoreURI, plan: PackPlan, config: StoreConfig) -> Publi
     return StorePublisher(open_store(uri, config), plan)
 
 
-def _write_shard(publisher: Publisher, source: MemberSource, shard, events: PackEvents) -> None:
-    path = publisher.shard_path(shard)
+def write_shard_file(shard: ShardPlan, source: MemberSource, path: Path,
+                     on_bytes: Callable[[int], None] | None) -> int:
+    """Write one shard to ``path``; return its size, which must be the planned one."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     except OSError as err:
         raise _write_error(err, path) from err
     try:
-        writer = ShardWriter(fd, events.on_bytes)
+        writer = ShardWriter(fd, on_bytes)
         source.write_members((member for sample in shard.samples for member in sample.members), writer)
         size = writer.finish()
     except OSError as err:
@@ -129,8 +131,26 @@ def _write_shard(publisher: Publisher, source: MemberSource, shard, events: Pack
         os.close(fd)
     if size != shard.nbytes:  # the plan and the writer disagree: a bug, never publish it
         raise ProblemFound(f"{shard.name} came out at {size} bytes, planned {shard.nbytes}")
-    publisher.commit_shard(shard, path)
-    events.on_shard(shard.name, size)
+    return size
+
+
+def _write_all_shards(plan: PackPlan, source: MemberSource, publisher: Publisher, events: PackEvents) -> None:
+    paths = [publisher.shard_path(shard) for shard in plan.shards]
+    workers = usable_workers(len(plan.shards)) if isinstance(source, LocalSource) \
+        and isinstance(publisher, LocalPublisher) else 1
+    if workers > 1:
+        def done(index: int, size: int) -> None:
+            shard = plan.shards[index]
+            events.on_bytes(sum(sample.nbytes for sample in shard.samples))
+            publisher.commit_shard(shard, paths[index])
+            events.on_shard(shard.name, size)
+
+        write_shards_in_processes(plan, source, paths, workers, write_shard_file, done)
+        return
+    for shard, path in zip(plan.shards, paths):
+        size = write_shard_file(shard, source, path, events.on_bytes)
+        publisher.commit_shard(shard, path)
+        events.on_shard(shard.name, size)
 
 
 def _write_error(err: OSError, path: Path) -> LadingError:
@@ -154,8 +174,7 @@ def write_pack(plan: PackPlan, source: MemberSource, publisher: Publisher, dest:
     events = events or PackEvents()
     started = now()
     try:
-        for shard in plan.shards:
-            _write_shard(publisher, source, shard, events)
+        _write_all_shards(plan, source, publisher, events)
 
         def documents(published: list[PublishedShard]) -> tuple[bytes, bytes]:
             manifest_base = dest.rstrip("/") + "/" + plan.prefix

@@ -1,0 +1,203 @@
+"""Benchmark `lading pack` and the streaming datasets.
+
+    .venv/bin/python bench/bench_pack.py                 # both parts; data under bench/out/pack
+    .venv/bin/python bench/bench_pack.py --part pack     # only packing vs tar cf
+    .venv/bin/python bench/bench_pack.py --part read --endpoint http://127.0.0.1:7480
+
+Part "pack": 50,000 files of 16 KiB (25,000 samples of two files) on local disk, packed by
+`lading pack` (the CLI, start-up included) and archived by `tar cf` into the same directory,
+alternating, several rounds; page cache warm for both. Prints the median rates and the ratio.
+
+Part "read": the same kind of files (a subset, --read-files) in an S3 bucket (Ceph RGW from
+bench/rgw.sh when it answers, else a moto server started here), read
+  (a) one object at a time: StoreDataset with no prefetch, one GET per file, in order;
+  (b) StoreDataset with its prefetch pool (8 ahead);
+  (c) ShardDataset over the shards `lading pack` wrote into the bucket.
+Prints samples/s and the speedup of (c) over (a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+OUT = REPO / "bench" / "out" / "pack"
+FILE_SIZE = 16 << 10
+sys.path.insert(0, str(REPO))
+
+
+def make_files(root: Path, count: int) -> None:
+    """``count`` files of 16 KiB: sample NNNNN has a .jpg and a .cls, 500 per directory."""
+    marker = root.parent / f".{root.name}-complete-{count}"  # outside: pack refuses dot files
+    if marker.exists():
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    for i in range(count // 2):
+        folder = root / f"d{i // 500:03d}"
+        if i % 500 == 0:
+            folder.mkdir(parents=True)
+        for ext in ("jpg", "cls"):
+            (folder / f"{i:06d}.{ext}").write_bytes(os.urandom(FILE_SIZE))
+    marker.touch()
+
+
+def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds (user + system, the process and its children) of a command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    subprocess.run(argv, check=True, cwd=cwd, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def bench_pack(files: int, rounds: int) -> dict:
+    src = OUT / "src"
+    make_files(src, files)
+    nbytes = files * FILE_SIZE
+    lading = [str(REPO / ".venv" / "bin" / "lading"), "-q", "pack", str(src)]
+    timed(["tar", "cf", str(OUT / "warm.tar"), "."], cwd=src)  # warm the page cache
+    (OUT / "warm.tar").unlink()
+    runs: dict[str, list[tuple[float, float]]] = {"tar": [], "lading": []}
+    for _ in range(rounds):
+        shutil.rmtree(OUT / "shards", ignore_errors=True)
+        (OUT / "tar.tar").unlink(missing_ok=True)
+        subprocess.run(["sync"], check=True)
+        runs["tar"].append(timed(["tar", "cf", str(OUT / "tar.tar"), "."], cwd=src))
+        subprocess.run(["sync"], check=True)
+        runs["lading"].append(timed([*lading, str(OUT / "shards"), "--name", "bench"]))
+    wall = {tool: statistics.median(w for w, _ in times) for tool, times in runs.items()}
+    cpu = {tool: statistics.median(c for _, c in times) for tool, times in runs.items()}
+    result = {
+        "files": files, "bytes": nbytes, "rounds": rounds, "runs_wall_cpu_s": runs,
+        "tar_MBps": nbytes / wall["tar"] / 1e6, "lading_MBps": nbytes / wall["lading"] / 1e6,
+        "rate_ratio": wall["tar"] / wall["lading"], "tar_cpu_s": cpu["tar"], "lading_cpu_s": cpu["lading"],
+        "load_average": os.getloadavg(),
+    }
+    print(f"pack {files:,} x 16 KiB: tar cf {result['tar_MBps']:.0f} MB/s (median {wall['tar']:.2f} s, "
+          f"cpu {cpu['tar']:.2f} s), lading pack {result['lading_MBps']:.0f} MB/s (median {wall['lading']:.2f} s, "
+          f"cpu {cpu['lading']:.2f} s); lading rate / tar rate = {result['rate_ratio']:.2f} "
+          f"(load average {os.getloadavg()[0]:.1f})")
+    return result
+
+
+def rgw_up(endpoint: str) -> bool:
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(endpoint, timeout=2).close()
+        return True
+    except Exception as err:  # noqa: BLE001 - any answer (even 403) means up
+        return hasattr(err, "code")
+
+
+def start_moto() -> tuple[str, object]:
+    sys.path.insert(0, str(REPO / "tests"))
+    from servers import start_moto as start
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    server = start(OUT)
+    return server.url, server
+
+
+def bench_read(endpoint: str | None, files: int) -> dict:
+    import boto3
+
+    from staging.datasets import ShardDataset, StoreDataset
+    from staging.pack import PackOptions, plan_pack, run_pack
+    from staging.stores import StoreConfig, open_store
+
+    server = None
+    backend = "rgw"
+    if endpoint is None or not rgw_up(endpoint):
+        endpoint, server = start_moto()
+        backend = "moto"
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
+    try:
+        bucket = "lading-bench-pack"
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        config = StoreConfig(endpoint_url=endpoint, region="us-east-1")
+        src = OUT / f"read-src-{files}"
+        make_files(src, files)
+        raw = f"s3://{bucket}/raw-{files}"
+        store = open_store(raw, config)
+        existing = sum(1 for _ in store.list())
+        if existing != files:
+            paths = sorted(p for p in src.rglob("*") if p.is_file())
+            with ThreadPoolExecutor(32) as pool:
+                list(pool.map(lambda p: store.upload(p, p.relative_to(src).as_posix()), paths))
+        packed = f"s3://{bucket}/packed-{files}"
+        index = f"{packed}/bench.index.json"
+        try:
+            open_store(packed, config).stat("bench.index.json")
+        except Exception:  # noqa: BLE001 - not packed yet
+            plan = plan_pack(raw, packed, PackOptions("bench", shard_size=16_000_000), config)
+            run_pack(plan, raw, packed, config)
+
+        def files_per_s(label: str, run) -> float:
+            started = time.perf_counter()
+            count = run()
+            seconds = time.perf_counter() - started
+            print(f"read {label}: {count:,} files in {seconds:.2f} s = {count / seconds:,.0f} files/s "
+                  f"({count * FILE_SIZE / seconds / 1e6:.0f} MB/s)")
+            return count / seconds
+
+        one_by_one = StoreDataset(raw, config=config, prefetch=0)
+        prefetching = StoreDataset(raw, config=config, prefetch=8)
+        result = {
+            "backend": backend, "files": files,
+            "one_at_a_time_files_per_s": files_per_s(
+                "one object at a time (StoreDataset, prefetch=0)",
+                lambda: sum(1 for i in range(len(one_by_one)) if one_by_one[i])),
+            "prefetch8_files_per_s": files_per_s(
+                "StoreDataset, prefetch=8",
+                lambda: sum(1 for i in range(len(prefetching)) if prefetching[i])),
+            "shards_files_per_s": files_per_s(
+                "ShardDataset over packed shards",
+                lambda: sum(len(sample) - 1 for sample in ShardDataset(index, config=config))),
+        }
+        result["speedup_vs_one_at_a_time"] = result["shards_files_per_s"] / result["one_at_a_time_files_per_s"]
+        result["speedup_vs_prefetch8"] = result["shards_files_per_s"] / result["prefetch8_files_per_s"]
+        print(f"shards vs one object at a time: {result['speedup_vs_one_at_a_time']:.1f}x; "
+              f"vs StoreDataset prefetch=8: {result['speedup_vs_prefetch8']:.1f}x ({backend})")
+        return result
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("pack", "read", "all"), default="all")
+    parser.add_argument("--files", type=int, default=50_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--read-files", type=int, default=10_000)
+    parser.add_argument("--endpoint", default="http://127.0.0.1:7480", help="RGW endpoint (moto if it does not answer)")
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    results = {"date": time.strftime("%Y-%m-%d"), "nproc": os.cpu_count()}
+    if args.part in ("pack", "all"):
+        results["pack"] = bench_pack(args.files, args.rounds)
+    if args.part in ("read", "all"):
+        results["read"] = bench_read(args.endpoint, args.read_files)
+    (OUT / "results.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
