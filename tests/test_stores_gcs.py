@@ -280,8 +280,8 @@ class FakeGCS:
         upload_id = f"u{len(self.sessions)}"
         self.sessions[upload_id] = (body["name"], bytearray())
         handler.send_response(200)
-        handler.send_header("Location", f"http://{handler.headers['Host']}/upload/storage/v1/b/fake/o?uploadType=resumable"
-                                        f"&upload_id={upload_id}")
+        handler.send_header("Location", f"http://{handler.headers['Host']}/upload/storage/v1/b/fake/o"
+                                        f"?uploadType=resumable&upload_id={upload_id}")
         handler.send_header("Content-Length", "0")
         handler.end_headers()
 
@@ -464,3 +464,12 @@ def test_fake_resumable_upload_restarts_when_nothing_was_committed(tmp_path):
     assert len(ranges) == 2 + 5  # five chunks, one lost, one status query
     assert fake.objects["up/big"][0] == data and info.size == total == sum(progress)
     assert fake.hash_headers == [f"crc32c={_crc32c(data)}"]
+
+
+def test_no_sign_request_is_anonymous_on_gcs_too(monkeypatch, tmp_path):
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
+    with FakeGCS() as fake:
+        fake.put("pub/f", b"public")
+        config = StoreConfig(no_sign_request=True, gcs_endpoint=fake.url, retry=FAST_RETRY)
+        store = GCSStore(parse_uri("gs://fake/pub"), config)
+        assert store.read_range("f", 0, 6) == b"public"

@@ -74,14 +74,15 @@ def test_listing_is_paged_ordered_and_relative(s3, endpoint):
 
 
 def test_prefix_with_or_without_slash_and_sub_prefix(s3, endpoint):
-    for key in ("data/a", "data/sub/b", "data/sub/c", "datax/d"):
+    for key in ("data/a", "data/sub/b", "data/sub/c", "datax/d", "data/ünï cödé/ä+b&c.txt"):
         _put(s3, key, b"1")
     with_slash = [i.key for i in _store(endpoint, f"s3://{BUCKET}/data/").list()]
     without = [i.key for i in _store(endpoint, f"s3://{BUCKET}/data").list()]
-    assert with_slash == without == ["a", "sub/b", "sub/c"]
+    assert with_slash == without == ["a", "sub/b", "sub/c", "ünï cödé/ä+b&c.txt"]
     assert [i.key for i in _store(endpoint).list("sub/")] == ["sub/b", "sub/c"]
     whole = [i.key for i in _store(endpoint, f"s3://{BUCKET}").list()]
-    assert whole == ["data/a", "data/sub/b", "data/sub/c", "datax/d"]
+    assert whole == ["data/a", "data/sub/b", "data/sub/c", "data/ünï cödé/ä+b&c.txt", "datax/d"]
+    assert _store(endpoint).read_range("ünï cödé/ä+b&c.txt", 0, 1) == b"1"
 
 
 def test_single_object_uri_is_addressed_through_its_parent(s3, endpoint):

@@ -71,7 +71,7 @@ class GCSStore:
 
         cfg = self.config
         project: str | None = None
-        if cfg.gcs_anonymous:
+        if cfg.gcs_anonymous or cfg.no_sign_request:  # emulator, or a public bucket
             from google.auth.credentials import AnonymousCredentials
 
             credentials: Any = AnonymousCredentials()
