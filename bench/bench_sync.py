@@ -117,6 +117,7 @@ def seed(endpoint: str, prefix: str, count: int, size: int) -> None:
 # -- tools ----------------------------------------------------------------------------------------
 
 def rclone_conf(workdir: Path, endpoint: str) -> Path:
+    workdir.mkdir(parents=True, exist_ok=True)
     conf = workdir / "rclone.conf"
     conf.write_text(f"[rgw]\ntype = s3\nprovider = Ceph\naccess_key_id = test\nsecret_access_key = test\n"
                     f"endpoint = {endpoint}\n")

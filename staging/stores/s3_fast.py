@@ -1,4 +1,4 @@
-"""A lean S3 read path: our own SigV4 signer over pooled ``http.client`` connections.
+"""A lean S3 read path: our own SigV4 signer over minimal keep-alive HTTP connections.
 
 botocore spends a few milliseconds of CPU per request (event hooks, model-driven
 serialisation, parsing), under the GIL, which caps one process at a few hundred small GETs
@@ -19,10 +19,9 @@ import datetime as _dt
 import hashlib
 import hmac
 import html
-import http.client
-import queue
 import re
 import socket
+import os
 import threading
 import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor
@@ -34,13 +33,13 @@ from staging.errors import AccessDenied, LadingError, NotFound, ObjectChanged, T
 from staging.retry import with_retries
 from staging.stores.base import ObjectInfo, StoreConfig
 from staging.stores.s3 import S3Store
+from staging.stores.s3_wire import ClosedBeforeResponse, Connection, Head, Pool, WireError
 from staging.stores.uri import StoreURI
 
 #: Receives each chunk of a response body, in order.
 Sink = Callable[[memoryview], None]
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-_CHUNK = 1 << 18
 
 
 class GetResult(NamedTuple):
@@ -160,40 +159,9 @@ def _error_for_exception(err: BaseException, what: str) -> LadingError:
         if type(err).__name__ == "ProfileNotFound":
             return UsageError(str(err), "list profiles with: aws configure list-profiles")
         return AccessDenied(f"cannot resolve AWS credentials for {what}: {err}")
-    if isinstance(err, http.client.IncompleteRead):
-        return TransientError(f"truncated response for {what} ({len(err.partial)} bytes, wanted more)")
     if isinstance(err, (socket.timeout, TimeoutError)):
         return TransientError(f"timed out reading {what}")
     return TransientError(f"connection failed on {what}: {err.__class__.__name__}: {err}")
-
-
-class _Pool:
-    """A LIFO pool of keep-alive connections to one host; broken ones are dropped."""
-
-    def __init__(self, endpoint: _Endpoint, timeout: float) -> None:
-        self._endpoint = endpoint
-        self._timeout = timeout
-        self._idle: queue.LifoQueue[http.client.HTTPConnection] = queue.LifoQueue()
-
-    def get(self) -> http.client.HTTPConnection:
-        """An idle connection, or a new one."""
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            cls = http.client.HTTPSConnection if self._endpoint.scheme == "https" else http.client.HTTPConnection
-            return cls(self._endpoint.host, timeout=self._timeout)
-
-    def put(self, conn: http.client.HTTPConnection) -> None:
-        """Return a connection whose response was read completely."""
-        self._idle.put(conn)
-
-    def close(self) -> None:
-        """Close every idle connection."""
-        while True:
-            try:
-                self._idle.get_nowait().close()
-            except queue.Empty:
-                return
 
 
 class FastS3Client:
@@ -204,12 +172,10 @@ class FastS3Client:
         self.uri = uri
         self.config = config
         self._lock = threading.Lock()
-        self._state: tuple[int, _Endpoint, _Signer, _Credentials, _Pool] | None = None
+        self._state: tuple[int, _Endpoint, _Signer, _Credentials, Pool] | None = None
         self.page_size = 1000
 
-    def _setup(self) -> tuple[_Endpoint, _Signer, _Credentials, _Pool]:
-        import os
-
+    def _setup(self) -> tuple[_Endpoint, _Signer, _Credentials, Pool]:
         state = self._state
         if state is not None and state[0] == os.getpid():
             return state[1:]
@@ -235,11 +201,15 @@ class FastS3Client:
         region = region or "us-east-1"
         endpoint = _resolve_endpoint(endpoint_url, self.uri.bucket, region)
         creds = None if self.config.no_sign_request else session.get_credentials()
+        tls = _tls_context(session.get_config_variable("ca_bundle")) if endpoint.scheme == "https" else None
         if creds is None and not self.config.no_sign_request:
             raise AccessDenied("no AWS credentials found",
                                "configure credentials (aws configure, AWS_* variables, --profile) "
                                "or pass --no-sign-request for a public bucket")
-        return endpoint, _Signer(region), _Credentials(creds), _Pool(endpoint, self.config.timeout)
+        host, _, port = endpoint.host.partition(":")
+        default_port = 443 if endpoint.scheme == "https" else 80
+        pool = Pool(host, int(port or default_port), self.config.timeout, tls)
+        return endpoint, _Signer(region), _Credentials(creds), pool
 
     def _endpoint_from_boto3(self, region: str | None) -> tuple[str, str | None]:
         import boto3
@@ -250,22 +220,31 @@ class FastS3Client:
             "s3", region_name=region, config=Config(signature_version=UNSIGNED))
         return client.meta.endpoint_url, client.meta.region_name
 
-    def _request(self, method: str, key: str | None, query: dict[str, str],
-                 headers: dict[str, str]) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection, _Pool]:
+    def _exchange(self, method: str, key: str | None, query: dict[str, str],
+                  headers: dict[str, str]) -> tuple[Head, Connection, Pool]:
+        """Sign and send one request; return its response head and the connection to read
+        the body from. A keep-alive connection the server closed meanwhile is replaced once."""
         endpoint, signer, creds, pool = self._setup()
         path = endpoint.path_prefix + ("/" + quote(self.uri.join(key), safe="/~") if key is not None else "/")
         canonical_query = "&".join(f"{quote(k, safe='~')}={quote(v, safe='~')}" for k, v in sorted(query.items()))
         current = creds.current()
         if current is not None:
             signer.sign(method, endpoint.host, path, canonical_query, headers, current)
-        conn = pool.get()
         target = f"{path}?{canonical_query}" if canonical_query else path
-        try:
-            conn.request(method, target, headers=headers)
-            return conn.getresponse(), conn, pool
-        except BaseException:
-            conn.close()
-            raise
+        request = (f"{method} {target} HTTP/1.1\r\nHost: {endpoint.host}\r\n"
+                   + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+                   + "\r\n").encode()
+        for _ in range(2):
+            conn = pool.get()
+            try:
+                conn.send(request)
+                return conn.read_head(), conn, pool
+            except ClosedBeforeResponse:
+                conn.close()
+            except BaseException:
+                conn.close()
+                raise
+        raise WireError("the server keeps closing connections before answering")
 
     def get(self, key: str, sink: Sink, version: str | None = None,
             start: int | None = None, end: int | None = None) -> GetResult:
@@ -281,24 +260,41 @@ class FastS3Client:
             headers["Range"] = f"bytes={start}-{end - 1}"
         what = f"s3://{self.uri.bucket}/{self.uri.join(key)}"
         try:
-            response, conn, pool = self._request("GET", key, {}, headers)
+            head, conn, pool = self._exchange("GET", key, {}, headers)
             try:
-                if response.status not in (200, 206):
-                    raise _error_for_status(response.status, response.read(), what)
-                got = _drain(response, sink)
+                if head.status not in (200, 206):
+                    raise _error_for_status(head.status, conn.read_all(head), what)
+                got = conn.read_body(head, sink)
             except BaseException:
                 conn.close()
                 raise
         except Exception as err:
             raise _error_for_exception(err, what) from err
-        if response.will_close:
-            conn.close()
-        else:
+        if head.keep_alive:
             pool.put(conn)
+        else:
+            conn.close()
         # With SSE-KMS or SSE-C the ETag is not the MD5 of the content.
-        encrypted = (response.getheader("x-amz-server-side-encryption") == "aws:kms"
-                     or response.getheader("x-amz-server-side-encryption-customer-algorithm") is not None)
+        encrypted = (head.headers.get("x-amz-server-side-encryption") == "aws:kms"
+                     or "x-amz-server-side-encryption-customer-algorithm" in head.headers)
         return GetResult(got, etag_is_md5=not encrypted)
+
+    def _simple(self, method: str, key: str | None, query: dict[str, str], what: str) -> tuple[Head, bytes]:
+        """One request whose whole body is read into memory; errors translated."""
+        try:
+            head, conn, pool = self._exchange(method, key, query, {})
+            try:
+                body = conn.read_all(head, method)
+            except BaseException:
+                conn.close()
+                raise
+        except Exception as err:
+            raise _error_for_exception(err, what) from err
+        if head.keep_alive:
+            pool.put(conn)
+        else:
+            conn.close()
+        return head, body
 
     def head(self, key: str) -> ObjectInfo:
         """Metadata of one object (retried like every store call)."""
@@ -306,17 +302,12 @@ class FastS3Client:
 
     def _head_once(self, key: str) -> ObjectInfo:
         what = f"s3://{self.uri.bucket}/{self.uri.join(key)}"
-        try:
-            response, conn, pool = self._request("HEAD", key, {}, {})
-            response.read()
-        except Exception as err:
-            raise _error_for_exception(err, what) from err
-        pool.put(conn)
-        if response.status != 200:
-            raise _error_for_status(response.status, b"", what)
-        etag = (response.getheader("ETag") or "").strip('"')
-        return ObjectInfo(key, int(response.getheader("Content-Length") or 0), etag,
-                          md5=etag if _is_md5(etag) else None)
+        head, _ = self._simple("HEAD", key, {}, what)
+        if head.status != 200:
+            raise _error_for_status(head.status, b"", what)
+        etag = head.headers.get("etag", "").strip('"')
+        return ObjectInfo(key, int(head.headers.get("content-length") or 0), etag,
+                          md5=etag.lower() if _is_md5(etag) else None)
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """ListObjectsV2 page by page; keys are relative to the store's prefix.
@@ -341,14 +332,9 @@ class FastS3Client:
 
     def _list_page_once(self, query: dict[str, str]) -> bytes:
         what = f"s3://{self.uri.bucket}/{query['prefix']}"
-        try:
-            response, conn, pool = self._request("GET", None, query, {})
-            body = response.read()
-        except Exception as err:
-            raise _error_for_exception(err, what) from err
-        pool.put(conn)
-        if response.status != 200:
-            raise _error_for_status(response.status, body, what)
+        head, body = self._simple("GET", None, query, what)
+        if head.status != 200:
+            raise _error_for_status(head.status, body, what)
         return body
 
     def close(self) -> None:
@@ -357,27 +343,13 @@ class FastS3Client:
             self._state[4].close()
 
 
-def _drain(response: http.client.HTTPResponse, sink: Sink) -> int:
-    """Read the body into ``sink`` in chunks; a short body raises IncompleteRead."""
-    length = response.length
-    if length is not None and length <= _CHUNK:
-        data = response.read()
-        if length and len(data) < length:
-            raise http.client.IncompleteRead(data, length - len(data))
-        sink(memoryview(data))
-        return len(data)
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
-    total = 0
-    while True:
-        n = response.readinto(buffer)
-        if not n:
-            break
-        sink(view[:n])
-        total += n
-    if length is not None and response.length:  # readinto stopped early
-        raise http.client.IncompleteRead(b"", response.length)
-    return total
+def _tls_context(ca_bundle: str | None) -> object:
+    import ssl
+
+    context = ssl.create_default_context()
+    if ca_bundle:
+        context.load_verify_locations(cafile=ca_bundle)
+    return context
 
 
 _MD5_HEX = re.compile(r"[0-9a-fA-F]{32}")
