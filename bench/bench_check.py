@@ -28,6 +28,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,6 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from staging.context import check_context  # noqa: E402
+
+GNU_TIME = os.path.exists("/usr/bin/time")
 
 
 def build_tree(root: Path, n_files: int, seed: int = 7) -> None:
@@ -62,21 +65,37 @@ def build_tree(root: Path, n_files: int, seed: int = 7) -> None:
 
 
 def run_process(args: list[str]) -> tuple[float, int, bytes]:
-    """Wall seconds, peak RSS in KiB, and stdout of one child process."""
+    """Wall seconds, peak RSS in KiB, and stdout of one child process.
+
+    The RSS comes from GNU time when it is installed (a fork of this Python process would
+    otherwise report this process's size before exec), else from os.wait4."""
+    with tempfile.NamedTemporaryFile("r") as rss_file:
+        timed = ["/usr/bin/time", "-f", "%M", "-o", rss_file.name, *args] if GNU_TIME else args
+        started = time.perf_counter()
+        proc = subprocess.Popen(timed, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO)
+        out = proc.stdout.read() if proc.stdout else b""
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - started
+        code = os.waitstatus_to_exitcode(status)
+        if code not in (0, 1):
+            raise SystemExit(f"{args[0]} exited {code}")
+        rss_kib = int(rss_file.read().split()[-1]) if GNU_TIME else usage.ru_maxrss
+    return elapsed, rss_kib, out
+
+
+def library_call(tree: str) -> tuple[float, int, bytes]:
     started = time.perf_counter()
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO)
-    out = proc.stdout.read() if proc.stdout else b""
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - started
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode not in (0, 1):
-        raise SystemExit(f"{args[0]} exited {proc.returncode}")
-    return elapsed, usage.ru_maxrss, out
+    check_context(tree)
+    return time.perf_counter() - started, 0, b""
 
 
-def measure(args: list[str], repeat: int) -> tuple[float, int, bytes]:
-    runs = [run_process(args) for _ in range(repeat)]
-    return statistics.median(r[0] for r in runs), max(r[1] for r in runs), runs[-1][2]
+def round_robin(commands: dict[str, object], repeat: int) -> dict[str, list[tuple[float, int, bytes]]]:
+    """Run every command once per round so a noisy neighbour hits all of them alike."""
+    runs: dict[str, list[tuple[float, int, bytes]]] = {name: [] for name in commands}
+    for _ in range(repeat):
+        for name, command in commands.items():
+            runs[name].append(command() if callable(command) else run_process(command))
+    return runs
 
 
 def main() -> None:
@@ -92,20 +111,21 @@ def main() -> None:
     lading = [str(Path(sys.executable).with_name("lading"))]
     subprocess.run(["find", tree, "-type", "f"], stdout=subprocess.DEVNULL, check=True)  # warm the cache
 
-    find_s, find_rss, _ = measure(["find", tree, "-type", "f", "-printf", "%s\n"], args.repeat)
-    cli_json_s, cli_rss, cli_out = measure(lading + ["check", tree, "--json"], args.repeat)
-    cli_human_s, cli_human_rss, _ = measure(lading + ["check", tree], args.repeat)
-    lib_runs = []
-    for _ in range(args.repeat):
-        started = time.perf_counter()
-        report = check_context(tree)
-        lib_runs.append(time.perf_counter() - started)
-    lib_s = statistics.median(lib_runs)
-
-    det_s, det_rss, det_out = measure([args.det_python, str(REPO / "bench" / "det_oracle.py"), tree],
-                                      max(1, min(args.repeat, 3)))
-    det = json.loads(det_out)
-    ours = json.loads(cli_out)
+    oracle = [args.det_python, str(REPO / "bench" / "det_oracle.py"), tree]
+    runs = round_robin({
+        "find": ["find", tree, "-type", "f", "-printf", "%s\n"],
+        "cli_json": lading + ["check", tree, "--json"],
+        "cli_human": lading + ["check", tree],
+        "library": lambda: library_call(tree),
+    }, args.repeat)
+    runs.update(round_robin({"det": oracle}, max(1, min(args.repeat, 3))))
+    best = {name: min(r[0] for r in rs) for name, rs in runs.items()}
+    median = {name: statistics.median(r[0] for r in rs) for name, rs in runs.items()}
+    rss = {name: max(r[1] for r in rs) for name, rs in runs.items()}
+    det = json.loads(runs["det"][-1][2])
+    det_call = min(json.loads(r[2])["seconds"] for r in runs["det"])
+    ours = json.loads(runs["cli_json"][-1][2])
+    report = check_context(tree)
     same = ({f["path"]: f["size"] for f in ours["files"]} == det["files"]
             and ours["total_bytes"] == det["total"] and sorted(d["path"] for d in ours["directories"])
             == sorted(det["dirs"]))
@@ -113,19 +133,24 @@ def main() -> None:
     print(f"tree: {tree}: {len(report.walked.files):,} uploaded files, {len(report.walked.dirs):,} dirs, "
           f"det total {report.total_bytes:,} bytes; lading and det agree: {'yes' if same else 'NO'}")
     rows = [
-        ("find -type f -printf '%s\\n' (floor)", find_s, find_rss),
-        ("lading check --json (CLI process)", cli_json_s, cli_rss),
-        ("lading check (CLI, rich output)", cli_human_s, cli_human_rss),
-        ("check_context() (library call)", lib_s, None),
-        ("det read_v1_context (process)", det_s, det_rss),
-        ("det read_v1_context (call only)", det["seconds"], None),
+        ("find -type f -printf '%s\\n' (floor)", "find"),
+        ("lading check --json (CLI process)", "cli_json"),
+        ("lading check (CLI, rich output)", "cli_human"),
+        ("check_context() (library call, in process)", "library"),
+        ("det read_v1_context (process: python + import + call)", "det"),
     ]
-    print(f"\n| what | median s | peak RSS MiB |\n| --- | ---: | ---: |")
-    for name, seconds, rss in rows:
-        print(f"| {name} | {seconds:.3f} | {rss / 1024:.0f} |" if rss else f"| {name} | {seconds:.3f} | - |")
-    print(f"\nratios: det process / lading CLI = {det_s / cli_json_s:.1f}x; "
-          f"det call / library call = {det['seconds'] / lib_s:.1f}x; "
-          f"lading CLI / find = {cli_json_s / find_s:.2f}x; library / find = {lib_s / find_s:.2f}x")
+    print(f"\n| what | best s | median s | peak RSS MiB |\n| --- | ---: | ---: | ---: |")
+    for label, name in rows:
+        memory = f"{rss[name] / 1024:.0f}" if rss[name] else "-"
+        print(f"| {label} | {best[name]:.3f} | {median[name]:.3f} | {memory} |")
+    print(f"| det read_v1_context (the call alone) | {det_call:.3f} | - | - |")
+    print(f"\nratios (best of {args.repeat}): det process / lading CLI = {best['det'] / best['cli_json']:.1f}x; "
+          f"det call / library call = {det_call / best['library']:.1f}x; "
+          f"lading CLI / find = {best['cli_json'] / best['find']:.2f}x; "
+          f"library / find = {best['library'] / best['find']:.2f}x")
+    print(f"ratios (median): det process / lading CLI = {median['det'] / median['cli_json']:.1f}x; "
+          f"lading CLI / find = {median['cli_json'] / median['find']:.2f}x; "
+          f"library / find = {median['library'] / median['find']:.2f}x")
     if not same:
         raise SystemExit("lading and det disagree")
 
