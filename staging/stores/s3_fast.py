@@ -234,17 +234,20 @@ class FastS3Client:
         request = (f"{method} {target} HTTP/1.1\r\nHost: {endpoint.host}\r\n"
                    + "".join(f"{name}: {value}\r\n" for name, value in headers.items())
                    + "\r\n").encode()
-        for _ in range(2):
+        for attempt in (1, 2):
             conn = pool.get()
             try:
                 conn.send(request)
                 return conn.read_head(), conn, pool
-            except ClosedBeforeResponse:
+            except (ClosedBeforeResponse, ConnectionError) as err:
                 conn.close()
+                # an idle keep-alive connection the server dropped: GET/HEAD are idempotent
+                if not conn.reused or attempt == 2:
+                    raise WireError(f"connection lost: {err}") from err
             except BaseException:
                 conn.close()
                 raise
-        raise WireError("the server keeps closing connections before answering")
+        raise AssertionError("unreachable")
 
     def get(self, key: str, sink: Sink, version: str | None = None,
             start: int | None = None, end: int | None = None) -> GetResult:

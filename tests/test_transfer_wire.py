@@ -1,0 +1,129 @@
+"""The lean HTTP/1.1 client under the fast S3 path, against a tiny scripted server: framing
+moto never produces (chunked bodies, close-delimited bodies, idle keep-alive closes)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from staging.stores.s3_wire import Connection, Pool, WireError
+
+
+class ScriptedServer:
+    """Accepts connections; answers each request with the next canned response."""
+
+    def __init__(self, responses: list[bytes], close_after_each: bool = False) -> None:
+        self.responses = list(responses)
+        self.close_after_each = close_after_each
+        self.requests: list[bytes] = []
+        self.connections = 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while self.responses:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                while self.responses:
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    if not data:
+                        break
+                    self.requests.append(data)
+                    conn.sendall(self.responses.pop(0))
+                    if self.close_after_each:
+                        break
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def server_factory():
+    servers: list[ScriptedServer] = []
+
+    def make(responses: list[bytes], **kwargs) -> ScriptedServer:
+        server = ScriptedServer(responses, **kwargs)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def _get(conn: Connection) -> tuple[int, bytes]:
+    conn.send(b"GET /k HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = conn.read_head()
+    return head.status, conn.read_all(head)
+
+
+def test_content_length_chunked_and_keep_alive_on_one_connection(server_factory):
+    server = server_factory([
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nETag: \"e\"\r\n\r\nhello",
+        b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n4;x=y\r\n<Err\r\n3\r\nor>\r\n0\r\nX-T: 1\r\n\r\n",
+        b"HTTP/1.1 206 Partial Content\r\ncontent-length: 3\r\n\r\nabc",
+    ])
+    conn = Connection("127.0.0.1", server.port, timeout=5)
+    assert _get(conn) == (200, b"hello")
+    assert _get(conn) == (404, b"<Error>")
+    assert _get(conn) == (206, b"abc")
+    assert server.connections == 1
+
+
+def test_close_delimited_body_and_connection_close(server_factory):
+    server = server_factory([b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end"], close_after_each=True)
+    conn = Connection("127.0.0.1", server.port, timeout=5)
+    conn.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = conn.read_head()
+    assert not head.keep_alive
+    assert conn.read_all(head) == b"until the end"
+
+
+def test_truncated_body_raises_wire_error(server_factory):
+    server = server_factory([b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this"], close_after_each=True)
+    conn = Connection("127.0.0.1", server.port, timeout=5)
+    conn.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = conn.read_head()
+    with pytest.raises(WireError, match="cut short"):
+        conn.read_all(head)
+
+
+def test_garbage_status_line_raises_wire_error(server_factory):
+    server = server_factory([b"SSH-2.0-OpenSSH\r\n\r\n"], close_after_each=True)
+    conn = Connection("127.0.0.1", server.port, timeout=5)
+    conn.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    with pytest.raises(WireError, match="malformed status line"):
+        conn.read_head()
+
+
+def test_idle_connection_closed_by_server_is_detected_on_reuse(server_factory):
+    server = server_factory([b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na",
+                             b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb"], close_after_each=True)
+    pool = Pool("127.0.0.1", server.port, 5, None)
+    first = pool.get()
+    assert _get(first) == (200, b"a")
+    pool.put(first)
+    reused = pool.get()
+    assert reused is first
+    from staging.stores.s3_wire import ClosedBeforeResponse
+
+    with pytest.raises(ClosedBeforeResponse):
+        _get(reused)  # the server closed it after the first answer
+    reused.close()
+    assert _get(pool.get()) == (200, b"b")
+    assert server.connections == 2
