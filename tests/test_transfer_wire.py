@@ -122,7 +122,7 @@ def test_idle_connection_closed_by_server_is_detected_on_reuse(server_factory):
     assert reused is first
     from staging.stores.s3_wire import ClosedBeforeResponse
 
-    with pytest.raises(ClosedBeforeResponse):
+    with pytest.raises((ClosedBeforeResponse, ConnectionError)):  # EOF or RST, by timing
         _get(reused)  # the server closed it after the first answer
     reused.close()
     assert _get(pool.get()) == (200, b"b")
