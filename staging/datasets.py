@@ -64,11 +64,22 @@ def _split(total: int, parts: int, index: int) -> tuple[int, int]:
     return total * index // parts, total * (index + 1) // parts
 
 
+_STORES: dict[tuple[int, str, StoreConfig], Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
 def _store_for(uri: StoreURI, config: StoreConfig) -> tuple[Store, str]:
+    """The store holding ``uri``'s object (one per directory, process and config: clients are
+    costly to build) and the object's key in it."""
     parent, name = uri.split_name()
     if not name:
         raise UsageError(f"{uri} names a directory, not an object")
-    return open_store(parent, config), name
+    cache_key = (os.getpid(), str(parent), config)
+    with _STORES_LOCK:
+        store = _STORES.get(cache_key)
+        if store is None:
+            store = _STORES[cache_key] = open_store(parent, config)
+    return store, name
 
 
 class StoreDataset:
