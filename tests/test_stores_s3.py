@@ -70,7 +70,9 @@ def test_listing_is_paged_ordered_and_relative(s3, endpoint):
     assert pages == -(-len(keys + ["emptydir/"]) // 5)  # ceil: one request per page of 5
     first = listed[0]
     assert first.size == 4 and first.md5 == hashlib.md5(b"k000").hexdigest() == first.version
-    assert first.mtime > 0
+    head = s3.head_object(Bucket=BUCKET, Key="data/k000")
+    assert abs(first.mtime - head["LastModified"].timestamp()) < 1  # our fast timestamp parser
+    assert abs(_store(endpoint).stat("k000").mtime - first.mtime) < 1
 
 
 def test_prefix_with_or_without_slash_and_sub_prefix(s3, endpoint):
@@ -373,3 +375,11 @@ def test_servers_that_ignore_range_still_give_the_right_bytes(s3, endpoint, tmp_
         assert proxy.injected == {"norange": 2, "truncate": 1}
     assert (tmp_path / "f.tmp").read_bytes() == data
     assert sum(seen) == len(data) and min(seen) < 0  # the discarded half was taken back
+
+
+def test_timestamp_parser_formats():
+    from staging.stores.s3 import parse_timestamp
+
+    assert parse_timestamp("2026-11-21T00:46:57.123Z").timestamp() == 1795222017.123
+    assert parse_timestamp("Sat, 21 Nov 2026 00:46:57 GMT").timestamp() == 1795222017.0
+    assert parse_timestamp("1795222017").timestamp() == 1795222017.0  # botocore's fallback
