@@ -36,7 +36,9 @@ The API:
   * ``"reset"``: read the request, then abort the connection with a TCP RST (never forwarded);
   * ``"truncate"``: forward, then send the status, headers and full Content-Length but only the
     first half of the body, and close the connection. Only responses with a body of 2 bytes or
-    more are eligible; other responses pass through and don't consume the rule.
+    more are eligible; other responses pass through and don't consume the rule;
+  * ``"norange"``: forward without the ``Range`` header, like a server that ignores ranges
+    (200 with the whole object). Only requests with a Range header are eligible.
 
   ``first=N`` fires on the next N matching requests; ``rate=P`` fires on a fraction P of them
   (seeded, so runs are repeatable); ``rate=1.0`` is a persistent failure. Rules are tried in the
