@@ -184,7 +184,8 @@ def _render_remedy(console, report: CheckReport) -> None:
     outcome = "fits" if remedy.fits_after else "still over"
     console.print(f"  then det would upload {format_size(remedy.total_after)}: {outcome} "
                   f"(checked by walking again with these lines)")
-    moved = ", ".join(f"{p}/" if p in report.dirs else p for p in remedy.hook_paths) or "the data"
+    named = [f"{p}/" if p in report.dirs else p for p in remedy.hook_paths]
+    moved = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "") or "the data"
     console.print(f"[bold]Or keep {_escape(moved)} out of the context[/]: put it in a bucket and "
                   "download it when the task starts, from a startup hook "
                   "(startup-hook.sh next to the model code; see `lading hook --help`).")

@@ -189,8 +189,24 @@ def test_remedy_escapes_glob_characters(tmp_path):
     write(ctx / "run1x" / "keep.py")
     report = check_context(str(ctx))
     assert report.remedy is not None and report.remedy.fits_after
-    assert list(report.remedy.lines.values()) == [["/run\\[1]\\*/ckpt.bin"]]
+    assert list(report.remedy.lines.values()) == [["/run\\[1]\\*/"]]
     assert report.remedy.total_after == 3
+
+
+def test_remedy_prefers_one_line_for_a_directory_of_shards_over_code(tmp_path):
+    ctx = tmp_path / "ctx"
+    for i in range(6):
+        sparse(ctx / "out" / "shards" / f"train-{i:04d}.tar", 20 << 20)
+    write(ctx / "out" / "shards" / "index.txt", b"i")
+    sparse(ctx / "out" / "report.bin", 1 << 20)
+    write(ctx / "out" / "make_shards.py", b"code")  # out/ holds code: only out/shards/ is data
+    sparse(ctx / ".venv" / "lib" / "big.so", 100 << 20)
+    write(ctx / ".venv" / "pyvenv.cfg")
+    report = check_context(str(ctx))
+    assert report.remedy is not None and report.remedy.fits_after
+    lines = report.remedy.lines[str(ctx.resolve() / ".detignore")]
+    assert lines == ["/out/shards/", "/.venv/"]
+    assert report.remedy.hook_paths == ["out/shards"]  # a virtualenv is not data for a bucket
 
 
 def test_warnings_for_environments_caches_checkpoints_data_and_secrets(tmp_path):

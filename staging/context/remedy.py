@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import os
+from collections import defaultdict
 import posixpath
 import re
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from staging.context.detignore import DETIGNORE, IgnoreSpec
 from staging.context.report import CheckReport, Remedy
 from staging.context.sizes import det_size
 from staging.context.walk import Root, walk_roots
-from staging.context.warnings import is_data_like_dir
+from staging.context.warnings import VENV_NAMES, is_data_like_dir
 
 DATA_SUFFIXES = (
     ".bin", ".pt", ".pth", ".ckpt", ".safetensors", ".h5", ".hdf5", ".npy", ".npz", ".parquet",
@@ -26,6 +27,8 @@ DATA_SUFFIXES = (
     ".gz", ".tgz", ".bz2", ".xz", ".zst", ".pkl", ".pickle", ".joblib", ".onnx", ".gguf", ".mdb",
     ".lmdb", ".db", ".sqlite", ".mp4", ".wav", ".flac", ".jpg", ".jpeg", ".png", ".idx", ".data",
 )
+CODE_SUFFIXES = (".py", ".pyx", ".sh", ".ipynb", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".c", ".cc",
+                 ".cpp", ".h", ".cu")
 _FILE_CANDIDATES = 2000  # only the largest files can matter for the remedy
 _GLOB_SPECIAL = re.compile(r"([\\*?\[])")
 
@@ -55,8 +58,13 @@ def plan_remedy(report: CheckReport) -> Remedy:
         paths=[(c.path, c.det_bytes) for c in chosen],
         total_after=total_after,
         fits_after=total_after <= report.limit_bytes,
-        hook_paths=[c.path for c in chosen if c.tier == 0],
+        hook_paths=[c.path for c in chosen if c.tier == 0 and not _is_environment(report, c.path)],
     )
+
+
+def _is_environment(report: CheckReport, path: str) -> bool:
+    return path in {w.path for w in report.warnings if w.kind == "virtualenv"} or \
+        posixpath.basename(path) in VENV_NAMES
 
 
 def detignore_line(rel: str, is_dir: bool) -> str:
@@ -69,10 +77,11 @@ def detignore_line(rel: str, is_dir: bool) -> str:
 
 def _candidates(report: CheckReport) -> list[_Candidate]:
     include_names = {root.name for root in report.roots if root.name}
+    mostly_data = _mostly_data_dirs(report)
     found = []
     for path, stat in report.dirs.items():
         if path and path not in include_names and stat.det_bytes > 0:
-            tier = 0 if is_data_like_dir(posixpath.basename(path)) else 2
+            tier = 0 if is_data_like_dir(posixpath.basename(path)) or path in mostly_data else 2
             found.append(_Candidate(tier, stat.det_bytes, path, True))
     for path, size in report.largest_files(_FILE_CANDIDATES):
         if path in include_names or size == 0:
@@ -80,6 +89,31 @@ def _candidates(report: CheckReport) -> list[_Candidate]:
         tier = 0 if path.lower().endswith(DATA_SUFFIXES) else 1
         found.append(_Candidate(tier, det_size(size), path, False))
     return sorted(found, key=lambda c: (c.tier, -c.det_bytes, c.path))
+
+
+def _mostly_data_dirs(report: CheckReport) -> set[str]:
+    """Directories with no code below them whose bytes are at least 90% data-like files: one
+    ``/dir/`` line beats a line per shard."""
+    data_by_parent: dict[str, int] = defaultdict(int)
+    code_parents: set[str] = set()
+    for path, size in zip(report.walked.files, report.walked.sizes):
+        parent = path.rpartition("/")[0]
+        if path.lower().endswith(DATA_SUFFIXES):
+            data_by_parent[parent] += det_size(size)
+        elif path.endswith(CODE_SUFFIXES):
+            code_parents.add(parent)
+    data_below: dict[str, int] = defaultdict(int)
+    for parent, size in data_by_parent.items():
+        for ancestor in _self_and_ancestors(parent):
+            data_below[ancestor] += size
+    has_code = {ancestor for parent in code_parents for ancestor in _self_and_ancestors(parent)}
+    return {path for path, size in data_below.items()
+            if path not in has_code and path in report.dirs and size >= 0.9 * report.dirs[path].det_bytes}
+
+
+def _self_and_ancestors(path: str) -> list[str]:
+    parts = path.split("/") if path else []
+    return ["/".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
 def _choose(candidates: Sequence[_Candidate], excess: int) -> list[_Candidate]:

@@ -23,6 +23,7 @@ SECRET_NAMES = (".env", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "credentia
 #: regex fragments for one path segment ("*" is [^/\n]*)
 SECRET_GLOBS = (r"[^/\n]*\.pem", r"[^/\n]*\.key", r"[^/\n]*\.p12", r"[^/\n]*\.pfx",
                 r"\.env\.[^/\n]*", r"service-account[^/\n]*\.json", r"[^/\n]*[-_]credentials\.json")
+VENV_NAMES = frozenset({".venv", "venv", "env", ".conda"})
 BULKY_DIR_BYTES = 1 << 20  # data and checkpoint directories below this are not worth a warning
 NOT_SECRET_SUFFIXES = (".example", ".sample", ".template", ".dist")
 _SECRET_NAME = re.compile(r"(?:^|/)(?:" + "|".join([*map(re.escape, SECRET_NAMES), *SECRET_GLOBS])
@@ -99,10 +100,11 @@ def _lifted_rules(roots: Sequence[Root], upload_path: str, max_lines: int = 10) 
 def content_warnings(walked: WalkResult, dir_bytes: Mapping[str, int]) -> list[ContextWarning]:
     """Virtualenvs, caches, checkpoints, data directories and secret-looking files that would be
     uploaded. ``dir_bytes`` maps each uploaded directory to det's bytes below it."""
-    found = [*_environment_warnings(walked.files, dir_bytes)]
-    found += _directory_warnings(walked.dirs, dir_bytes)
-    found += _secret_warnings(walked.files)
-    return found
+    environments = _environment_warnings(walked.files, dir_bytes)
+    venvs = tuple("" if w.path == "." else w.path + "/" for w in environments)
+    # Inside a virtualenv, its own data directories and CA bundles are the venv's problem.
+    others = _directory_warnings(walked.dirs, dir_bytes) + _secret_warnings(walked.files)
+    return environments + [w for w in others if not (w.path + "/").startswith(venvs)]
 
 
 def _environment_warnings(files: list[str], dir_bytes: Mapping[str, int]) -> list[ContextWarning]:
@@ -145,7 +147,7 @@ def _directory_kind(name: str) -> str | None:
 
 def is_data_like_dir(name: str) -> bool:
     """Directories worth ignoring first: data, checkpoints, caches, virtualenv-ish names."""
-    return _directory_kind(name) is not None or name in (".venv", "venv", "env")
+    return _directory_kind(name) is not None or name in VENV_NAMES
 
 
 def _secret_warnings(files: list[str]) -> list[ContextWarning]:
