@@ -61,7 +61,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
               help="Disk cache limit, least recently used data evicted first [default: 10GiB].")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds a read may wait for the store before failing with EIO.")
-@click.option("--concurrency", type=click.IntRange(1, 256), default=16, show_default=True,
+@click.option("--concurrency", type=click.IntRange(1, 256), default=32, show_default=True,
               help="Ranged GETs in flight at most.")
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Daemon log (stats on SIGUSR1 and at unmount). Default: none when detached.")

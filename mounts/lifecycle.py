@@ -35,7 +35,8 @@ from staging.stores.base import StoreConfig
 log = logging.getLogger("lading.mount")
 
 ATTR_TIMEOUT = 3600.0  # the tree is immutable: the kernel may cache names and attributes
-READAHEAD_KIB = 1024  # FUSE requests are at most 1 MiB (256 pages) anyway
+READAHEAD_KIB = 4096  # the kernel then keeps several 1 MiB requests (256 pages) in flight
+SWITCH_INTERVAL = 0.0005
 
 
 @dataclass(frozen=True)
@@ -226,6 +227,8 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     from mounts.fuse_lib import load_mfusepy
 
     mfusepy = load_mfusepy()
+    # FUSE callbacks wait for the GIL while fetch threads hold it; hand it over sooner.
+    sys.setswitchinterval(SWITCH_INTERVAL)
     started = time.monotonic()
     store = open_store(options.source, options.store)
     tree = build_tree(store, options.source, options.view, options.reader.concurrency)

@@ -34,9 +34,10 @@ log = logging.getLogger("lading.mount")
 
 CHUNK = 256 * 1024
 INITIAL_WINDOW = 1 << 20
-MAX_WINDOW = 64 << 20
+MAX_WINDOW = 128 << 20
 MAX_GET = 4 << 20
 MIN_GET = 1 << 20
+SEQUENTIAL_SLACK = 8 << 20  # > the kernel readahead the daemon sets (4 MiB)
 SMALL_FILE = 1 << 20
 STALL_GRACE = 0.5  # seconds during which a chunk that just timed out fails without waiting
 
@@ -50,7 +51,7 @@ class ReaderConfig:
     """Tuning of the read path."""
 
     max_memory: int = 512 << 20
-    concurrency: int = 16
+    concurrency: int = 32
     timeout: float = 30.0
     small_file: int = SMALL_FILE
     max_window: int = MAX_WINDOW
@@ -136,8 +137,11 @@ class Reader:
     def _plan_prefetch(self, handle: OpenFile, offset: int, end: int) -> None:
         size = handle.entry.size
         with handle.lock:
-            slack = max(4 * CHUNK, handle.window // 2)
-            sequential = handle.next_offset - slack <= offset <= handle.next_offset + slack
+            # The kernel's readahead sends several requests at once and they arrive in any
+            # order: anything near the last read, or inside what we prefetched, is sequential.
+            slack = max(SEQUENTIAL_SLACK, handle.window // 2)
+            sequential = (handle.next_offset - slack <= offset <= handle.next_offset + slack
+                          or handle.next_offset <= offset < handle.prefetched_to)
             if not sequential:
                 handle.window = INITIAL_WINDOW
                 handle.prefetched_to = end
@@ -175,8 +179,9 @@ class Reader:
                 break
             views.append(view)
         if missing:
-            self.stats.add(misses=1)
+            waited = time.monotonic()
             views = self._wait_chunks(handle, first, last)
+            self.stats.add(misses=1, wait_us=int((time.monotonic() - waited) * 1e6))
         else:
             self.stats.add(memory_hits=1)
         pieces = []

@@ -23,6 +23,7 @@ class Stats:
     memory_hits: int = 0
     disk_hits: int = 0
     misses: int = 0
+    wait_us: int = 0  # total time readers waited for the store
     ttfb: list[float] = field(default_factory=list)  # open -> first read answered
     get_latency: list[float] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -45,7 +46,7 @@ class Stats:
             out: dict[str, object] = {
                 name: getattr(self, name)
                 for name in ("requests", "request_errors", "bytes_fetched", "reads", "bytes_served",
-                             "read_errors", "read_timeouts", "opens", "memory_hits", "disk_hits", "misses")
+                             "read_errors", "read_timeouts", "opens", "memory_hits", "disk_hits", "misses", "wait_us")
             }
             out["uptime_s"] = round(time.monotonic() - self.started, 3)
             out["ttfb_ms"] = _percentiles(self.ttfb)
