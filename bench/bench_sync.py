@@ -60,14 +60,19 @@ def drop_caches() -> bool:
         return False
 
 
+LAST_STDOUT = [b""]
+
+
 def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
-    """Run a command; return (wall seconds, peak RSS in KiB). Fails loudly on a non-zero exit."""
+    """Run a command; return (wall seconds, peak RSS in KiB). Fails loudly on a non-zero exit.
+    The command's stdout is kept in LAST_STDOUT."""
     start = time.perf_counter()
     proc = subprocess.Popen(argv, env=env or tool_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     elapsed = time.perf_counter() - start
     out, err = proc.stdout.read(), proc.stderr.read()  # small outputs: tools run quiet
     proc.returncode = os.waitstatus_to_exitcode(status)
+    LAST_STDOUT[0] = out
     if proc.returncode != 0:
         raise SystemExit(f"{argv[0]} failed ({proc.returncode}): {err.decode()[-2000:] or out.decode()[-2000:]}")
     return elapsed, usage.ru_maxrss
@@ -139,6 +144,13 @@ def run_rclone(conf: Path, prefix: str, dest: Path) -> tuple[float, int]:
     env.pop("AWS_CA_BUNDLE", None)  # this environment's CA bundle variable breaks rclone
     return timed(["rclone", "--config", str(conf), "copy", f"rgw:{BUCKET}/{prefix}", str(dest),
                   "--transfers", "32", "--checkers", "32"], env)
+
+
+def run_rclone_up(conf: Path, source: Path, prefix: str) -> tuple[float, int]:
+    env = tool_env()
+    env.pop("AWS_CA_BUNDLE", None)
+    return timed(["rclone", "--config", str(conf), "copy", str(source), f"rgw:{BUCKET}/{prefix}",
+                  "--transfers", "64", "--checkers", "64"], env)
 
 
 def run_lading(endpoint: str, prefix: str, dest: Path, *extra: str) -> tuple[float, int]:
@@ -225,18 +237,21 @@ class Bench:
             log("  (cannot drop the page cache here: runs are warm on the client side)")
             self._warned = True
 
-    def small(self, prefix: str = "small/", count: int = 0, scenario: str = "small", endpoint: str = "") -> None:
+    def small(self, prefix: str = "small/", count: int = 0, scenario: str = "small", endpoint: str = "",
+              tools: tuple[str, ...] = ("aws s3 sync", "rclone copy", "lading sync")) -> None:
         count = count or self.args.small_count
         endpoint = endpoint or self.endpoint
         conf = self.conf if endpoint == self.endpoint else rclone_conf(self.work / "lat", endpoint)
         reference = None
-        for tool in ("aws s3 sync", "rclone copy", "lading sync"):
-            dest = fresh(self.work / scenario / tool.split()[0])
+        for tool in tools:
+            dest = fresh(self.work / scenario / tool.split()[0] / tool.replace(" ", "_"))
             self.cold()
             if tool.startswith("aws"):
                 seconds, rss = run_aws_sync(endpoint, prefix, dest)
             elif tool.startswith("rclone"):
                 seconds, rss = run_rclone(conf, prefix, dest)
+            elif tool == "lading sync --workers 64":
+                seconds, rss = run_lading(endpoint, prefix, dest, "--workers", "64")
             else:
                 seconds, rss = run_lading(endpoint, prefix, dest)
             digest = tree_digest(dest)
@@ -248,8 +263,8 @@ class Bench:
 
     def noop(self) -> None:
         """Re-sync the trees the 'small' scenario left (runs it first if needed)."""
-        for tool, dest_name in (("aws s3 sync", "aws"), ("rclone copy", "rclone"), ("lading sync", "lading")):
-            dest = self.work / "small" / dest_name
+        for tool in ("aws s3 sync", "rclone copy", "lading sync"):
+            dest = self.work / "small" / tool.split()[0] / tool.replace(" ", "_")
             if not dest.exists():
                 self.small()
             if tool.startswith("aws"):
@@ -280,6 +295,10 @@ class Bench:
             if (dest / "blob.bin").stat().st_size != size:
                 raise SystemExit(f"{tool} wrote a wrong size")
             self.record("big", tool, mb / seconds, "MB/s", rss)
+            if tool.startswith("lading"):
+                fetch_seconds = json.loads(LAST_STDOUT[0])["seconds"]
+                if fetch_seconds:
+                    self.record("big", "lading (transfer phase)", mb / fetch_seconds, "MB/s")
             shutil.rmtree(dest)
 
     def latency(self) -> None:
@@ -289,17 +308,20 @@ class Bench:
                                  stdout=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_port(port)
-            self.small("lat/", self.args.lat_count, "latency", f"http://127.0.0.1:{port}")
+            self.small("lat/", self.args.lat_count, "latency", f"http://127.0.0.1:{port}",
+                       ("aws s3 sync", "rclone copy", "lading sync", "lading sync --workers 64"))
         finally:
             proxy.terminate()
             proxy.wait(10)
 
     def plan(self) -> None:
-        """Peak RSS of planning N keys whose (sparse) sizes are 0 bytes, then 1 GiB each."""
+        """Peak RSS of `lading sync --dry-run --json` over N keys: local sparse files of 0 B and
+        of 1 GiB each (memory must not depend on object sizes), and N 0-byte S3 objects."""
         count = self.args.plan_keys
-        for label, size in (("0 B objects", 0), ("1 GiB objects", 1 << 30)):
-            source = self.work / "plan-src"
-            if not (source / "done").exists() or (source / "size").read_text() != str(size):
+        for label, size in (("local, 0 B objects", 0), ("local, 1 GiB objects", 1 << 30)):
+            source = self.work / f"plan-src-{size}"
+            marker = self.work / f"plan-src-{size}.done"
+            if not marker.exists():
                 shutil.rmtree(source, ignore_errors=True)
                 log(f"creating {count} sparse files of {size} bytes ...")
                 for i in range(count):
@@ -307,11 +329,20 @@ class Bench:
                     path.parent.mkdir(parents=True, exist_ok=True)
                     with open(path, "wb") as out:
                         out.truncate(size)
-                (source / "size").write_text(str(size))
-                (source / "done").write_text("")
-            _, rss = timed([str(LADING), "sync", str(source), str(fresh(self.work / "plan-dst")), "--dry-run",
-                            "--json", "--no-cache", "--exclude", "done", "--exclude", "size"])
-            self.record("plan", f"lading {label}", rss / 1024, "MiB peak RSS")
+                marker.write_text("")
+            seconds, rss = timed([str(LADING), "sync", str(source), str(fresh(self.work / "plan-dst")),
+                                  "--dry-run", "--json", "--no-cache"])
+            self.record("plan", f"lading {label}", rss / 1024, f"MiB peak RSS ({seconds:.1f} s)")
+        if self.args.plan_s3:
+            local = self.work / "plan-src-0"
+            present = sum(1 for _ in s3_client(self.endpoint).get_paginator("list_objects_v2").paginate(
+                Bucket=BUCKET, Prefix="plan/")) * 1000
+            if present < count:
+                log(f"seeding {count} empty objects under plan/ with rclone ...")
+                run_rclone_up(self.conf, local, "plan/")
+            seconds, rss = timed([str(LADING), "sync", f"s3://{BUCKET}/plan", str(fresh(self.work / "plan-dst")),
+                                  "--endpoint-url", self.endpoint, "--dry-run", "--json", "--no-cache"])
+            self.record("plan", "lading S3, 0 B objects", rss / 1024, f"MiB peak RSS ({seconds:.1f} s)")
 
     def report(self) -> None:
         log("\n== summary (median, min, max over runs) ==")
@@ -323,8 +354,9 @@ class Bench:
         for scenario in ("small", "latency"):
             if scenario in med:
                 m = med[scenario]
-                log(f"{scenario}: lading/aws = {m['lading sync'] / m['aws s3 sync']:.2f}x, "
-                    f"lading/rclone = {m['lading sync'] / m['rclone copy']:.2f}x")
+                for variant in (t for t in m if t.startswith("lading")):
+                    log(f"{scenario}: {variant}: /aws = {m[variant] / m['aws s3 sync']:.2f}x, "
+                        f"/rclone = {m[variant] / m['rclone copy']:.2f}x")
         if "noop" in med:
             m = med["noop"]
             log(f"noop: aws/lading = {m['aws s3 sync'] / m['lading sync']:.2f}x faster, "
@@ -333,7 +365,8 @@ class Bench:
             m = med["big"]
             ceiling = max(v for t, v in m.items() if t.startswith("ranged"))
             log(f"big: lading/aws cp = {m['lading sync'] / m['aws s3 cp']:.2f}x, "
-                f"lading/ranged-GET ceiling = {m['lading sync'] / ceiling:.0%}, "
+                f"lading/ranged-GET ceiling = {m['lading sync'] / ceiling:.0%} "
+                f"(transfer phase only: {m.get('lading (transfer phase)', 0) / ceiling:.0%}), "
                 f"lading/rclone = {m['lading sync'] / m['rclone copy']:.2f}x")
         (self.work / "results.json").write_text(json.dumps(self.results, indent=1))
 
@@ -348,6 +381,7 @@ def main() -> None:
     parser.add_argument("--lat-count", type=int, default=2000)
     parser.add_argument("--big-mib", type=int, default=1024)
     parser.add_argument("--plan-keys", type=int, default=200_000)
+    parser.add_argument("--plan-s3", action="store_true", help="also plan N objects listed from S3 (seeds them)")
     args = parser.parse_args()
     try:
         urllib.request.urlopen(args.endpoint, timeout=3).close()

@@ -54,7 +54,7 @@ class TransferOptions:
     throughput drops; measured in bench/RESULTS.md), idle workers take small objects meanwhile.
     """
 
-    workers: int = 32
+    workers: int = 64
     part_size: int = 16 << 20
     multipart_threshold: int = 64 << 20
     verify: bool = True
