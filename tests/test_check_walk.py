@@ -249,3 +249,25 @@ def test_never_reads_file_contents(tmp_path):
     readable_by_us = os.geteuid() == 0
     assert ("a.bin" in report.walked.files) == readable_by_us
     assert ("special_file", "pipe") in [(w.kind, w.path) for w in report.warnings]
+
+
+def test_read_permission_check_follows_owner_group_other_bits(monkeypatch):
+    from staging.context.walk import _read_permission_check
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "getegid", lambda: 100)
+    monkeypatch.setattr(os, "getgroups", lambda: [100, 200])
+    readable = _read_permission_check()
+    assert readable is not None
+
+    def info(mode: int, uid: int, gid: int) -> os.stat_result:
+        return os.stat_result((mode, 0, 0, 1, uid, gid, 0, 0, 0, 0))
+
+    assert readable(info(0o100400, 1000, 0))  # owner may read
+    assert not readable(info(0o100044, 1000, 100))  # owner bits decide for the owner
+    assert readable(info(0o100040, 1, 200))  # a supplementary group may read
+    assert not readable(info(0o100004, 1, 200))  # group bits decide for a member
+    assert readable(info(0o100004, 1, 1))  # others may read
+    assert not readable(info(0o100440, 1, 1))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert _read_permission_check() is None  # root reads everything
