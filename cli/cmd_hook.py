@@ -167,6 +167,8 @@ def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
 
     if len(args) > 3:
         raise UsageError("too many arguments", "lading hook init [CONTEXT_DIR] [SOURCE DEST]")
+    if len(args) == 1 and "://" in args[0]:
+        raise UsageError(f"{args[0]} needs a DEST", "lading hook init [CONTEXT_DIR] SOURCE DEST")
     context = Path(args[0] if len(args) in (1, 3) else ".")
     pair = args[-2:] if len(args) >= 2 else ()
     if not context.is_dir():

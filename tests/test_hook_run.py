@@ -13,6 +13,7 @@ import pytest
 
 from proxies import FaultProxy
 from staging.hooks.script import HookEntry, updated_text
+from staging.hooks.stage import VIEW_RECORD
 from staging.sync.state import RESERVED_NAMES
 
 BUCKET = "lading-hook"
@@ -97,7 +98,7 @@ def test_two_containers_download_once_then_a_restart_makes_no_get(proxy, tmp_pat
         assert proxy.counts[("GET", f"/{BUCKET}/{key}")] == 1, key  # one download for both containers
     for root in (dest, tmp_path / "node" / "train-rank0", tmp_path / "node" / "train-rank1"):
         got = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
-               if p.is_file() and p.name not in RESERVED_NAMES}  # sync's state record and lock
+               if p.is_file() and p.name not in RESERVED_NAMES | {VIEW_RECORD}}  # lading's own records
         assert got == {key.removeprefix("data/"): body for key, body in staged.items()}
     view_file = tmp_path / "node" / "train-rank1" / "train-0.bin"
     assert view_file.stat().st_ino == (dest / "train-0.bin").stat().st_ino  # a hard link, not a copy
@@ -138,11 +139,21 @@ def test_sharded_views_split_the_keys_between_slots(proxy, tmp_path, lading):
                                      "distribution": "sharded"}]}}
     result = lading("hook", "run", "--json", env=det_env(proxy, config))
     assert result.returncode == 0, result.stderr
-    shards = [{p.relative_to(tmp_path / f"shards-rank{i}").as_posix()
-               for p in (tmp_path / f"shards-rank{i}").rglob("*") if p.is_file()} for i in (0, 1)]
     keys = sorted(key.removeprefix("data/") for key in DATA if key.startswith("data/"))
-    assert shards[0] == set(keys[0::2]) and shards[1] == set(keys[1::2])
+    assert _shards(tmp_path) == [set(keys[0::2]), set(keys[1::2])]
     assert json.loads(result.stdout)["datasets"][0]["fetched"] == len(keys)
+    # a new key shifts the assignment: each view follows it, no key left in two shards
+    boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1").put_object(
+        Bucket=BUCKET, Key="data/a-first.bin", Body=b"new")
+    assert lading("hook", "run", env=det_env(proxy, config)).returncode == 0
+    keys = sorted(keys + ["a-first.bin"])
+    assert _shards(tmp_path) == [set(keys[0::2]), set(keys[1::2])]
+
+
+def _shards(tmp_path: Path) -> list[set[str]]:
+    return [{p.relative_to(tmp_path / f"shards-rank{i}").as_posix()
+             for p in (tmp_path / f"shards-rank{i}").rglob("*") if p.is_file() and p.name != VIEW_RECORD}
+            for i in (0, 1)]
 
 
 def test_sharded_across_containers_is_refused(proxy, tmp_path, lading):

@@ -88,3 +88,25 @@ def test_failure_returns_instead_of_exiting_the_sourcing_shell(tmp_path):
     (tmp_path / "startup-hook.sh").write_text(updated_text(None, HookEntry("s3://b/a/", "/tmp/a")))
     result = _source(tmp_path, "/usr/bin:/bin", "source startup-hook.sh || echo STATUS=$?; echo AFTER-SOURCE")
     assert "STATUS=127" in result.stdout and "AFTER-SOURCE" in result.stdout
+
+
+def test_a_lone_uri_is_not_taken_for_a_context_dir(lading, tmp_path):
+    result = lading("hook", "init", "s3://bucket/train/", cwd=tmp_path)
+    assert result.returncode == 2 and "needs a DEST" in result.stderr
+
+
+def test_progress_for_logs_is_periodic_lines():
+    from cli.cmd_hook import LogProgress
+
+    lines: list[str] = []
+    progress = LogProgress("s3://b/p -> /tmp/d", lines.append, interval=0.0)
+    progress.on_phase("download", None)
+    progress.on_bytes(1024)
+    progress.on_bytes(1024)
+    assert lines[0].endswith("fetching 1 object(s)")
+    assert len(lines) == 3 and "2.0 KiB" in lines[-1] and "\r" not in "".join(lines)
+    quiet: list[str] = []
+    slow = LogProgress("x", quiet.append, interval=3600)
+    slow.on_phase("download", None)
+    slow.on_bytes(10)
+    assert len(quiet) == 1  # nothing more until the interval has passed

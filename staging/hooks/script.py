@@ -76,7 +76,7 @@ def render_block(entries: list[HookEntry]) -> str:
     lines = [
         BEGIN,
         "# Stages datasets on this node before the trial starts: once per node (a lock and a",
-        "# completion marker next to each destination), atomically, skipped when already there.",
+        "# completion marker per destination), atomically, skipped when already there.",
         "if ! command -v lading >/dev/null 2>&1; then",
         f"  {_fail(missing, 127)}",
         "fi",

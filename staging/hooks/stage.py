@@ -194,24 +194,51 @@ def view_root(root: Path, index: int) -> Path:
     return root.with_name(f"{root.name}-rank{index}")
 
 
+VIEW_RECORD = ".lading-view.json"
+
+
 def build_views(root: Path, files: dict[str, Path], views: dict[int, list[str]]) -> int:
     """Hard-link each view's keys from ``files`` under ``{root}-rank{i}`` (copy across filesystems).
 
     ``views`` maps a slot index to the keys it sees (all of them, or its shard). Links that
-    already point at the staged file are left alone; nothing else in the view is touched.
-    Returns the number of links (or copies) made.
+    already point at the staged file are left alone. Each view directory records the keys it
+    was given (``.lading-view.json``); a key that left the view (a shard reassigned, an object
+    gone) is unlinked from it, and nothing else in the view is touched. Returns the number of
+    links (or copies) made or removed.
     """
-    made = 0
+    changed = 0
     for index, keys in views.items():
         base = view_root(root, index)
         for key in keys:
             staged = files[key]
             target = base / staged.relative_to(root) if staged != root else base
-            if _same_file(staged, target):
-                continue
-            _link_atomically(staged, target)
-            made += 1
-    return made
+            if not _same_file(staged, target):
+                _link_atomically(staged, target)
+                changed += 1
+        if root not in files.values():  # a directory view: it can hold a record
+            changed += _update_view_record(base, sorted(keys))
+    return changed
+
+
+def _update_view_record(base: Path, keys: list[str]) -> int:
+    """Unlink keys the previous record listed and ``keys`` doesn't; rewrite the record if it changed."""
+    record = base / VIEW_RECORD
+    try:
+        previous = json.loads(record.read_text())
+    except (OSError, ValueError):
+        previous = []
+    if previous == keys:
+        return 0
+    removed = 0
+    for key in set(previous if isinstance(previous, list) else []) - set(keys):
+        if isinstance(key, str):
+            base.joinpath(*key.split("/")).unlink(missing_ok=True)
+            removed += 1
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_name(f"{record.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(keys, separators=(",", ":")))
+    os.replace(tmp, record)
+    return removed
 
 
 def _same_file(a: Path, b: Path) -> bool:
