@@ -89,14 +89,14 @@ def plan_pack(source: str, dest: str, options: PackOptions, config: StoreConfig 
     """List SOURCE, group its files into samples and cut them into shards. Writes nothing."""
     source_uri, dest_uri = parse_uri(source), parse_uri(dest)
     _refuse_overlap(source_uri, dest_uri)
-    if source_uri.scheme == "file":
-        objects = list_local(Path(source_uri.prefix))
-    else:
-        objects = [info for info in open_store(source_uri, config).list() if not info.key.endswith("/")]
     collecting = gc.isenabled()
-    gc.disable()  # grouping builds ~2 small objects per file; the cyclic GC would rescan them all
+    gc.disable()  # listing and grouping build a few small objects per file; no cycles among them
     try:
-        return plan_shards(group_samples(objects), options)
+        if source_uri.scheme == "file":
+            objects = list_local(Path(source_uri.prefix))
+        else:
+            objects = [info for info in open_store(source_uri, config).list() if not info.key.endswith("/")]
+        return plan_shards(group_samples(objects, directories_possible=source_uri.scheme != "file"), options)
     finally:
         if collecting:
             gc.enable()

@@ -61,37 +61,47 @@ def split_name(name: str) -> tuple[str, str]:
     return directory + slash + stem, ext
 
 
-def group_samples(objects: Iterable[ObjectInfo]) -> list[Sample]:
+def group_samples(objects: Iterable[ObjectInfo], directories_possible: bool = True) -> list[Sample]:
     """Group objects into samples, sorted by key, members sorted by extension.
 
     Raises UnsafeKey for names that would escape an extraction directory, UsageError for names
     without a usable key or extension, and ProblemFound when two files would land in the same
     sample field (extensions equal but for case: readers lower-case them) or a file's name is
-    also the directory of other files.
+    also the directory of other files (skipped when ``directories_possible`` is False: a
+    filesystem cannot hold a file and a directory of the same name).
     """
-    by_key: dict[str, dict[str, ObjectInfo]] = {}
+    by_key: dict[str, dict[str, Member]] = {}
     for info in objects:
-        if not _plainly_safe(info.key):
-            key_parts(info.key)  # raises UnsafeKey: a member named ../x escapes whoever extracts it
-        key, ext = split_name(info.key)
+        name = info.key
+        dot = name.find(".", name.rfind("/") + 1)
+        if _plainly_safe(name) and dot > 0 and _plain_extension(name, dot):
+            key, ext = name[:dot], name[dot + 1:]  # the common case, without the checks' cost
+        else:
+            key_parts(name)  # raises UnsafeKey: a member named ../x escapes whoever extracts it
+            key, ext = split_name(name)
+        member = Member(info, ext)
         fields = by_key.get(key)
         if fields is None:
-            by_key[key] = {ext.lower(): info}
+            by_key[key] = {ext.lower(): member}
             continue
         folded = ext.lower()
         if folded in fields:
-            other = fields[folded].key
-            raise ProblemFound(f"{other!r} and {info.key!r} would be the same field {folded!r} of sample {key!r}",
+            other = fields[folded].info.key
+            raise ProblemFound(f"{other!r} and {name!r} would be the same field {folded!r} of sample {key!r}",
                                "WebDataset lower-cases extensions; rename one of them")
-        fields[folded] = info
-    _refuse_file_directory_clashes(info.key for fields in by_key.values() for info in fields.values())
+        fields[folded] = member
+    if directories_possible:
+        _refuse_file_directory_clashes(m.info.key for fields in by_key.values() for m in fields.values())
     samples = []
     for key in sorted(by_key):
         fields = by_key[key]
-        cut = len(key) + 1
-        infos = fields.values() if len(fields) == 1 else [fields[ext] for ext in sorted(fields)]
-        samples.append(Sample(key, tuple(Member(info, info.key[cut:]) for info in infos)))
+        members = tuple(fields.values()) if len(fields) == 1 else tuple(fields[ext] for ext in sorted(fields))
+        samples.append(Sample(key, members))
     return samples
+
+
+def _plain_extension(name: str, dot: int) -> bool:
+    return not name.endswith(".") and ".." not in name[dot:] and not name.startswith("__", dot + 1)
 
 
 def _plainly_safe(key: str) -> bool:

@@ -85,7 +85,10 @@ class PackPlan:
 
 def sample_tar_bytes(sample: Sample) -> int:
     """Bytes a sample's members take in a shard."""
-    return sum(member_size(member.info.key, member.info.size) for member in sample.members)
+    total = 0
+    for member in sample.members:
+        total += member_size(member.info.key, member.info.size)
+    return total
 
 
 def order_samples(samples: list[Sample], options: PackOptions) -> list[Sample]:
