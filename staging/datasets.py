@@ -21,6 +21,7 @@ import random
 import sys
 import tarfile
 import threading
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterator, Sequence
@@ -402,7 +403,9 @@ def _iterable_class() -> type:
         if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
             _TORCH_CLASS.append(ShardDataset)
         else:
-            from torch.utils.data import IterableDataset
+            with warnings.catch_warnings():  # torch warns at import when numpy is missing; we don't use it
+                warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+                from torch.utils.data import IterableDataset
 
             class TorchShardDataset(ShardDataset, IterableDataset):  # type: ignore[misc]
                 """ShardDataset as a torch IterableDataset, so DataLoader iterates it."""
