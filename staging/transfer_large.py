@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from staging.errors import LadingError, ObjectChanged
+from staging.errors import LadingError, ObjectChanged, TransientError
 from staging.retry import with_retries
 from staging.transfer import TransferItem, TransferOptions, TransferResult
 from staging.transfer_files import ResumeRecord, publish, remove_temporaries, sidecar_path, temporary_path
 from staging.transfer_readers import Reader
-from staging.transfer_verify import Verifier
+from staging.transfer_verify import IntegrityError, Verifier
 
 
 @dataclass
@@ -126,8 +126,6 @@ class LargeDownload:
             raise
         if offset != end:
             self.ctx.on_bytes(start - offset)
-            from staging.errors import TransientError
-
             raise TransientError(f"{self.info.key}: short ranged read ({offset - start} of {end - start} bytes)")
 
     def _advance_hash(self, blocking: bool) -> None:
@@ -178,8 +176,6 @@ class LargeDownload:
 
 def _resumable(error: LadingError) -> bool:
     """Keep the parts on disk unless the object changed or its content failed verification."""
-    from staging.transfer_verify import IntegrityError
-
     return not isinstance(error, (ObjectChanged, IntegrityError))
 
 

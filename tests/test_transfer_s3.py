@@ -18,7 +18,8 @@ from staging.retry import RetryPolicy
 from staging.stores import StoreConfig, open_store, parse_uri
 from staging.stores.base import ObjectInfo
 from staging.stores.s3 import S3Store
-from staging.stores.s3_fast import FastS3Client, FastS3Store, _Signer
+from staging.stores.s3_fast import FastS3Client, FastS3Store
+from staging.stores.s3_sign import Signer
 from staging.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
 from staging.transfer_files import ResumeRecord, is_temporary, sidecar_path
 from staging.transfer_readers import StreamingReader, open_reader
@@ -233,7 +234,7 @@ def test_signature_matches_botocore_for_odd_keys_and_session_tokens():
     for path, query in [("/bucket/data/a%20b%2Bc/%C3%BC.bin", ""),
                         ("/bucket/", "continuation-token=abc%2F%3D&list-type=2&prefix=data%2F")]:
         headers = {"Range": "bytes=0-99", "If-Match": '"abc"'}
-        _Signer("eu-west-1").sign("GET", "s3.example:9000", path, query, headers, ("AKID", "SECRET", "TOKEN"), when)
+        Signer("eu-west-1").sign("GET", "s3.example:9000", path, query, headers, ("AKID", "SECRET", "TOKEN"), when)
 
         request = AWSRequest(method="GET", url=f"http://s3.example:9000{path}" + (f"?{query}" if query else ""),
                              headers={"Range": "bytes=0-99", "If-Match": '"abc"'})
