@@ -19,10 +19,8 @@ from __future__ import annotations
 import base64
 import email.utils
 import hashlib
-import math
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, TypeVar
@@ -36,8 +34,6 @@ from staging.stores.uri import StoreURI
 
 T = TypeVar("T")
 _READ_CHUNK = 1 << 20
-_MIN_PART = 5 << 20
-_MAX_PARTS = 10_000
 _MD5_HEX = re.compile(r"[0-9a-fA-F]{32}")
 
 
@@ -235,11 +231,13 @@ class S3Store:
             if progress is not None:
                 progress(size)
         else:
-            _MultipartUpload(self, src, key, size, progress).run()
+            from staging.stores.s3_upload import MultipartUpload
+
+            MultipartUpload(self, src, key, size, progress).run()
         return self.stat(key)
 
     def _put_single(self, src: Path, key: str, size: int) -> None:
-        digest = _md5_base64_of_file(src)
+        digest = md5_base64_of_file(src)
 
         def attempt(client: Any) -> None:
             with open(src, "rb") as body:
@@ -334,53 +332,8 @@ def _total_size(response: dict[str, Any]) -> int:
     return int(response.get("ContentLength", 0))
 
 
-class _MultipartUpload:
-    """CreateMultipartUpload, parallel UploadPart (each retried), Complete; Abort on failure."""
-
-    def __init__(self, store: S3Store, src: Path, key: str, size: int,
-                 progress: ProgressCallback | None) -> None:
-        self.store, self.src, self.key, self.size, self.progress = store, src, key, size, progress
-        self.part_size = max(store.part_size, _MIN_PART, math.ceil(size / _MAX_PARTS))
-        self.where = store._where(key)
-        self.full_key = store.root + key
-
-    def run(self) -> None:
-        store = self.store
-        created = store._call(self.where, lambda client: client.create_multipart_upload(
-            Bucket=store.bucket, Key=self.full_key))
-        upload_id = created["UploadId"]
-        try:
-            count = math.ceil(self.size / self.part_size)
-            with ThreadPoolExecutor(max_workers=max(1, min(store.upload_workers, count))) as pool:
-                etags = list(pool.map(lambda n: self._part(upload_id, n), range(1, count + 1)))
-            parts = [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, start=1)]
-            store._call(self.where, lambda client: client.complete_multipart_upload(
-                Bucket=store.bucket, Key=self.full_key, UploadId=upload_id, MultipartUpload={"Parts": parts}))
-        except BaseException:
-            self._abort(upload_id)
-            raise
-
-    def _part(self, upload_id: str, number: int) -> str:
-        offset = (number - 1) * self.part_size
-        with open(self.src, "rb") as handle:
-            data = os.pread(handle.fileno(), self.part_size, offset)
-        digest = base64.b64encode(hashlib.md5(data).digest()).decode()
-        response = self.store._call(self.where, lambda client: client.upload_part(
-            Bucket=self.store.bucket, Key=self.full_key, UploadId=upload_id, PartNumber=number,
-            Body=data, ContentMD5=digest))
-        if self.progress is not None:
-            self.progress(len(data))
-        return response["ETag"]
-
-    def _abort(self, upload_id: str) -> None:
-        try:
-            self.store._attempt(self.where, lambda client: client.abort_multipart_upload(
-                Bucket=self.store.bucket, Key=self.full_key, UploadId=upload_id))
-        except Exception:  # best effort: the original error is the one to report
-            pass
-
-
-def _md5_base64_of_file(path: Path) -> str:
+def md5_base64_of_file(path: Path) -> str:
+    """Base64 MD5 of a file, as ``Content-MD5`` wants it."""
     digest = hashlib.md5()
     with open(path, "rb") as handle:
         while chunk := handle.read(_READ_CHUNK):
