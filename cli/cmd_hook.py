@@ -13,6 +13,7 @@ import click
 
 from cli.context import AppState
 from cli.store_options import pop_store_config, store_options
+from staging.context.sizes import format_size
 from staging.errors import UsageError
 from staging.stores.base import StoreConfig
 from staging.transfer import TransferResult
@@ -35,11 +36,7 @@ Schema (only data.datasets is read; the rest of data: is yours):
 
 
 def _human(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    return f"{nbytes:.1f} TiB"
+    return format_size(int(nbytes))
 
 
 class LogProgress:
@@ -314,7 +311,7 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
 
 def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json: bool, state: AppState | None) -> int:
     """`lading check --fix --bucket URI [--yes]`: print the plan, or apply it and check again."""
-    from staging.context import check_context, format_size
+    from staging.context import check_context
     from staging.contextfix import apply_fix, plan_fix
     from staging.stores import open_store
 
@@ -355,8 +352,6 @@ def _default_store_config() -> StoreConfig:
 
 
 def _render_fix_plan(plan: "FixPlan") -> str:
-    from staging.context import format_size
-
     lines = [f"over the limit: {format_size(plan.total_before)} of {format_size(plan.limit_bytes)}. "
              f"Plan (dry run; add --yes to apply):"]
     for item in plan.items:

@@ -259,3 +259,6 @@ def _link_atomically(src: Path, target: Path) -> None:
             raise
         shutil.copy2(src, tmp)
     os.replace(tmp, target)
+    # rename() between two links to one inode does nothing and leaves tmp (another process
+    # built the same view at the same moment): drop it.
+    tmp.unlink(missing_ok=True)
