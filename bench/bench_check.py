@@ -88,6 +88,7 @@ def run_process(args: list[str]) -> tuple[float, int, bytes, float]:
 
 
 def library_call(tree: str) -> tuple[float, int, bytes, float]:
+    """The library call, timed in this process (wall, -, -, CPU)."""
     started, cpu_started = time.perf_counter(), time.process_time()
     check_context(tree)
     return time.perf_counter() - started, 0, b"", time.process_time() - cpu_started
@@ -106,6 +107,7 @@ def round_robin(commands: dict[str, object], repeat: int) -> dict[str, list[Run]
 
 
 def main() -> None:
+    """Build the tree, run everything round-robin, print the table and the ratios."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", type=int, default=50_000)
     parser.add_argument("--repeat", type=int, default=5)

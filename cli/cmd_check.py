@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import click
 
 from cli.context import AppState
 from staging.context import CheckReport, check_context, format_size, parse_size
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 HELP = """Will det accept CONTEXT_DIR? Offline and exact, without a cluster.
 
@@ -94,6 +97,7 @@ def _progress(enabled: bool) -> Iterator[Callable[[int], None] | None]:
     status: Status | None = None
 
     def update(files: int) -> None:
+        """Show the count, throttled."""
         nonlocal status, last
         now = time.monotonic()
         if now - last < 0.1 or now - started < 0.5:
@@ -141,7 +145,7 @@ def _verdict(report: CheckReport) -> str:
             f"{total} of {limit}; det experiment create would refuse it")
 
 
-def _render_tables(console, report: CheckReport, top: int) -> None:
+def _render_tables(console: Console, report: CheckReport, top: int) -> None:
     from rich.table import Table
 
     if top == 0 or not report.walked.files:
@@ -164,7 +168,7 @@ def _render_tables(console, report: CheckReport, top: int) -> None:
         console.print(dirs)
 
 
-def _render_warnings(console, report: CheckReport) -> None:
+def _render_warnings(console: Console, report: CheckReport) -> None:
     if not report.warnings:
         return
     console.print()
@@ -173,7 +177,7 @@ def _render_warnings(console, report: CheckReport) -> None:
         console.print(f"  [yellow]![/] {_escape(warning.path)}: {_escape(warning.message)}")
 
 
-def _render_remedy(console, report: CheckReport) -> None:
+def _render_remedy(console: Console, report: CheckReport) -> None:
     remedy = report.remedy
     assert remedy is not None
     console.print()
@@ -191,7 +195,7 @@ def _render_remedy(console, report: CheckReport) -> None:
                   "(startup-hook.sh next to the model code; see `lading hook --help`).")
 
 
-def _render_explanation(console, report: CheckReport) -> None:
+def _render_explanation(console: Console, report: CheckReport) -> None:
     explanation = report.explanation
     verdict = "[green]uploaded[/]" if explanation.uploaded else "[red]not uploaded[/]"
     console.print(f"{_escape(explanation.path)} ({explanation.kind}): {verdict}: "

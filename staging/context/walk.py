@@ -247,6 +247,7 @@ def _read_permission_check() -> Callable[[os.stat_result], bool] | None:
     groups = set(os.getgroups()) | {os.getegid()}
 
     def readable(info: os.stat_result) -> bool:
+        """Would open(path, "rb") be allowed by the permission bits?"""
         if info.st_uid == uid:
             return bool(info.st_mode & stat.S_IRUSR)
         if info.st_gid in groups:
