@@ -83,8 +83,8 @@ class LogProgress:
 
     def _line(self, now: float) -> str:
         rate = self.nbytes / max(now - self.started, 1e-6)
-        return (f"lading: {self.label}: {self.done}/{self.files} files, "
-                f"{_human(self.nbytes)}/{_human(self.total)}, {_human(rate)}/s")
+        files = f"{self.done}/{self.files} files, " if self.done else ""
+        return f"lading: {self.label}: {files}{_human(self.nbytes)}/{_human(self.total)}, {_human(rate)}/s"
 
 
 def _echo_for(state: AppState) -> Callable[[str], None]:
@@ -328,7 +328,7 @@ def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json:
                    else _render_fix_plan(plan))
         return 1
     progress = LogProgress(f"upload to {plan.bucket}", _echo_for(AppState(quiet=quiet or as_json)))
-    progress.files, progress.total = sum(len(i.files) for i in plan.items if i.restore), plan.upload_bytes
+    progress.total = plan.upload_bytes
     result = apply_fix(plan, open_store(plan.bucket, _default_store_config()), progress.on_bytes)
     after = check_context(str(plan.context), limit=report.limit_bytes, remedies=False)
     if as_json:
