@@ -154,10 +154,10 @@ def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
     between marker comments: your lines outside it are kept, the same arguments twice change
     nothing, and a new SOURCE for the same DEST replaces the old one.
 
-    \b
     The generated block works when Determined sources it under `set -ex`: it never exits the
     sourcing shell, holds no credential (lading reads the standard AWS/Google chains), and
-    fails the task with a clear message when lading is missing or a download fails.
+    fails the task with a clear message when lading is missing or a download fails. DEST must
+    be absolute; --slots reads DET_SLOT_IDS when the hook runs.
     """
     from staging.hooks.script import HOOK_NAME, HookEntry, updated_text, write_hook
     from staging.stores import parse_uri
@@ -199,7 +199,7 @@ def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
 def hook_run(state: AppState, config_file: str | None, json_out: bool, **options: Any) -> int:
     """Stage the experiment config's data.datasets on this node.
 
-    Each dataset is staged once per node: the first container takes a lock next to DEST and
+    Each dataset is staged once per node: the first container takes DEST's lock and
     downloads; containers started at the same moment wait and then find it done. A completion
     marker records each object's ETag/generation, so a restarted trial lists the source,
     finds nothing changed, and downloads and rewrites nothing. Output is one line per step and
