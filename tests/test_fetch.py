@@ -112,3 +112,24 @@ def test_unsafe_keys_are_refused(s3, lading, tmp_path):
     result = lading("fetch", f"s3://{BUCKET}/evil/", str(tmp_path / "out"))
     assert result.returncode == 1 and "unsafe" in result.stderr
     assert not (tmp_path / "escape").exists()
+
+
+def test_gcs_object_and_prefix(gcs_env, lading, tmp_path):
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    client = storage.Client(project="test", credentials=AnonymousCredentials(),
+                            client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]})
+    bucket = client.bucket("fetch-gcs")
+    if not bucket.exists():
+        client.create_bucket("fetch-gcs")
+    bucket.blob("ds/a.bin").upload_from_string(b"A" * 3000)
+    bucket.blob("ds/sub/b.txt").upload_from_string(b"bee")
+    one = lading("fetch", "gs://fetch-gcs/ds/sub/b.txt", f"{tmp_path}/one/")
+    assert one.returncode == 0, one.stderr
+    assert (tmp_path / "one" / "b.txt").read_bytes() == b"bee"
+    tree = lading("fetch", "gs://fetch-gcs/ds", str(tmp_path / "tree"))
+    assert tree.returncode == 0, tree.stderr
+    assert (tmp_path / "tree" / "a.bin").read_bytes() == b"A" * 3000
+    again = lading("fetch", "gs://fetch-gcs/ds/sub/b.txt", f"{tmp_path}/one/")
+    assert again.returncode == 0 and "up to date" in again.stdout
