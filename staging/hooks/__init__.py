@@ -1,8 +1,9 @@
 """Startup-hook downloads for Determined: the hook script, `hook run`, `fetch`.
 
-- :mod:`staging.hooks.stage`: stage a planned set of objects into a destination once per node
-  (file lock + completion marker), on top of :func:`staging.transfer.fetch_all`.
-- :mod:`staging.hooks.fetch`: plan ``lading fetch URI DEST`` (one object or a prefix).
+- :mod:`staging.hooks.stage`: stage a dataset once per node: a prefix through ``lading sync``'s
+  engine (DEST's lock, its state record as the completion marker), one object with a marker and
+  lock beside the file; per-slot hard-link views ``{dest}-rank{i}``.
+- :mod:`staging.hooks.fetch`: ``lading fetch URI DEST`` (object or prefix, ``cp``-like DEST).
 - :mod:`staging.hooks.run`: the experiment config's ``data.datasets`` section.
 - :mod:`staging.hooks.script`: generate / update ``startup-hook.sh`` between marker comments.
 """
