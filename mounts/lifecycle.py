@@ -232,6 +232,7 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     started = time.monotonic()
     store = open_store(options.source, options.store)
     tree = build_tree(store, options.source, options.view, options.reader.concurrency)
+    _return_listing_memory()
     log.info("listed %s: %d files, %d directories, %d bytes in %.2fs", options.source, tree.file_count,
              tree.dir_count, tree.total_bytes, time.monotonic() - started)
     for reason, count in tree.hidden.counts.items():
@@ -289,6 +290,19 @@ def tune_readahead(mountpoint: Path, kib: int = READAHEAD_KIB, timeout: float = 
         return False
     log.info("kernel readahead set to %d KiB", kib)
     return True
+
+
+def _return_listing_memory() -> None:
+    """Give the listing's transient memory back to the OS (it is several times the tree's)."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _stats_on_signal(dump: Callable[[], None]) -> None:

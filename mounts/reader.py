@@ -307,7 +307,7 @@ class Reader:
         """
         entry = handle.entry
         began = time.monotonic()
-        buffer = bytearray(stop - start)
+        buffer = bytearray(stop - start)  # glibc recycles these: cheaper than fresh mappings
         view = memoryview(buffer)
         state = {"filled": 0, "published": 0}
         attempt = 1

@@ -1,9 +1,9 @@
 """The mount's immutable, compact view of a listing: files, implicit directories, metadata.
 
-Memory layout (100,000 keys cost a few tens of MB, see bench/RESULTS.md): one sorted list of
-file keys, parallel ``array`` columns for sizes and mtimes, one list of version strings, a
-``key -> index`` dict that reuses the key strings, and per directory a tuple of child names.
-No per-file objects are kept.
+Memory layout (see bench/RESULTS.md for 100,000 keys): one sorted list of file keys (found by
+binary search), parallel ``array`` columns for sizes and mtimes, versions packed as 16 bytes
+each when they are MD5 ETags (else a list of strings), and per directory a tuple of child
+names. No per-file objects are kept.
 
 Rules, applied while the listing streams in:
 - directories are implicit from ``/`` in keys; a zero-byte ``dir/`` marker object only makes
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -53,6 +54,18 @@ class HiddenKeys:
             examples.append(key)
 
 
+def _pack_versions(versions: list[str]) -> bytes | None:
+    """All versions as 16 bytes each when they are all lowercase MD5 hex (single-part ETags),
+    a fifth of the memory of the strings; None otherwise (multipart ETags, GCS generations)."""
+    try:
+        packed = b"".join(bytes.fromhex(v) for v in versions if len(v) == 32)
+    except ValueError:
+        return None
+    if len(packed) != 16 * len(versions) or any(v != v.lower() for v in versions):
+        return None
+    return packed
+
+
 class Tree:
     """An immutable directory tree over a set of objects. Paths are keys: no leading ``/``."""
 
@@ -65,7 +78,6 @@ class Tree:
         children: dict[str, list[str]] = {"": []}
         for info in infos:
             self._add(info, children)
-        self._index: dict[str, int] = {}
         self._drop_shadowed_files(children)
         self._dirs: dict[str, tuple[str, ...]] = {
             path: tuple(sorted(set(names))) for path, names in children.items()
@@ -105,7 +117,7 @@ class Tree:
 
     def _drop_shadowed_files(self, children: dict[str, list[str]]) -> None:
         keep = [i for i, key in enumerate(self._keys) if key not in children]
-        if len(keep) != len(self._keys):
+        if len(keep) != len(self._keys):  # rare: only when some file is also a directory
             for i, key in enumerate(self._keys):
                 if key in children:
                     self.hidden.add("shadowed", key)
@@ -119,7 +131,9 @@ class Tree:
             self._sizes = array("q", (self._sizes[i] for i in order))
             self._mtimes = array("d", (self._mtimes[i] for i in order))
             self._versions = [self._versions[i] for i in order]
-        self._index = {key: i for i, key in enumerate(self._keys)}
+        self._packed = _pack_versions(self._versions)
+        if self._packed is not None:
+            self._versions = []
 
     @property
     def file_count(self) -> int:
@@ -136,8 +150,16 @@ class Tree:
         return path in self._dirs
 
     def file_index(self, path: str) -> int | None:
-        """The file's index, or None when ``path`` is not a file."""
-        return self._index.get(path)
+        """The file's index, or None when ``path`` is not a file (binary search: no index dict)."""
+        keys = self._keys
+        i = bisect_left(keys, path)
+        return i if i < len(keys) and keys[i] == path else None
+
+    def version(self, index: int) -> str:
+        """The version (ETag, generation) file ``index`` was listed with."""
+        if self._packed is not None:
+            return self._packed[index * 16:(index + 1) * 16].hex()
+        return self._versions[index]
 
     def size(self, index: int) -> int:
         """Size of file ``index``."""
@@ -149,7 +171,7 @@ class Tree:
 
     def entry(self, index: int) -> FileEntry:
         """Everything known about file ``index``."""
-        return FileEntry(index, self._keys[index], self._sizes[index], self._versions[index],
+        return FileEntry(index, self._keys[index], self._sizes[index], self.version(index),
                          self._mtimes[index])
 
     def children(self, path: str) -> tuple[str, ...]:
