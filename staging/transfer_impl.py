@@ -135,7 +135,7 @@ class _Engine:
             finally:
                 with self._jobs:
                     self._parts_running -= 1
-                    self._jobs.notify_all()
+                    self._jobs.notify()  # one waiter may take the freed slot
 
         return part
 
@@ -168,7 +168,10 @@ class _Engine:
             with self._jobs:
                 self._preparing -= 1
                 self._parts.extend((lambda i=i: download.run_part(i)) for i in parts)
-                self._jobs.notify_all()
+                if parts:  # wake only as many workers as can start a part
+                    self._jobs.notify(min(len(parts), self._part_limit))
+                else:
+                    self._jobs.notify_all()  # waiters may be done
 
     def _fetch_small(self, item: TransferItem) -> None:
         tmp = temporary_path(item.dest)
