@@ -6,7 +6,9 @@ from __future__ import annotations
 import gc
 import os
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -14,7 +16,6 @@ from typing import Callable
 from staging.errors import AccessDenied, LadingError, ProblemFound, UsageError
 from staging.pack.grouping import group_samples
 from staging.pack.index import PublishedShard, build_index, build_manifest, dump
-from staging.pack.parallel import usable_workers, write_shards_in_processes
 from staging.pack.plan import PackOptions, PackPlan, ShardPlan, plan_shards
 from staging.pack.sources import LocalSource, MemberSource, StoreSource, list_local
 from staging.pack.upload import LocalPublisher, Publisher, StorePublisher
@@ -134,23 +135,34 @@ def write_shard_file(shard: ShardPlan, source: MemberSource, path: Path,
     return size
 
 
-def _write_all_shards(plan: PackPlan, source: MemberSource, publisher: Publisher, events: PackEvents) -> None:
-    paths = [publisher.shard_path(shard) for shard in plan.shards]
-    workers = usable_workers(len(plan.shards)) if isinstance(source, LocalSource) \
-        and isinstance(publisher, LocalPublisher) else 1
-    if workers > 1:
-        def done(index: int, size: int) -> None:
-            shard = plan.shards[index]
-            events.on_bytes(sum(sample.nbytes for sample in shard.samples))
-            publisher.commit_shard(shard, paths[index])
-            events.on_shard(shard.name, size)
+def writer_threads(shards: int) -> int:
+    """Shards written at once: the per-file work is mostly system calls, which run in parallel."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, shards, 4))
 
-        write_shards_in_processes(plan, source, paths, workers, write_shard_file, done)
-        return
-    for shard, path in zip(plan.shards, paths):
-        size = write_shard_file(shard, source, path, events.on_bytes)
-        publisher.commit_shard(shard, path)
-        events.on_shard(shard.name, size)
+
+def _write_all_shards(plan: PackPlan, source: MemberSource, publisher: Publisher, events: PackEvents) -> None:
+    """Write shards on a few threads; commit them to the publisher in order, from this thread."""
+    lock = threading.Lock()
+
+    def on_bytes(nbytes: int) -> None:
+        with lock:
+            events.on_bytes(nbytes)
+
+    def write(shard: ShardPlan) -> tuple[ShardPlan, Path, int]:
+        path = publisher.shard_path(shard)
+        return shard, path, write_shard_file(shard, source, path, on_bytes)
+
+    pool = ThreadPoolExecutor(writer_threads(len(plan.shards)), thread_name_prefix="lading-pack-write")
+    try:
+        for shard, path, size in pool.map(write, plan.shards):
+            publisher.commit_shard(shard, path)
+            events.on_shard(shard.name, size)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _write_error(err: OSError, path: Path) -> LadingError:
