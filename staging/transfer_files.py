@@ -30,7 +30,7 @@ def sidecar_path(dest: Path) -> Path:
 
 def is_temporary(name: str) -> bool:
     """Whether a file name is one of the engine's temporaries (for cleaning and ``--delete``)."""
-    return name.startswith(".") and (name.endswith(PART_SUFFIX) or name.endswith(SIDECAR_SUFFIX))
+    return name.startswith(".") and name.endswith((PART_SUFFIX, SIDECAR_SUFFIX, SIDECAR_SUFFIX + ".tmp"))
 
 
 def remove_temporaries(dest: Path) -> None:

@@ -287,6 +287,13 @@ def test_keyboard_interrupt_stops_promptly_and_a_rerun_resumes(tmp_path):
     assert _stray_temporaries(dest) == []
 
 
+def test_temporary_names_are_recognised():
+    assert is_temporary(temporary_path(Path("/d/a.bin")).name)
+    assert is_temporary(sidecar_path(Path("/d/a.bin")).name)
+    assert is_temporary(".a.bin.lading-part.json.tmp")  # a sidecar caught mid-save by kill -9
+    assert not is_temporary("a.bin") and not is_temporary(".hidden") and not is_temporary("x.lading-part")
+
+
 def test_sidecar_is_plain_json_naming_the_version(tmp_path):
     record = ResumeRecord("k", "etag", 10, 4, {0, 2})
     path = tmp_path / ".k.lading-part.json"
