@@ -218,3 +218,17 @@ def test_grouping_sorts_samples_and_members():
     samples = group_samples([info("b.txt"), info("a.txt"), info("a.JPG"), info("a.cls"), info("a-1.jpg")])
     assert [sample.key for sample in samples] == ["a", "a-1", "b"]
     assert [member.ext for member in samples[0].members] == ["cls", "JPG", "txt"]
+
+
+def test_local_listing_matches_local_store(tree, tmp_path):
+    from staging.pack.sources import list_local
+    from staging.stores.local import LocalStore
+
+    source, _ = tree
+    (source / "link.txt").symlink_to(source / "train" / "s001.jpg")  # a link to a file counts
+    (source / "linkdir").symlink_to(source / "train")  # a link to a directory is not followed
+    (source / "broken.txt").symlink_to(tmp_path / "missing")
+    expected = sorted((i.key, i.size, i.version) for i in LocalStore(source).list())
+    for threads in (1, 2):
+        assert sorted((i.key, i.size, i.version) for i in list_local(source, threads)) == expected
+    assert "link.txt" in {key for key, _, _ in expected}

@@ -138,30 +138,55 @@ class LocalFile(NamedTuple):
     crc32c: str | None = None
 
 
-def list_local(root: Path) -> list[ObjectInfo]:
+def list_local(root: Path, threads: int = 2) -> list[ObjectInfo]:
     """Every regular file under ``root`` as LocalStore would list it (same keys and versions),
-    with one stat per file: symlinks to files count, directory symlinks are not followed."""
+    with one stat per file: symlinks to files count, directory symlinks are not followed.
+
+    Subdirectories of ``root`` are walked on ``threads`` threads (the stats overlap); the
+    order of the result is unspecified.
+    """
     if not root.is_dir():
         raise NotFound(f"no such directory: {root}")
-    found: list = []
-    add = found.append
-    is_regular = stat.S_ISREG
-    pending = [(str(root), "")]
-    while pending:
-        directory, rel = pending.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError as err:
-            raise _source_error(err, directory) from err
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                pending.append((entry.path, f"{rel}{entry.name}/"))
-                continue
-            try:
-                st = entry.stat()
-            except OSError:
-                continue  # a broken symlink
-            if is_regular(st.st_mode):
-                size = st.st_size
-                add(LocalFile(rel + entry.name, size, f"{st.st_mtime_ns}-{size}", st.st_mtime))
+    found, subdirectories = _scan(str(root), "")
+    if threads > 1 and len(subdirectories) > 1:
+        with ThreadPoolExecutor(threads, thread_name_prefix="lading-pack-list") as pool:
+            for part in pool.map(_walk, subdirectories):
+                found += part
+    else:
+        for subdirectory in subdirectories:
+            found += _walk(subdirectory)
     return found
+
+
+def _walk(start: tuple[str, str]) -> list:
+    found: list = []
+    pending = [start]
+    while pending:
+        files, subdirectories = _scan(*pending.pop())
+        found += files
+        pending += subdirectories
+    return found
+
+
+def _scan(directory: str, rel: str) -> tuple[list, list[tuple[str, str]]]:
+    """The regular files directly in ``directory`` and its subdirectories (not symlinks to them)."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError as err:
+        raise _source_error(err, directory) from err
+    files: list = []
+    add = files.append
+    subdirectories = []
+    is_regular = stat.S_ISREG
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            subdirectories.append((entry.path, f"{rel}{entry.name}/"))
+            continue
+        try:
+            st = entry.stat()
+        except OSError:
+            continue  # a broken symlink
+        if is_regular(st.st_mode):
+            size = st.st_size
+            add(LocalFile(rel + entry.name, size, f"{st.st_mtime_ns}-{size}", st.st_mtime))
+    return files, subdirectories
