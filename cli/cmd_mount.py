@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.context import AppState, store_config
+from cli.context import AppState
+from cli.store_options import pop_store_config, store_options
 from staging.errors import UsageError
 
 if TYPE_CHECKING:
@@ -67,16 +68,12 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
               help="Daemon log (stats on SIGUSR1 and at unmount). Default: none when detached.")
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount (FUSE allow_other).")
 @click.option("--json", "json_out", is_flag=True, help="Print a JSON line once mounted.")
-@click.option("--endpoint-url", help="S3-compatible endpoint (also AWS_ENDPOINT_URL).")
-@click.option("--profile", help="AWS profile (also AWS_PROFILE).")
-@click.option("--region", help="Region (also AWS_REGION).")
-@click.option("--no-sign-request", is_flag=True, help="Anonymous access to public buckets.")
+@store_options
 @click.pass_obj
 def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifest: Path | None,
           distribution: str, balance: str, rank: int | None, world_size: int | None,
           max_memory: int | None, cache_dir: Path | None, cache_size: int | None, timeout: float,
-          concurrency: int, log_file: Path | None, allow_other: bool, json_out: bool,
-          endpoint_url: str | None, profile: str | None, region: str | None, no_sign_request: bool) -> int:
+          concurrency: int, log_file: Path | None, allow_other: bool, json_out: bool, **store: Any) -> int:
     """Mount URI read-only at MOUNTPOINT with lazy, prefetched reads.
 
     Lists the objects once, then streams their bytes on demand: training starts without
@@ -94,9 +91,10 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
 
     parse_uri(uri)
     topology = detect_topology(os.environ, {"rank": rank, "world_size": world_size})
-    config = store_config(endpoint_url, profile, no_sign_request, region, timeout=timeout)
     # A read must fail within --timeout: a couple of quick retries, never minutes of backoff.
-    config = replace(config, retry=RetryPolicy(attempts=3, base_delay=0.1, max_delay=min(2.0, timeout / 4)),
+    config = pop_store_config(store)
+    config = replace(config, timeout=timeout,
+                     retry=RetryPolicy(attempts=3, base_delay=0.1, max_delay=min(2.0, timeout / 4)),
                      max_pool_connections=max(config.max_pool_connections, concurrency + 8))
     options = MountOptions(
         source=uri,
