@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from staging.context.detignore import DETIGNORE, IgnoreSpec
+from staging.context.stat_sizes import NOT_REGULAR, Readable, stat_sizes
 from staging.errors import AccessDenied, NotFound, UsageError
 
 
@@ -84,40 +85,93 @@ def walk_roots(roots: Sequence[Root], specs: Sequence[IgnoreSpec],
     ``progress`` is called with the number of files found so far after each directory.
     """
     result = WalkResult()
-    readable = _read_permission_check()
+    sizer = _Sizer(result, _read_permission_check(), progress)
     for root, spec in zip(roots, specs):
         if root.is_file:
-            _add_file_root(root, result, readable)
+            _add_file_root(root, result, sizer.readable)
         else:
             if root.name:
                 result.dirs.append(root.name)
-            _walk_tree(root, spec, result, readable, progress)
+            _walk_tree(root, spec, result, sizer)
+    sizer.flush()
     _check_collisions(result)
     return result
 
 
-def _add_file_root(root: Root, result: WalkResult, readable: Callable | None) -> None:
+@dataclass
+class _Pending:
+    """The files of one directory that no pattern ignores, waiting for their sizes."""
+
+    directory: str  # the key in WalkResult.own
+    entries: list[os.DirEntry]  # plain regular files
+    paths: list[str]  # their upload paths
+    others: list[tuple[str, os.DirEntry]]  # links and special files: (upload path, entry)
+
+
+class _Sizer:
+    """Collects directories' files during the walk and stats them in batches (see stat_sizes)."""
+
+    BATCH = 100_000
+
+    def __init__(self, result: WalkResult, readable: Readable | None,
+                 progress: Callable[[int], None] | None) -> None:
+        self.result, self.readable, self.progress = result, readable, progress
+        self.pending: list[_Pending] = []
+        self.waiting = 0
+
+    def add(self, pending: _Pending) -> None:
+        """Queue one directory's files; stat a batch once enough are waiting."""
+        self.pending.append(pending)
+        self.waiting += len(pending.entries) + len(pending.others)
+        if self.waiting >= self.BATCH:
+            self.flush()
+        if self.progress is not None:
+            self.progress(len(self.result.files) + self.waiting)
+
+    def flush(self) -> None:
+        """Stat everything queued and record it, directory by directory."""
+        result = self.result
+        codes = stat_sizes([entry for p in self.pending for entry in p.entries], self.readable)
+        offset = 0
+        for pending in self.pending:
+            chunk = codes[offset:offset + len(pending.entries)]
+            offset += len(pending.entries)
+            first = len(result.sizes)
+            if chunk and min(chunk) >= 0:
+                result.files.extend(pending.paths)
+                result.sizes.extend(chunk)
+            else:
+                for path, code in zip(pending.paths, chunk):
+                    _record(result, path, code)
+            for path, entry in pending.others:
+                _add_file(path, entry, result, self.readable)
+            if len(result.sizes) > first:
+                _add_totals(result, pending.directory, result.sizes[first:])
+        self.pending, self.waiting = [], 0
+
+
+def _record(result: WalkResult, path: str, code: int) -> None:
+    if code >= 0:
+        result.files.append(path)
+        result.sizes.append(code)
+    else:
+        result.notes.append(("special_file" if code == NOT_REGULAR else "unreadable_file", path))
+
+
+def _add_file_root(root: Root, result: WalkResult, readable: Readable | None) -> None:
     try:
         info = os.stat(root.path)
     except OSError as err:
         raise NotFound(f"include '{root.given}' cannot be read: {err.strerror}") from err
     if readable is not None and not readable(info):
         raise AccessDenied(f"include '{root.given}' is not readable", hint="det would fail on it too")
-    _count(result, "", root.name, info.st_size)
+    result.files.append(root.name)
+    result.sizes.append(info.st_size)
+    _add_totals(result, "", [info.st_size])
 
 
-def _count(result: WalkResult, directory: str, path: str, size: int) -> None:
-    totals = result.own.setdefault(directory, DirTotals())
-    totals.files += 1
-    totals.raw_bytes += size
-    totals.det_bytes += (size + 2) // 3 * 3
-    result.files.append(path)
-    result.sizes.append(size)
-
-
-def _walk_tree(root: Root, spec: IgnoreSpec, result: WalkResult, readable: Callable | None,
-               progress: Callable[[int], None] | None) -> None:
-    """Depth-first walk of one directory root.
+def _walk_tree(root: Root, spec: IgnoreSpec, result: WalkResult, sizer: _Sizer) -> None:
+    """Depth-first walk of one directory root; files are handed to ``sizer`` for their sizes.
 
     Plain regular files (known from the directory entry's type, no syscall) go through
     list comprehensions in bulk, which is most of the speed; everything else (directories,
@@ -127,10 +181,9 @@ def _walk_tree(root: Root, spec: IgnoreSpec, result: WalkResult, readable: Calla
     stack = [("", root.path)]
     while stack:
         rel, path = stack.pop()
-        entries = _list_directory(root, rel, path, result)
-        first = len(result.sizes)
-        plain = []
-        for entry in entries:
+        plain: list[os.DirEntry] = []
+        others: list[tuple[str, os.DirEntry]] = []
+        for entry in _list_directory(root, rel, path, result):
             try:
                 is_plain_file = entry.is_file(follow_symlinks=False)
             except OSError:
@@ -138,13 +191,10 @@ def _walk_tree(root: Root, spec: IgnoreSpec, result: WalkResult, readable: Calla
             if is_plain_file:
                 plain.append(entry)
             else:
-                _add_other_entry(root, rel, entry, ignores, result, stack, readable)
-        if plain:
-            _add_plain_files(root, rel, plain, ignores, result, readable)
-        if len(result.sizes) > first:
-            result.own[root.prefix + rel[:-1] if rel else root.name] = _totals(result.sizes[first:])
-        if progress is not None:
-            progress(len(result.sizes))
+                _visit_other_entry(root, rel, entry, ignores, result, stack, others)
+        directory = root.prefix + rel[:-1] if rel else root.name
+        entries, paths = _unignored_files(root, rel, plain, ignores, result)
+        sizer.add(_Pending(directory, entries, paths, others))
 
 
 def _list_directory(root: Root, rel: str, path: str, result: WalkResult) -> list[os.DirEntry]:
@@ -158,8 +208,9 @@ def _list_directory(root: Root, rel: str, path: str, result: WalkResult) -> list
         return []
 
 
-def _add_plain_files(root: Root, rel: str, entries: list[os.DirEntry], ignores: Callable[[str], object],
-                     result: WalkResult, readable: Callable | None) -> None:
+def _unignored_files(root: Root, rel: str, entries: list[os.DirEntry], ignores: Callable[[str], object],
+                     result: WalkResult) -> tuple[list[os.DirEntry], list[str]]:
+    """The plain files of one directory that det keeps, with their upload paths."""
     rels = [rel + entry.name for entry in entries]
     if rel + DETIGNORE in rels:
         at = rels.index(rel + DETIGNORE)
@@ -169,23 +220,13 @@ def _add_plain_files(root: Root, rel: str, entries: list[os.DirEntry], ignores: 
     ignored = list(map(ignores, rels))
     kept = [entry for entry, hit in zip(entries, ignored) if not hit]
     kept_rels = [path for path, hit in zip(rels, ignored) if not hit]
-    try:
-        infos = [entry.stat() for entry in kept]
-    except OSError:  # one vanished or lost permission since the listing: take them one by one
-        for entry, path in zip(kept, kept_rels):
-            _add_file(root, path, entry, result, readable)
-        return
-    if readable is not None and not all(map(readable, infos)):
-        for entry, path in zip(kept, kept_rels):
-            _add_file(root, path, entry, result, readable)
-        return
     prefix = root.prefix
-    result.files.extend([prefix + path for path in kept_rels] if prefix else kept_rels)
-    result.sizes.extend([info.st_size for info in infos])
+    return kept, [prefix + path for path in kept_rels] if prefix else kept_rels
 
 
-def _add_other_entry(root: Root, rel: str, entry: os.DirEntry, ignores: Callable[[str], object],
-                     result: WalkResult, stack: list[tuple[str, str]], readable: Callable | None) -> None:
+def _visit_other_entry(root: Root, rel: str, entry: os.DirEntry, ignores: Callable[[str], object],
+                       result: WalkResult, stack: list[tuple[str, str]],
+                       others: list[tuple[str, os.DirEntry]]) -> None:
     """A directory, a link or a special file, decided the way os.walk + det decide it."""
     rel_path = rel + entry.name
     try:
@@ -206,13 +247,11 @@ def _add_other_entry(root: Root, rel: str, entry: os.DirEntry, ignores: Callable
             result.notes.append(("nested_detignore", root.prefix + rel_path))
         return
     if not ignores(rel_path):
-        _add_file(root, rel_path, entry, result, readable)
+        others.append((root.prefix + rel_path, entry))
 
 
-def _add_file(root: Root, rel_path: str, entry: os.DirEntry, result: WalkResult,
-              readable: Callable | None) -> None:
+def _add_file(path: str, entry: os.DirEntry, result: WalkResult, readable: Readable | None) -> None:
     """One file that no pattern ignores: uploaded if det could open it."""
-    path = root.prefix + rel_path
     try:
         info = entry.stat()
     except OSError:
@@ -227,15 +266,18 @@ def _add_file(root: Root, rel_path: str, entry: os.DirEntry, result: WalkResult,
         result.sizes.append(info.st_size)
 
 
-def _totals(sizes: list[int]) -> DirTotals:
-    """Totals of one directory's files, at C speed: ceil(s/3)*3 adds 2 bytes when s % 3 == 1
-    and 1 byte when s % 3 == 2."""
+def _add_totals(result: WalkResult, directory: str, sizes: list[int]) -> None:
+    """Add files to a directory's own totals, at C speed: ceil(s/3)*3 adds 2 bytes when
+    s % 3 == 1 and 1 byte when s % 3 == 2."""
     remainders = list(map(operator.mod, sizes, itertools.repeat(3)))
     raw = sum(sizes)
-    return DirTotals(len(sizes), raw, raw + 2 * remainders.count(1) + remainders.count(2))
+    totals = result.own.setdefault(directory, DirTotals())
+    totals.files += len(sizes)
+    totals.raw_bytes += raw
+    totals.det_bytes += raw + 2 * remainders.count(1) + remainders.count(2)
 
 
-def _read_permission_check() -> Callable[[os.stat_result], bool] | None:
+def _read_permission_check() -> Readable | None:
     """A stat-only stand-in for "can det open this file for reading" (None: always, as root).
 
     Uses the owner/group/other permission bits as the kernel does (ACLs aside), to avoid a
