@@ -1,8 +1,8 @@
 """Sizes of many directory entries, the expensive part of a walk: one stat per file.
 
 Python spends about as long building each ``os.stat_result`` as the kernel spends in the
-syscall, so for big trees on Linux with a spare CPU the list is split with a forked child that
-stats the second half and sends the sizes back through a pipe. The child only stats, writes and
+syscall, so for big trees on Linux with a spare CPU (load average at most CPUs - 1) the list is
+split with a forked child that stats the second half and sends the sizes back through a pipe. The child only stats, writes and
 ``os._exit``s; it is never used while other Python threads run.
 """
 
@@ -56,10 +56,12 @@ def _code(entry: os.DirEntry, readable: Readable | None) -> int:
 
 
 def _can_fork() -> bool:
+    """Linux, no other Python thread, and a CPU to spare (a busy machine gains nothing)."""
     if not sys.platform.startswith("linux") or threading.active_count() != 1:
         return False
     try:
-        return len(os.sched_getaffinity(0)) >= 2
+        cpus = len(os.sched_getaffinity(0))
+        return cpus >= 2 and os.getloadavg()[0] <= cpus - 1
     except (AttributeError, OSError):
         return False
 
