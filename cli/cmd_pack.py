@@ -61,6 +61,14 @@ class _Bar:
         self.bar.close()
 
 
+class _PlainConsole:
+    """The one method of rich's Console we use, for output that is not a terminal."""
+
+    def print(self, text: str) -> None:
+        """Write a line."""
+        click.echo(text)
+
+
 def _plan_summary(plan: Any) -> dict[str, Any]:
     return {
         "dry_run": True,
@@ -77,9 +85,12 @@ def _plan_summary(plan: Any) -> dict[str, Any]:
 
 
 def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
-    from rich.console import Console
+    if sys.stdout.isatty():
+        from rich.console import Console
 
-    console = Console(highlight=False, soft_wrap=True)
+        console: Any = Console(highlight=False, soft_wrap=True, markup=False)  # paths may hold [ ]
+    else:  # a log or a pipe: plain lines, without paying for rich's import
+        console = _PlainConsole()
     shards = summary["shards"]
     sizes = [shard["bytes"] for shard in shards]
     verb = "would pack" if dry_run else "packed"

@@ -136,12 +136,13 @@ def write_shard_file(shard: ShardPlan, source: MemberSource, path: Path,
 
 
 def writer_threads(shards: int) -> int:
-    """Shards written at once: the per-file work is mostly system calls, which run in parallel."""
+    """Shards written at once: the per-file work is mostly system calls, which run in parallel
+    (a couple more threads than CPUs keep them busy while one waits for the disk)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, shards, 4))
+    return max(1, min(cpus + 2, shards, 8))
 
 
 def _write_all_shards(plan: PackPlan, source: MemberSource, publisher: Publisher, events: PackEvents) -> None:

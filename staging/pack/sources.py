@@ -39,20 +39,21 @@ class LocalSource:
     def write_members(self, members: Iterable[Member], writer: ShardWriter) -> None:
         """Copy each file into the shard, refusing one that changed since it was listed."""
         prefix = self._prefix
+        open_, fstat, close, add = os.open, os.fstat, os.close, writer.add_file
         for member in members:
             info = member.info
             path = prefix + info.key
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = open_(path, os.O_RDONLY)
             except OSError as err:
                 raise _source_error(err, path) from err
             try:
-                st = os.fstat(fd)
-                if f"{st.st_mtime_ns}-{st.st_size}" != info.version:  # LocalStore's version format
+                st = fstat(fd)
+                if st.st_size != info.size or f"{st.st_mtime_ns}-{st.st_size}" != info.version:
                     raise ObjectChanged(f"{path} changed since it was listed", "run lading pack again")
-                writer.add_file(info.key, fd, info.size, path)
+                add(info.key, fd, info.size, path)
             finally:
-                os.close(fd)
+                close(fd)
 
     def close(self) -> None:
         """Nothing to release."""

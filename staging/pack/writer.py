@@ -96,26 +96,41 @@ class ShardWriter:
         Raises ObjectChanged when the file holds fewer bytes than its header promised.
         """
         header = member_header(name, size)
-        if size <= SMALL_FILE:
-            self._room(len(header) + size + BLOCK)
-            self._put(header)
-            start = self._used
-            got = os.readv(fd, [self._view[start:start + size]]) if size else 0
-            while got < size:
-                step = os.readv(fd, [self._view[start + got:start + size]])
-                if step == 0:
-                    raise ObjectChanged(f"{source} shrank while packing it ({got} of {size} bytes)")
-                got += step
-            self._used = start + size
-            self._put_padding(size)
-        else:
-            self._room(len(header))
-            self._put(header)
+        if size > SMALL_FILE:
+            self._add_large(header, fd, size, source)
+            return
+        # The hot path for small files, kept flat: header, data read straight into the buffer,
+        # zero padding, with no intermediate bytes objects.
+        used = self._used
+        end = used + len(header) + size + BLOCK
+        if end > _BUFFER_SIZE:
             self.flush()
-            if _kernel_copy(fd, self.fd, size) != size:
-                raise ObjectChanged(f"{source} shrank while packing it")
-            self.written += size
-            self._put_padding(size)
+            used = 0
+        view = self._view
+        start = used + len(header)
+        view[used:start] = header
+        got = os.readv(fd, [view[start:start + size]]) if size else 0
+        while got < size:
+            step = os.readv(fd, [view[start + got:start + size]])
+            if step == 0:
+                raise ObjectChanged(f"{source} shrank while packing it ({got} of {size} bytes)")
+            got += step
+        used = start + size
+        pad = -size % BLOCK
+        if pad:
+            view[used:used + pad] = _ZEROS[:pad]
+            used += pad
+        self._used = used
+        self._pending_progress += size
+
+    def _add_large(self, header: bytes, fd: int, size: int, source: str) -> None:
+        self._room(len(header))
+        self._put(header)
+        self.flush()
+        if _kernel_copy(fd, self.fd, size) != size:
+            raise ObjectChanged(f"{source} shrank while packing it")
+        self.written += size
+        self._put_padding(size)
         self._pending_progress += size
 
     def _write_all(self, data: bytes | memoryview) -> None:
