@@ -122,11 +122,24 @@ def _spawn_daemon(options: MountOptions) -> MountReady:
         _daemon_main(options, write_fd)  # never returns
     os.close(write_fd)
     os.waitpid(pid, 0)
-    message = _read_report(read_fd)
-    if message.startswith("ready "):
-        daemon_pid = int(message.split()[1])
-        _wait_mounted(options.mountpoint, daemon_pid)
-        return MountReady(options.mountpoint, daemon_pid, time.monotonic() - started)
+    reports = os.fdopen(read_fd, "r", encoding="utf-8", errors="replace")
+    daemon_pid = 0
+    try:
+        message = ""
+        for line in reports:  # "pid N" first, then "ready N" or "error CODE MESSAGE"
+            if line.startswith("pid "):
+                daemon_pid = int(line.split()[1])
+                continue
+            message = line.strip()
+            break
+        if message.startswith("ready "):
+            _wait_mounted(options.mountpoint, daemon_pid)
+            return MountReady(options.mountpoint, daemon_pid, time.monotonic() - started)
+    except BaseException:  # Ctrl-C while listing, or the mount never appeared: leave nothing behind
+        _stop_daemon(daemon_pid, options.mountpoint)
+        raise
+    finally:
+        reports.close()
     if message.startswith("error "):
         _, code, text = message.split(" ", 2)
         raise _error_for_code(int(code))(text)
@@ -134,16 +147,15 @@ def _spawn_daemon(options: MountOptions) -> MountReady:
     raise errors.ProblemFound(f"the mount daemon exited before the mount was ready{where}")
 
 
-def _read_report(fd: int) -> str:
-    chunks = []
-    try:
-        while chunk := os.read(fd, 4096):
-            chunks.append(chunk)
-            if b"\n" in chunk:
-                break
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace").strip()
+def _stop_daemon(pid: int, mountpoint: Path) -> None:
+    """Stop a daemon that has not finished mounting (SIGTERM unmounts if it got that far)."""
+    if pid and _alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)  # auto_unmount then removes any mount it left
 
 
 def _wait_mounted(path: Path, pid: int, timeout: float = 10.0) -> None:
@@ -184,6 +196,8 @@ def _daemon_main(options: MountOptions, report_fd: int) -> None:
     os.dup2(out, 2)
     code = 0
     reported = False
+
+    os.write(report_fd, f"pid {os.getpid()}\n".encode())
 
     def report(text: str) -> None:
         nonlocal reported
@@ -242,7 +256,12 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     disk = DiskCache(options.cache_dir, options.cache_size) if options.cache_dir else None
     stats = Stats()
     reader = Reader(store, options.reader, disk, stats)
-    dump = lambda: log.info("stats %s", json.dumps(stats.snapshot(), sort_keys=True))  # noqa: E731
+    def dump() -> None:
+        snapshot = stats.snapshot()
+        snapshot.update(memory_held=reader.memory.held, memory_budget=reader.memory.budget,
+                        disk_held=disk.held if disk is not None else 0)
+        log.info("stats %s", json.dumps(snapshot, sort_keys=True))
+
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # inherited by every FUSE thread
     threading.Thread(target=_stats_on_signal, args=(dump,), daemon=True, name="lading-stats").start()
     served = threading.Event()

@@ -7,13 +7,15 @@ import errno
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from servers import start_moto
-from test_mount_support import mounted, put_objects, s3_client, wait_for
+from test_mount_support import REPO, alive, mounted, put_objects, s3_client, wait_for
 
 BUCKET = "mount-faults"
 TIMEOUT = 3.0
@@ -102,3 +104,35 @@ def test_object_replaced_after_mount_gives_eio_not_mixed_bytes(moto_server, tmp_
             os.close(fd)
         assert _read_errno(mnt.path / "f3.bin") == errno.EIO
         assert os.stat(mnt.path / "f3.bin").st_size == len(objects["f3.bin"])  # the listing is immutable
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline and alive(int(entry)):
+                found.append(int(entry))
+    return found
+
+
+def test_ctrl_c_while_listing_leaves_no_daemon_and_no_mount(own_moto, tmp_path: Path) -> None:
+    put_objects(own_moto.env, BUCKET, {"x.bin": b"x"})
+    mountpoint = tmp_path / "mnt-interrupted"
+    mountpoint.mkdir()
+    os.killpg(own_moto.proc.pid, signal.SIGSTOP)  # the listing hangs
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "cli", "mount", f"s3://{BUCKET}", str(mountpoint)],
+                                cwd=REPO, env={**os.environ, **own_moto.env}, stderr=subprocess.PIPE, text=True)
+        # the command and its daemon (a forked copy with the same command line) are both up
+        wait_for(lambda: len(_processes_mentioning(str(mountpoint))) >= 2, 20, "the daemon to start")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 130 and "interrupted" in err
+        wait_for(lambda: not _processes_mentioning(str(mountpoint)), 20, "the daemon to be stopped")
+        assert not os.path.ismount(mountpoint)
+    finally:
+        os.killpg(own_moto.proc.pid, signal.SIGCONT)

@@ -116,3 +116,21 @@ def test_mounting_twice_is_refused(bucket, tmp_path: Path) -> None:
         result = cli("mount", f"s3://{BUCKET}", str(mnt.path), env=bucket)
         assert result.returncode == 2 and "already a mount point" in result.stderr
         assert (mnt.path / "a.txt").read_bytes() == b"alpha\n"
+
+
+def test_busy_mount_is_refused_with_a_hint_then_unmounts(bucket, tmp_path: Path) -> None:
+    with mounted(f"s3://{BUCKET}", tmp_path / "mnt", env=bucket) as mnt:
+        with open(mnt.path / "a.txt", "rb") as handle:
+            result = cli("unmount", str(mnt.path))
+            assert result.returncode == 1 and "--lazy" in result.stderr
+            assert os.path.ismount(mnt.path) and handle.read() == b"alpha\n"
+        mnt.unmount()
+
+
+def test_memory_budget_bounds_buffers(bucket, tmp_path: Path, moto_server) -> None:
+    big = bytes(range(256)) * (6 * 4096)  # 6 MiB: sequential prefetch path
+    put_objects(moto_server.env, "mount-budget", {"big.bin": big})
+    with mounted("s3://mount-budget", tmp_path / "mnt", "--max-memory", "2MiB", env=bucket) as mnt:
+        assert (mnt.path / "big.bin").read_bytes() == big
+        stats = mnt.stats()
+        assert stats["memory_budget"] == 2 << 20 and stats["memory_held"] <= 2 << 20
