@@ -22,30 +22,33 @@ PARALLEL_MIN_ENTRIES = 20_000
 Readable = Callable[[os.stat_result], bool]
 
 
-def stat_sizes(entries: Sequence[os.DirEntry], readable: Readable | None) -> list[int]:
-    """Size of each entry (following links), or a negative code: FAILED, NOT_REGULAR, NOT_READABLE."""
-    if len(entries) >= PARALLEL_MIN_ENTRIES and _can_fork():
+def stat_sizes(paths: Sequence[str], readable: Readable | None) -> list[int]:
+    """Size of each path (following links), or a negative code: FAILED, NOT_REGULAR, NOT_READABLE.
+
+    Paths rather than ``os.DirEntry`` objects: an entry caches its stat result, and a batch of
+    cached results costs memory for nothing."""
+    if len(paths) >= PARALLEL_MIN_ENTRIES and _can_fork():
         try:
-            return _stat_in_two_processes(entries, readable)
+            return _stat_in_two_processes(paths, readable)
         except OSError:
             pass  # no fork or pipe available: do it here
-    return _stat_serial(entries, readable)
+    return _stat_serial(paths, readable)
 
 
-def _stat_serial(entries: Sequence[os.DirEntry], readable: Readable | None) -> list[int]:
+def _stat_serial(paths: Sequence[str], readable: Readable | None) -> list[int]:
     try:
-        infos = [entry.stat() for entry in entries]
+        infos = list(map(os.stat, paths))
     except OSError:
-        return [_code(entry, readable) for entry in entries]
-    if not all(map(stat.S_ISREG, [info.st_mode for info in infos])) or (
-            readable is not None and not all(map(readable, infos))):
-        return [_code(entry, readable) for entry in entries]
-    return [info.st_size for info in infos]
+        return [_code(path, readable) for path in paths]
+    if all(map(stat.S_ISREG, [info.st_mode for info in infos])) and (
+            readable is None or all(map(readable, infos))):
+        return [info.st_size for info in infos]
+    return [_code(path, readable) for path in paths]
 
 
-def _code(entry: os.DirEntry, readable: Readable | None) -> int:
+def _code(path: str, readable: Readable | None) -> int:
     try:
-        info = entry.stat()
+        info = os.stat(path)
     except OSError:
         return FAILED
     if not stat.S_ISREG(info.st_mode):
@@ -66,8 +69,8 @@ def _can_fork() -> bool:
         return False
 
 
-def _stat_in_two_processes(entries: Sequence[os.DirEntry], readable: Readable | None) -> list[int]:
-    half = len(entries) // 2
+def _stat_in_two_processes(paths: Sequence[str], readable: Readable | None) -> list[int]:
+    half = len(paths) // 2
     read_end, write_end = os.pipe()
     try:
         pid = os.fork()
@@ -79,19 +82,19 @@ def _stat_in_two_processes(entries: Sequence[os.DirEntry], readable: Readable | 
         status = 1
         try:
             os.close(read_end)
-            _write_all(write_end, array.array("q", _stat_serial(entries[half:], readable)).tobytes())
+            _write_all(write_end, array.array("q", _stat_serial(paths[half:], readable)).tobytes())
             status = 0
         finally:
             os._exit(status)
     os.close(write_end)
     try:
-        mine = _stat_serial(entries[:half], readable)
-        data = _read_exactly(read_end, (len(entries) - half) * 8)
+        mine = _stat_serial(paths[:half], readable)
+        data = _read_exactly(read_end, (len(paths) - half) * 8)
     finally:
         os.close(read_end)
         _reap(pid)
     if data is None:  # the child failed: do its half here
-        return mine + _stat_serial(entries[half:], readable)
+        return mine + _stat_serial(paths[half:], readable)
     return mine + array.array("q", data).tolist()
 
 

@@ -103,7 +103,7 @@ class _Pending:
     """The files of one directory that no pattern ignores, waiting for their sizes."""
 
     directory: str  # the key in WalkResult.own
-    entries: list[os.DirEntry]  # plain regular files
+    sources: list[str]  # plain regular files, as paths to stat
     paths: list[str]  # their upload paths
     others: list[tuple[str, os.DirEntry]]  # links and special files: (upload path, entry)
 
@@ -111,7 +111,7 @@ class _Pending:
 class _Sizer:
     """Collects directories' files during the walk and stats them in batches (see stat_sizes)."""
 
-    BATCH = 100_000
+    BATCH = 50_000  # bounds the memory held between the walk and the stats
 
     def __init__(self, result: WalkResult, readable: Readable | None,
                  progress: Callable[[int], None] | None) -> None:
@@ -122,7 +122,7 @@ class _Sizer:
     def add(self, pending: _Pending) -> None:
         """Queue one directory's files; stat a batch once enough are waiting."""
         self.pending.append(pending)
-        self.waiting += len(pending.entries) + len(pending.others)
+        self.waiting += len(pending.sources) + len(pending.others)
         if self.waiting >= self.BATCH:
             self.flush()
         if self.progress is not None:
@@ -131,11 +131,11 @@ class _Sizer:
     def flush(self) -> None:
         """Stat everything queued and record it, directory by directory."""
         result = self.result
-        codes = stat_sizes([entry for p in self.pending for entry in p.entries], self.readable)
+        codes = stat_sizes([source for p in self.pending for source in p.sources], self.readable)
         offset = 0
         for pending in self.pending:
-            chunk = codes[offset:offset + len(pending.entries)]
-            offset += len(pending.entries)
+            chunk = codes[offset:offset + len(pending.sources)]
+            offset += len(pending.sources)
             first = len(result.sizes)
             if chunk and min(chunk) >= 0:
                 result.files.extend(pending.paths)
@@ -193,8 +193,8 @@ def _walk_tree(root: Root, spec: IgnoreSpec, result: WalkResult, sizer: _Sizer) 
             else:
                 _visit_other_entry(root, rel, entry, ignores, result, stack, others)
         directory = root.prefix + rel[:-1] if rel else root.name
-        entries, paths = _unignored_files(root, rel, plain, ignores, result)
-        sizer.add(_Pending(directory, entries, paths, others))
+        sources, paths = _unignored_files(root, rel, plain, ignores, result)
+        sizer.add(_Pending(directory, sources, paths, others))
 
 
 def _list_directory(root: Root, rel: str, path: str, result: WalkResult) -> list[os.DirEntry]:
@@ -209,8 +209,8 @@ def _list_directory(root: Root, rel: str, path: str, result: WalkResult) -> list
 
 
 def _unignored_files(root: Root, rel: str, entries: list[os.DirEntry], ignores: Callable[[str], object],
-                     result: WalkResult) -> tuple[list[os.DirEntry], list[str]]:
-    """The plain files of one directory that det keeps, with their upload paths."""
+                     result: WalkResult) -> tuple[list[str], list[str]]:
+    """The plain files of one directory that det keeps: their paths and their upload paths."""
     rels = [rel + entry.name for entry in entries]
     if rel + DETIGNORE in rels:
         at = rels.index(rel + DETIGNORE)
@@ -218,7 +218,7 @@ def _unignored_files(root: Root, rel: str, entries: list[os.DirEntry], ignores: 
         if rel:
             result.notes.append(("nested_detignore", root.prefix + rel + DETIGNORE))
     ignored = list(map(ignores, rels))
-    kept = [entry for entry, hit in zip(entries, ignored) if not hit]
+    kept = [entry.path for entry, hit in zip(entries, ignored) if not hit]
     kept_rels = [path for path, hit in zip(rels, ignored) if not hit]
     prefix = root.prefix
     return kept, [prefix + path for path in kept_rels] if prefix else kept_rels
