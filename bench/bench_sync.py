@@ -29,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -65,17 +66,23 @@ LAST_STDOUT = [b""]
 
 def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, int]:
     """Run a command; return (wall seconds, peak RSS in KiB). Fails loudly on a non-zero exit.
-    The command's stdout is kept in LAST_STDOUT."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env or tool_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    elapsed = time.perf_counter() - start
-    out, err = proc.stdout.read(), proc.stderr.read()  # small outputs: tools run quiet
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    LAST_STDOUT[0] = out
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed ({proc.returncode}): {err.decode()[-2000:] or out.decode()[-2000:]}")
-    return elapsed, usage.ru_maxrss
+    The command's stdout is kept in LAST_STDOUT.
+
+    Peak RSS comes from GNU time, a small C parent: a child forked from this (large) Python
+    process would report at least this process's RSS, because Linux keeps the high-water mark
+    of the forked address space across exec.
+    """
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_file:
+        start = time.perf_counter()
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", rss_file.name, *argv], env=env or tool_env(),
+                              capture_output=True)
+        elapsed = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise SystemExit(f"{argv[0]} failed ({proc.returncode}): "
+                             f"{proc.stderr.decode()[-2000:] or proc.stdout.decode()[-2000:]}")
+        LAST_STDOUT[0] = proc.stdout
+        rss = int(rss_file.read().strip().splitlines()[-1] or 0)
+    return elapsed, rss
 
 
 def s3_client(endpoint: str):
