@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 #: Codes for entries that are not simply "a readable regular file of N bytes".
 FAILED, NOT_REGULAR, NOT_READABLE = -1, -2, -3
 PARALLEL_MIN_ENTRIES = 20_000
+_CHUNK = 2048
 
 Readable = Callable[[os.stat_result], bool]
 
@@ -36,6 +37,13 @@ def stat_sizes(paths: Sequence[str], readable: Readable | None) -> list[int]:
 
 
 def _stat_serial(paths: Sequence[str], readable: Readable | None) -> list[int]:
+    sizes: list[int] = []
+    for start in range(0, len(paths), _CHUNK):  # stat results are big: hold a few at a time
+        sizes += _stat_chunk(paths[start:start + _CHUNK], readable)
+    return sizes
+
+
+def _stat_chunk(paths: Sequence[str], readable: Readable | None) -> list[int]:
     try:
         infos = list(map(os.stat, paths))
     except OSError:
