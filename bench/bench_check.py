@@ -120,6 +120,7 @@ def main() -> None:
     lading = [str(Path(sys.executable).with_name("lading"))]
     subprocess.run(["find", tree, "-type", "f"], stdout=subprocess.DEVNULL, check=True)  # warm the cache
 
+    load_before = os.getloadavg()[0]
     oracle = [args.det_python, str(REPO / "bench" / "det_oracle.py"), tree]
     runs = round_robin({
         "find": ["find", tree, "-type", "f", "-printf", "%s\n"],
@@ -140,6 +141,8 @@ def main() -> None:
             and ours["total_bytes"] == det["total"] and sorted(d["path"] for d in ours["directories"])
             == sorted(det["dirs"]))
 
+    print(f"machine: {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after; {args.repeat} rounds (det: {len(runs['det'])})")
     print(f"tree: {tree}: {len(report.walked.files):,} uploaded files, {len(report.walked.dirs):,} dirs, "
           f"det total {report.total_bytes:,} bytes; lading and det agree: {'yes' if same else 'NO'}")
     rows = [
