@@ -120,13 +120,15 @@ class LargeDownload:
             self.ctx.on_bytes(len(chunk))
 
         try:
-            self.ctx.reader.read_part(self.info, start, end, sink)
+            md5_usable = self.ctx.reader.read_part(self.info, start, end, sink)
         except BaseException:
             self.ctx.on_bytes(start - offset)  # discard what this attempt delivered
             raise
         if offset != end:
             self.ctx.on_bytes(start - offset)
             raise TransientError(f"{self.info.key}: short ranged read ({offset - start} of {end - start} bytes)")
+        if not md5_usable:
+            self.verifier.skip_md5()
 
     def _advance_hash(self, blocking: bool) -> None:
         """Feed completed parts to the verifier in order; one thread at a time does it."""

@@ -34,8 +34,9 @@ class Reader(Protocol):
         """Write the whole object to ``tmp`` (truncating it), feeding ``verifier``; return its size."""
         ...
 
-    def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> None:
-        """Deliver bytes ``[start, end)`` of the object's ``info.version`` to ``sink``."""
+    def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> bool:
+        """Deliver bytes ``[start, end)`` of the object's ``info.version`` to ``sink``; return
+        False when the server says the listed MD5 is not the content's (SSE-KMS, SSE-C)."""
         ...
 
     def close(self) -> None:
@@ -81,9 +82,9 @@ class StreamingReader:
         finally:
             os.close(fd)
 
-    def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> None:
+    def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> bool:
         """One ranged GET guarded by If-Match."""
-        self._client.get(info.key, sink, _version(info), start, end)  # type: ignore[attr-defined]
+        return self._client.get(info.key, sink, _version(info), start, end).etag_is_md5  # type: ignore[attr-defined]
 
     def close(self) -> None:
         """Close pooled connections."""
@@ -125,9 +126,10 @@ class StoreReader:
                 os.close(fd)
         return size
 
-    def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> None:
+    def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> bool:
         """``store.read_range`` guarded by the version."""
         sink(memoryview(self._store.read_range(info.key, start, end, _version(info))))
+        return True
 
     def close(self) -> None:
         """Nothing to release."""

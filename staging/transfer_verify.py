@@ -62,14 +62,15 @@ class Verifier:
 
     def update_from_file(self, fd: int, start: int, end: int) -> None:
         """Feed bytes ``[start, end)`` of an open file."""
-        if self._hasher is None:
+        hasher = self._hasher  # skip_md5() may drop it from another thread meanwhile
+        if hasher is None:
             return
         offset = start
         while offset < end:
             chunk = os.pread(fd, min(_READ_CHUNK, end - offset), offset)
             if not chunk:
                 raise IntegrityError(f"{self.info.key}: temporary file shorter than expected")
-            self._hasher.update(chunk)
+            hasher.update(chunk)
             offset += len(chunk)
 
     def check(self, size: int) -> None:
