@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import heapq
-import json
-from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +92,9 @@ class CheckReport:
     def to_json(self, top: int) -> str:
         """``json.dumps(self.to_dict(top))`` with the (possibly huge) file list written at C speed
         instead of as one dict per file. Keys are the same; "files" comes last."""
+        import json
+        from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+
         doc = self.to_dict(top, with_files=False)
         files, sizes = self.walked.files, self.walked.sizes
         entries = ",".join(['{"path": %s, "size": %d}' % (encode_basestring_ascii(files[i]), sizes[i])

@@ -8,11 +8,9 @@ split with a forked child that stats the second half and sends the sizes back th
 
 from __future__ import annotations
 
-import array
 import os
 import stat
 import sys
-import threading
 from typing import Callable, Sequence
 
 #: Codes for entries that are not simply "a readable regular file of N bytes".
@@ -68,7 +66,8 @@ def _code(path: str, readable: Readable | None) -> int:
 
 def _can_fork() -> bool:
     """Linux, no other Python thread, and a CPU to spare (a busy machine gains nothing)."""
-    if not sys.platform.startswith("linux") or threading.active_count() != 1:
+    threading = sys.modules.get("threading")  # not imported: nobody started a Python thread
+    if not sys.platform.startswith("linux") or (threading is not None and threading.active_count() != 1):
         return False
     try:
         cpus = len(os.sched_getaffinity(0))
@@ -90,7 +89,7 @@ def _stat_in_two_processes(paths: Sequence[str], readable: Readable | None) -> l
         status = 1
         try:
             os.close(read_end)
-            _write_all(write_end, array.array("q", _stat_serial(paths[half:], readable)).tobytes())
+            _write_all(write_end, _pack(_stat_serial(paths[half:], readable)))
             status = 0
         finally:
             os._exit(status)
@@ -103,7 +102,19 @@ def _stat_in_two_processes(paths: Sequence[str], readable: Readable | None) -> l
         _reap(pid)
     if data is None:  # the child failed: do its half here
         return mine + _stat_serial(paths[half:], readable)
-    return mine + array.array("q", data).tolist()
+    return mine + _unpack(data)
+
+
+def _pack(sizes: list[int]) -> bytes:
+    import array
+
+    return array.array("q", sizes).tobytes()
+
+
+def _unpack(data: bytes) -> list[int]:
+    import array
+
+    return array.array("q", data).tolist()
 
 
 def _write_all(fd: int, data: bytes) -> None:
