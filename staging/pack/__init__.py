@@ -16,6 +16,7 @@ from typing import Callable
 from staging.errors import AccessDenied, LadingError, ProblemFound, UsageError
 from staging.pack.grouping import group_samples
 from staging.pack.index import PublishedShard, build_index, build_manifest, dump
+from staging.pack.parallel import usable_workers, write_shards_in_processes
 from staging.pack.plan import PackOptions, PackPlan, ShardPlan, plan_shards
 from staging.pack.sources import LocalSource, MemberSource, StoreSource, list_local
 from staging.pack.upload import LocalPublisher, Publisher, StorePublisher
@@ -135,18 +136,37 @@ def write_shard_file(shard: ShardPlan, source: MemberSource, path: Path,
     return size
 
 
-def writer_threads(shards: int) -> int:
-    """Shards written at once: the per-file work is mostly system calls, which run in parallel
-    (a couple more threads than CPUs keep them busy while one waits for the disk)."""
+def _cpus() -> int:
     try:
-        cpus = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, min(cpus + 2, shards, 8))
+        return os.cpu_count() or 1
+
+
+def writer_threads(shards: int) -> int:
+    """Shards written at once on threads: the system calls overlap, the Python work does not."""
+    return max(1, min(_cpus(), shards, 4))
 
 
 def _write_all_shards(plan: PackPlan, source: MemberSource, publisher: Publisher, events: PackEvents) -> None:
-    """Write shards on a few threads; commit them to the publisher in order, from this thread."""
+    """Write every shard (in processes for local packs, else on threads); commit them in order."""
+    processes = usable_workers(len(plan.shards), _cpus()) \
+        if isinstance(source, LocalSource) and isinstance(publisher, LocalPublisher) else 0
+    if processes > 1:
+        paths = [publisher.shard_path(shard) for shard in plan.shards]
+
+        def done(index: int, size: int) -> None:
+            shard = plan.shards[index]
+            events.on_bytes(sum(sample.nbytes for sample in shard.samples))
+            publisher.commit_shard(shard, paths[index])
+            events.on_shard(shard.name, size)
+
+        write_shards_in_processes(plan, source, paths, processes, write_shard_file, done)
+        return
+    _write_on_threads(plan, source, publisher, events)
+
+
+def _write_on_threads(plan: PackPlan, source: MemberSource, publisher: Publisher, events: PackEvents) -> None:
     lock = threading.Lock()
 
     def on_bytes(nbytes: int) -> None:
