@@ -201,3 +201,24 @@ def test_cli_refusals(lading, tmp_path):
     again = lading("pack", str(source), str(tmp_path / "out"), "--name", "ds")
     assert again.returncode == 2 and "already exists" in again.stderr
     assert "Traceback" not in missing.stderr + inside.stderr + misnamed.stderr + again.stderr
+
+
+def test_ctrl_c_mid_pack_removes_everything(tmp_path):
+    source, dest, marker = tmp_path / "src", tmp_path / "out", tmp_path / "marker"
+    make_source(source)
+    proc = subprocess.Popen([sys.executable, "-c", KILLABLE, str(source), str(dest), str(marker)], cwd=REPO,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, "the pack exited before its first shard"
+            assert time.monotonic() < deadline, "no shard written within 60 s"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert b"KeyboardInterrupt" in stderr
+    assert os.listdir(dest) == [], "an interrupted pack left files behind"
