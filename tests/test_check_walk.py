@@ -271,3 +271,40 @@ def test_read_permission_check_follows_owner_group_other_bits(monkeypatch):
     assert not readable(info(0o100440, 1, 1))
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     assert _read_permission_check() is None  # root reads everything
+
+
+def test_remedy_for_an_include_goes_to_the_includes_detignore(tmp_path):
+    write(tmp_path / "ctx" / "model.py")
+    sparse(tmp_path / "assets" / "datasets" / "big.parquet", 100 << 20)
+    write(tmp_path / "assets" / "vocab.txt", b"v")
+    report = check_context(str(tmp_path / "ctx"), [str(tmp_path / "assets")])
+    assert report.remedy is not None and report.remedy.fits_after
+    assert report.remedy.lines == {str((tmp_path / "assets").resolve() / ".detignore"): ["/datasets/"]}
+    assert report.remedy.paths[0][0] == "assets/datasets"
+
+
+def test_explain_through_includes_and_symlinked_directories(tmp_path):
+    from staging.context.explain import explain, upload_name
+    from staging.context.detignore import IgnoreSpec
+    from staging.context.walk import resolve_roots
+
+    write(tmp_path / "ctx" / "model.py")
+    write(tmp_path / "elsewhere" / "inner.py")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "ctx" / "linked")
+    write(tmp_path / "lib" / "util.py")
+    write(tmp_path / "lib" / ".detignore", "*.tmp\n")
+    write(tmp_path / "lib" / "scratch.tmp")
+    roots = resolve_roots(str(tmp_path / "ctx"), [str(tmp_path / "lib")])
+    specs = [IgnoreSpec.for_root(root.path) for root in roots]
+
+    def decide(given: str):
+        return explain(roots, specs, upload_name(roots, given))
+
+    assert decide("lib").uploaded and "-i/--include" in decide("lib").reason
+    tmp = decide("lib/scratch.tmp")
+    assert not tmp.uploaded and tmp.rule is not None and tmp.rule.source.endswith("lib/.detignore")
+    assert decide(str(tmp_path / "lib" / "util.py")).path == "lib/util.py"
+    inner = decide("linked/inner.py")
+    assert not inner.uploaded and "symlink to a directory" in inner.reason
+    linked = decide("linked")
+    assert linked.uploaded and linked.kind == "directory" and "empty directory" in linked.reason
