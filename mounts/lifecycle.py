@@ -113,25 +113,26 @@ def _serve_foreground(options: MountOptions, on_ready: Callable[[MountReady], No
 def _spawn_daemon(options: MountOptions) -> MountReady:
     started = time.monotonic()
     read_fd, write_fd = os.pipe()
+    # Ctrl-C waits until the daemon's pid is known, so that it can always be stopped.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     pid = os.fork()
     if pid == 0:  # first child: new session, then fork again so the daemon is no session leader
         os.close(read_fd)
         os.setsid()
-        if os.fork() != 0:
+        daemon = os.fork()
+        if daemon != 0:
+            os.write(write_fd, f"pid {daemon}\n".encode())
             os._exit(0)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         _daemon_main(options, write_fd)  # never returns
     os.close(write_fd)
     os.waitpid(pid, 0)
     reports = os.fdopen(read_fd, "r", encoding="utf-8", errors="replace")
-    daemon_pid = 0
+    first = reports.readline()
+    daemon_pid = int(first.split()[1]) if first.startswith("pid ") else 0
     try:
-        message = ""
-        for line in reports:  # "pid N" first, then "ready N" or "error CODE MESSAGE"
-            if line.startswith("pid "):
-                daemon_pid = int(line.split()[1])
-                continue
-            message = line.strip()
-            break
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        message = reports.readline().strip()  # "ready N" or "error CODE MESSAGE"
         if message.startswith("ready "):
             _wait_mounted(options.mountpoint, daemon_pid)
             return MountReady(options.mountpoint, daemon_pid, time.monotonic() - started)
@@ -196,8 +197,6 @@ def _daemon_main(options: MountOptions, report_fd: int) -> None:
     os.dup2(out, 2)
     code = 0
     reported = False
-
-    os.write(report_fd, f"pid {os.getpid()}\n".encode())
 
     def report(text: str) -> None:
         nonlocal reported

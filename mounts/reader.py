@@ -239,12 +239,14 @@ class Reader:
         run: list[int] = []
         runs: list[list[int]] = []
         limit = get_chunks or (last - first)
+        if demand and self.disk is not None:  # disk reads outside the lock
+            for chunk in range(first, last):
+                if self.memory.get((index, chunk)) is None:
+                    self._from_disk(handle, chunk)
         with self._lock:
             for chunk in range(first, last):
                 key = (index, chunk)
                 view = self.memory.get(key)
-                if view is None and self.disk is not None and demand:
-                    view = self._from_disk(handle, chunk)
                 if view is not None:
                     if demand:
                         done: Future[memoryview] = Future()
