@@ -190,6 +190,11 @@ def test_cli_refusals(lading, tmp_path):
     make_source(source, count=2)
     missing = lading("pack", str(tmp_path / "nope"), str(tmp_path / "out"))
     assert missing.returncode == 3 and "no such directory" in missing.stderr
+    a_file = lading("pack", str(source / "s000.bin"), str(tmp_path / "out"))
+    assert a_file.returncode == 2 and "is a file" in a_file.stderr
+    (tmp_path / "taken").write_text("a file where DEST should be")
+    dest_file = lading("pack", str(source), str(tmp_path / "taken"))
+    assert dest_file.returncode == 2 and "is not a directory" in dest_file.stderr
     inside = lading("pack", str(source), str(source / "shards"))
     assert inside.returncode == 2 and "inside SOURCE" in inside.stderr
     (source / "README").write_text("no extension")
@@ -200,7 +205,8 @@ def test_cli_refusals(lading, tmp_path):
     assert first.returncode == 0, first.stderr
     again = lading("pack", str(source), str(tmp_path / "out"), "--name", "ds")
     assert again.returncode == 2 and "already exists" in again.stderr
-    assert "Traceback" not in missing.stderr + inside.stderr + misnamed.stderr + again.stderr
+    outputs = missing.stderr + a_file.stderr + dest_file.stderr + inside.stderr + misnamed.stderr + again.stderr
+    assert "Traceback" not in outputs and "internal error" not in outputs
 
 
 def test_ctrl_c_mid_pack_removes_everything(tmp_path):

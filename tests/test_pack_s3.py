@@ -129,3 +129,16 @@ def test_store_dataset_over_a_bucket_prefix(s3, s3_env):
     assert got == list(objects.values())
     assert set(gets) == {f"/{BUCKET}/{key}" for key in objects}
     assert all(count == 1 for count in gets.values()), "prefetched objects were fetched again"
+
+
+def test_cli_missing_bucket_and_existing_dataset(s3, s3_env, lading, tmp_path):
+    source = tmp_path / "src"
+    make_source(source, count=3)
+    missing = lading("pack", str(source), "s3://no-such-bucket-here/x", env=s3_env)
+    assert missing.returncode == 3, missing.stderr
+    assert "Traceback" not in missing.stderr
+    first = lading("pack", str(source), f"s3://{BUCKET}/sets", "--name", "ds", "--json", env=s3_env)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["index"] == f"s3://{BUCKET}/sets/ds.index.json"
+    again = lading("pack", str(source), f"s3://{BUCKET}/sets", "--name", "ds", env=s3_env)
+    assert again.returncode == 2 and "already exists" in again.stderr

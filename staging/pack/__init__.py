@@ -197,8 +197,13 @@ def run_pack(plan: PackPlan, source: str, dest: str, config: StoreConfig | None 
     """Write the planned shards, then publish manifest and index. Nothing is indexed on failure."""
     config = config or StoreConfig()
     dest_uri = parse_uri(dest)
-    return write_pack(plan, _open_source(parse_uri(source), config), _open_publisher(dest_uri, plan, config),
-                      str(dest_uri), events)
+    member_source = _open_source(parse_uri(source), config)
+    try:
+        publisher = _open_publisher(dest_uri, plan, config)
+    except BaseException:
+        member_source.close()
+        raise
+    return write_pack(plan, member_source, publisher, str(dest_uri), events)
 
 
 def write_pack(plan: PackPlan, source: MemberSource, publisher: Publisher, dest: str,

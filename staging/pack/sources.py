@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Protocol
 
-from staging.errors import AccessDenied, NotFound, ObjectChanged, TransientError
+from staging.errors import AccessDenied, NotFound, ObjectChanged, TransientError, UsageError
 from staging.pack.grouping import Member
 from staging.pack.writer import SMALL_FILE, ShardWriter
 from staging.stores.base import ObjectInfo, Store
@@ -147,6 +147,8 @@ def list_local(root: Path, threads: int = 2) -> list[ObjectInfo]:
     order of the result is unspecified.
     """
     if not root.is_dir():
+        if root.exists():
+            raise UsageError(f"SOURCE {root} is a file", "SOURCE is a directory or a bucket prefix")
         raise NotFound(f"no such directory: {root}")
     found, subdirectories = _scan(str(root), "")
     if threads > 1 and len(subdirectories) > 1:

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Protocol
 
-from staging.errors import NotFound, UsageError
+from staging.errors import AccessDenied, LadingError, ProblemFound, UsageError
 from staging.pack.index import PublishedShard
 from staging.pack.plan import PackPlan, ShardPlan
 from staging.stores.base import ObjectInfo, Store
@@ -42,6 +42,14 @@ class Publisher(Protocol):
         ...
 
 
+def _dest_error(err: OSError, where: Path) -> LadingError:
+    if isinstance(err, PermissionError):
+        return AccessDenied(f"permission denied: cannot write in {where}")
+    if isinstance(err, (FileExistsError, NotADirectoryError)):
+        return UsageError(f"DEST {where} is not a directory", "DEST is a directory or a bucket prefix")
+    return ProblemFound(f"cannot write in {where}: {err.strerror or err}")
+
+
 def _already_packed(where: str) -> UsageError:
     return UsageError(f"{where} already exists: a dataset with this name was packed there",
                       "use a new --version or --name, or delete the old dataset first")
@@ -55,10 +63,13 @@ class LocalPublisher:
         self.final_dir = root / plan.prefix if plan.prefix else root
         if (self.final_dir / Path(plan.index_key).name).exists():
             raise _already_packed(str(self.final_dir / Path(plan.index_key).name))
-        self.final_dir.mkdir(parents=True, exist_ok=True)
-        _remove_stale_staging(self.final_dir, plan.options.name)
-        self.staging = Path(tempfile.mkdtemp(prefix=f".{plan.options.name}.lading-pack-{os.getpid()}-",
-                                             dir=self.final_dir))
+        try:
+            self.final_dir.mkdir(parents=True, exist_ok=True)
+            _remove_stale_staging(self.final_dir, plan.options.name)
+            self.staging = Path(tempfile.mkdtemp(prefix=f".{plan.options.name}.lading-pack-{os.getpid()}-",
+                                                 dir=self.final_dir))
+        except OSError as err:
+            raise _dest_error(err, self.final_dir) from err
         self._done: list[tuple[ShardPlan, Path]] = []
 
     def shard_path(self, shard: ShardPlan) -> Path:
@@ -115,11 +126,8 @@ class StorePublisher:
     def __init__(self, store: Store, plan: PackPlan) -> None:
         self.store = store
         self.plan = plan
-        try:
-            store.stat(plan.index_key)
-        except NotFound:
-            pass
-        else:
+        # Listing (not stat) fails for a missing bucket or no access, before any shard is written.
+        if any(info.key == plan.index_key for info in store.list(plan.index_key)):
             raise _already_packed(f"{store.url}/{plan.index_key}")
         self._tmp = tempfile.TemporaryDirectory(prefix="lading-pack-")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lading-pack-upload")
