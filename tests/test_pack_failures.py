@@ -3,6 +3,7 @@ usage errors and JSON summary."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -78,12 +79,15 @@ def test_write_failure_cleans_up_local_dest(tmp_path):
     make_source(source)
     plan = plan_pack(str(source), str(dest), PackOptions("ds", shard_size=20_000))
 
-    class DiskFullAtSecondShard(LocalPublisher):
-        def shard_path(self, shard):
-            return Path("/dev/full") if shard.name == "ds-000001.tar" else super().shard_path(shard)
+    class DiskFullsMidPack(LocalSource):
+        def write_members(self, members, writer):
+            members = list(members)
+            if any(member.info.key == "s020.bin" for member in members):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            super().write_members(members, writer)
 
     with pytest.raises(ProblemFound, match="No space left"):
-        write_pack(plan, LocalSource(source), DiskFullAtSecondShard(dest, plan), str(dest))
+        write_pack(plan, DiskFullsMidPack(source), LocalPublisher(dest, plan), str(dest))
     assert os.listdir(dest) == [], "shards, index or staging directory left behind"
 
 

@@ -232,3 +232,16 @@ def test_local_listing_matches_local_store(tree, tmp_path):
     for threads in (1, 2):
         assert sorted((i.key, i.size, i.version) for i in list_local(source, threads)) == expected
     assert "link.txt" in {key for key, _, _ in expected}
+
+
+def test_shards_written_in_many_pieces_are_identical(tree, tmp_path, monkeypatch):
+    from staging.pack import execute
+
+    source, files = tree
+    pack(source, tmp_path / "whole", shard_size=256 << 10)
+    monkeypatch.setattr(execute, "TASK_BYTES", 3000)  # several writers fill each shard
+    plan = plan_pack(str(source), str(tmp_path / "pieces"), PackOptions("ds", shard_size=256 << 10))
+    assert len(execute.split_tasks(plan, execute.TASK_BYTES)) > 3 * len(plan.shards)
+    run_pack(plan, str(source), str(tmp_path / "pieces"))
+    assert digests(tmp_path / "whole") == digests(tmp_path / "pieces")
+    assert shard_contents(tmp_path / "pieces", "ds") == files

@@ -6,21 +6,18 @@ from __future__ import annotations
 import gc
 import os
 import re
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from staging.errors import AccessDenied, LadingError, ProblemFound, UsageError
+from staging.errors import UsageError
 from staging.pack.grouping import group_samples
 from staging.pack.index import PublishedShard, build_index, build_manifest, dump
-from staging.pack.parallel import usable_workers, write_shards_in_processes
-from staging.pack.plan import PackOptions, PackPlan, ShardPlan, plan_shards
+from staging.pack.execute import write_shards
+from staging.pack.plan import PackOptions, PackPlan, plan_shards
 from staging.pack.sources import LocalSource, MemberSource, StoreSource, list_local
 from staging.pack.upload import LocalPublisher, Publisher, StorePublisher
-from staging.pack.writer import ShardWriter
 from staging.stores import open_store
 from staging.stores.base import StoreConfig
 from staging.stores.uri import StoreURI, parse_uri
@@ -116,80 +113,16 @@ def _open_publisher(uri: StoreURI, plan: PackPlan, config: StoreConfig) -> Publi
     return StorePublisher(open_store(uri, config), plan)
 
 
-def write_shard_file(shard: ShardPlan, source: MemberSource, path: Path,
-                     on_bytes: Callable[[int], None] | None) -> int:
-    """Write one shard to ``path``; return its size, which must be the planned one."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    except OSError as err:
-        raise _write_error(err, path) from err
-    try:
-        writer = ShardWriter(fd, on_bytes)
-        source.write_members((member for sample in shard.samples for member in sample.members), writer)
-        size = writer.finish()
-    except OSError as err:
-        raise _write_error(err, path) from err
-    finally:
-        os.close(fd)
-    if size != shard.nbytes:  # the plan and the writer disagree: a bug, never publish it
-        raise ProblemFound(f"{shard.name} came out at {size} bytes, planned {shard.nbytes}")
-    return size
-
-
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def writer_threads(shards: int) -> int:
-    """Shards written at once on threads: the system calls overlap, the Python work does not."""
-    return max(1, min(_cpus(), shards, 4))
-
-
 def _write_all_shards(plan: PackPlan, source: MemberSource, publisher: Publisher, events: PackEvents) -> None:
-    """Write every shard (in processes for local packs, else on threads); commit them in order."""
-    processes = usable_workers(len(plan.shards), _cpus()) \
-        if isinstance(source, LocalSource) and isinstance(publisher, LocalPublisher) else 0
-    if processes > 1:
-        paths = [publisher.shard_path(shard) for shard in plan.shards]
+    """Write every shard (see :mod:`staging.pack.execute`); commit each to the publisher in order."""
+    paths = [publisher.shard_path(shard) for shard in plan.shards]
 
-        def done(index: int, size: int) -> None:
-            shard = plan.shards[index]
-            events.on_bytes(sum(sample.nbytes for sample in shard.samples))
-            publisher.commit_shard(shard, paths[index])
-            events.on_shard(shard.name, size)
+    def done(number: int) -> None:
+        shard = plan.shards[number]
+        publisher.commit_shard(shard, paths[number])
+        events.on_shard(shard.name, shard.nbytes)
 
-        write_shards_in_processes(plan, source, paths, processes, write_shard_file, done)
-        return
-    _write_on_threads(plan, source, publisher, events)
-
-
-def _write_on_threads(plan: PackPlan, source: MemberSource, publisher: Publisher, events: PackEvents) -> None:
-    lock = threading.Lock()
-
-    def on_bytes(nbytes: int) -> None:
-        with lock:
-            events.on_bytes(nbytes)
-
-    def write(shard: ShardPlan) -> tuple[ShardPlan, Path, int]:
-        path = publisher.shard_path(shard)
-        return shard, path, write_shard_file(shard, source, path, on_bytes)
-
-    pool = ThreadPoolExecutor(writer_threads(len(plan.shards)), thread_name_prefix="lading-pack-write")
-    try:
-        for shard, path, size in pool.map(write, plan.shards):
-            publisher.commit_shard(shard, path)
-            events.on_shard(shard.name, size)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-def _write_error(err: OSError, path: Path) -> LadingError:
-    if isinstance(err, PermissionError):
-        return AccessDenied(f"permission denied writing {path}")
-    return ProblemFound(f"cannot write {path}: {err.strerror or err}")
+    write_shards(plan, source, paths, events.on_bytes, done, processes_allowed=isinstance(publisher, LocalPublisher))
 
 
 def run_pack(plan: PackPlan, source: str, dest: str, config: StoreConfig | None = None,

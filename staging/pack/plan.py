@@ -5,6 +5,7 @@ The plan is data: ``lading pack --dry-run`` and ``--json`` show it, the writer f
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import re
@@ -45,11 +46,13 @@ def check_name(value: str, what: str) -> None:
 
 @dataclass(frozen=True)
 class ShardPlan:
-    """One tar shard: its file name, its samples in order, and its exact size in bytes."""
+    """One tar shard: its file name, its samples in order, its exact size in bytes, and where
+    each sample starts in it (so several writers can fill one shard at once)."""
 
     name: str
     samples: tuple[Sample, ...]
     nbytes: int
+    offsets: tuple[int, ...] = ()
 
     @property
     def nfiles(self) -> int:
@@ -129,7 +132,7 @@ def plan_shards(samples: list[Sample], options: PackOptions) -> PackPlan:
     starts = cut_balanced(sizes, options.shard_size) + [len(ordered)]
     shards = tuple(
         ShardPlan(f"{options.name}-{number:06d}.tar", tuple(ordered[start:end]),
-                  archive_size(sum(sizes[start:end])))
+                  archive_size(sum(sizes[start:end])), tuple(itertools.accumulate(sizes[start:end - 1], initial=0)))
         for number, (start, end) in enumerate(zip(starts, starts[1:]))
     )
     prefix = f"{options.name}/{options.version}/" if options.version else ""

@@ -1,69 +1,80 @@
-"""Write one tar shard to a file descriptor, fast: small files batched into large writes,
-large files copied in the kernel (copy_file_range, else sendfile, else read/write)."""
+"""Write tar members into a shard file at known offsets, fast.
+
+The plan knows every member's exact offset, so a shard can be written by several workers at
+once, each filling its own byte range with ``pwrite``. Small files are read straight into one
+preallocated buffer next to their header and written out in large chunks; large files are
+copied by the kernel (``copy_file_range``), else read and written in large blocks.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Callable
 
 from staging.errors import ObjectChanged
-from staging.pack.tarformat import BLOCK, END_OF_ARCHIVE, RECORD, member_header, padding
+from staging.pack.tarformat import BLOCK, END_OF_ARCHIVE, RECORD, member_header
 
 _BUFFER_SIZE = 8 << 20
 _ZEROS = bytes(BLOCK)
 #: Files up to this size are read into the write buffer; larger ones are copied by the kernel.
 SMALL_FILE = 1 << 20
 _COPY_CHUNK = 64 << 20
+_NO_KERNEL_COPY = (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)
 
 
-def _kernel_copy(src: int, dst: int, size: int) -> int:
-    """Copy ``size`` bytes from the current offset of ``src`` to ``dst``; return bytes copied."""
+def _kernel_copy(src: int, dst: int, size: int, offset: int) -> int:
+    """Copy ``size`` bytes from the current position of ``src`` to ``dst`` at ``offset``."""
     copied = 0
-    for method in (getattr(os, "copy_file_range", None), os.sendfile):
-        if method is None:
-            continue
+    copy_range = getattr(os, "copy_file_range", None)
+    if copy_range is not None:
         try:
             while copied < size:
-                if method is os.sendfile:
-                    step = os.sendfile(dst, src, None, min(_COPY_CHUNK, size - copied))
-                else:
-                    step = method(src, dst, min(_COPY_CHUNK, size - copied))
+                step = copy_range(src, dst, min(_COPY_CHUNK, size - copied), None, offset + copied)
                 if step == 0:
                     return copied
                 copied += step
             return copied
         except OSError as err:
-            if copied or err.errno not in (18, 22, 38, 95):  # EXDEV, EINVAL, ENOSYS, EOPNOTSUPP
+            if copied or err.errno not in _NO_KERNEL_COPY:
                 raise
     while copied < size:
         data = os.read(src, min(_COPY_CHUNK, size - copied))
         if not data:
             break
-        os.write(dst, data)
+        _pwrite_all(dst, data, offset + copied)
         copied += len(data)
     return copied
 
 
-class ShardWriter:
-    """Appends members to a tar shard open as ``fd``; ``finish()`` writes the end marker.
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    done, total = 0, len(data)
+    with memoryview(data) as view:
+        while done < total:
+            with view[done:total] as rest:
+                done += os.pwrite(fd, rest, offset + done)
 
-    Small files are read straight into one preallocated buffer (header, data and padding
-    side by side) that is written out in large chunks; nothing is copied twice.
+
+class ShardWriter:
+    """Writes members into the shard open as ``fd``, starting at byte ``offset``.
+
+    ``finish()`` writes the end-of-archive blocks and record padding after the last member.
     ``progress`` is called with payload bytes as they are written (in batches, not per file).
     """
 
-    def __init__(self, fd: int, progress: Callable[[int], None] | None = None) -> None:
+    def __init__(self, fd: int, progress: Callable[[int], None] | None = None, offset: int = 0) -> None:
         self.fd = fd
-        self.written = 0
+        self.offset = offset  # where the buffer's first byte goes
         self._buffer = bytearray(_BUFFER_SIZE)
         self._view = memoryview(self._buffer)
         self._used = 0
         self._pending_progress = 0
         self._progress = progress
 
-    def _room(self, nbytes: int) -> None:
-        if self._used + nbytes > _BUFFER_SIZE:
-            self.flush()
+    @property
+    def position(self) -> int:
+        """The offset just after the last member added."""
+        return self.offset + self._used
 
     def _put(self, data: bytes | memoryview) -> None:
         end = self._used + len(data)
@@ -71,23 +82,23 @@ class ShardWriter:
         self._used = end
 
     def _put_padding(self, size: int) -> None:
-        pad = padding(size)
+        pad = -size % BLOCK
         if pad:
             self._put(_ZEROS[:pad])
 
     def add_bytes(self, name: str, data: bytes | memoryview) -> None:
         """Add a member whose content is in memory."""
         header = member_header(name, len(data))
-        if len(header) + len(data) + BLOCK > _BUFFER_SIZE:
+        if self._used + len(header) + len(data) + BLOCK > _BUFFER_SIZE:
             self.flush()
-            self._write_all(header)
-            self._write_all(data)
-            self._put_padding(len(data))
+        if len(header) + len(data) + BLOCK > _BUFFER_SIZE:
+            _pwrite_all(self.fd, header, self.offset)
+            _pwrite_all(self.fd, data, self.offset + len(header))
+            self.offset += len(header) + len(data)
         else:
-            self._room(len(header) + len(data) + BLOCK)
             self._put(header)
             self._put(data)
-            self._put_padding(len(data))
+        self._put_padding(len(data))
         self._pending_progress += len(data)
 
     def add_file(self, name: str, fd: int, size: int, source: str) -> None:
@@ -102,8 +113,7 @@ class ShardWriter:
         # The hot path for small files, kept flat: header, data read straight into the buffer,
         # zero padding, with no intermediate bytes objects.
         used = self._used
-        end = used + len(header) + size + BLOCK
-        if end > _BUFFER_SIZE:
+        if used + len(header) + size + BLOCK > _BUFFER_SIZE:
             self.flush()
             used = 0
         view = self._view
@@ -124,28 +134,22 @@ class ShardWriter:
         self._pending_progress += size
 
     def _add_large(self, header: bytes, fd: int, size: int, source: str) -> None:
-        self._room(len(header))
+        if self._used + len(header) > _BUFFER_SIZE:
+            self.flush()
         self._put(header)
         self.flush()
-        if _kernel_copy(fd, self.fd, size) != size:
+        if _kernel_copy(fd, self.fd, size, self.offset) != size:
             raise ObjectChanged(f"{source} shrank while packing it")
-        self.written += size
+        self.offset += size
         self._put_padding(size)
         self._pending_progress += size
-
-    def _write_all(self, data: bytes | memoryview) -> None:
-        offset, total = 0, len(data)
-        with memoryview(data) as view:
-            while offset < total:
-                with view[offset:total] as rest:
-                    offset += os.write(self.fd, rest)
-        self.written += total
 
     def flush(self) -> None:
         """Write out the buffer and report progress."""
         if self._used:
             with self._view[:self._used] as used:
-                self._write_all(used)
+                _pwrite_all(self.fd, used, self.offset)
+            self.offset += self._used
             self._used = 0
         if self._progress is not None and self._pending_progress:
             self._progress(self._pending_progress)
@@ -153,8 +157,15 @@ class ShardWriter:
 
     def finish(self) -> int:
         """Write the end-of-archive blocks and record padding; return the archive's size."""
+        total = self.position + len(END_OF_ARCHIVE)
+        tail = END_OF_ARCHIVE + bytes(-total % RECORD)
+        if self._used + len(tail) > _BUFFER_SIZE:
+            self.flush()
+        self._put(tail)
+        self.close()
+        return self.offset
+
+    def close(self) -> None:
+        """Flush what is buffered and release the buffer."""
         self.flush()
-        total = self.written + len(END_OF_ARCHIVE)
-        self._write_all(END_OF_ARCHIVE + bytes(-total % RECORD))
         self._view.release()
-        return self.written

@@ -1,0 +1,159 @@
+"""Running the writes a plan calls for: shards cut into tasks of about 16 MB that fill disjoint
+byte ranges of pre-sized shard files, on forked worker processes, threads, or inline.
+
+Python spends a few microseconds per file (header, bookkeeping) holding the GIL, and with
+many small files that, not the disk, is the limit; so a local pack forks worker processes.
+They inherit the plan (nothing large is pickled) and open the shard files themselves. Forking
+a process with live threads can deadlock the child, so processes are used only when no other
+thread runs and the source is local; otherwise the tasks run on threads (their system calls
+still overlap). Shards are committed to the publisher in order, each once all its tasks are done.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from staging.errors import AccessDenied, LadingError, ProblemFound
+from staging.pack.plan import PackPlan, ShardPlan
+from staging.pack.sources import LocalSource, MemberSource
+from staging.pack.writer import ShardWriter
+
+TASK_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class WriteTask:
+    """Samples ``[start, end)`` of shard ``shard``, written from byte ``offset``; ``last`` also
+    writes the end-of-archive blocks."""
+
+    shard: int
+    start: int
+    end: int
+    offset: int
+    last: bool
+
+
+def split_tasks(plan: PackPlan, task_bytes: int = TASK_BYTES) -> list[WriteTask]:
+    """Every shard cut at sample boundaries into runs of about ``task_bytes``, in shard order."""
+    tasks = []
+    for number, shard in enumerate(plan.shards):
+        start = 0
+        for index in range(1, len(shard.samples) + 1):
+            if index == len(shard.samples) or shard.offsets[index] - shard.offsets[start] >= task_bytes:
+                tasks.append(WriteTask(number, start, index, shard.offsets[start], index == len(shard.samples)))
+                start = index
+    return tasks
+
+
+def write_error(err: OSError, path: Path) -> LadingError:
+    """An OSError while writing a shard, as a one-line project error."""
+    if isinstance(err, PermissionError):
+        return AccessDenied(f"permission denied writing {path}")
+    return ProblemFound(f"cannot write {path}: {err.strerror or err}")
+
+
+def _run_task(task: WriteTask, shard: ShardPlan, source: MemberSource, path: Path,
+              progress: Callable[[int], None] | None) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError as err:
+        raise write_error(err, path) from err
+    try:
+        writer = ShardWriter(fd, progress, task.offset)
+        members = (member for sample in shard.samples[task.start:task.end] for member in sample.members)
+        source.write_members(members, writer)
+        if task.last:
+            end, expected = writer.finish(), shard.nbytes
+        else:
+            writer.close()
+            end, expected = writer.offset, shard.offsets[task.end]
+    except OSError as err:
+        raise write_error(err, path) from err
+    finally:
+        os.close(fd)
+    if end != expected:  # the plan and the writer disagree: a bug, never publish such a shard
+        raise ProblemFound(f"{shard.name}: samples {task.start}..{task.end} ended at byte {end}, planned {expected}")
+
+
+def create_shard_files(plan: PackPlan, paths: list[Path]) -> None:
+    """Create each shard file at its final size (zero-filled), ready for writes at any offset."""
+    for shard, path in zip(plan.shards, paths):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.ftruncate(fd, shard.nbytes)
+            finally:
+                os.close(fd)
+        except OSError as err:
+            raise write_error(err, path) from err
+
+
+def cpus() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+#: What forked workers inherit: (plan, source, shard paths, tasks). Set just before the fork.
+_INHERITED: tuple[PackPlan, MemberSource, list[Path], list[WriteTask]] | None = None
+
+
+def _run_inherited(index: int) -> None:
+    assert _INHERITED is not None, "worker did not inherit the plan"
+    plan, source, paths, tasks = _INHERITED
+    task = tasks[index]
+    _run_task(task, plan.shards[task.shard], source, paths[task.shard], None)
+
+
+def _executor(plan: PackPlan, source: MemberSource, tasks: list[WriteTask], processes_allowed: bool) -> Executor:
+    workers = max(1, min(cpus() + 1, len(tasks), 8))  # one more than CPUs: a worker may wait for the disk
+    fork_safe = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
+    if processes_allowed and fork_safe and isinstance(source, LocalSource) and workers > 1:
+        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    return ThreadPoolExecutor(workers, thread_name_prefix="lading-pack-write")
+
+
+def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
+                 on_bytes: Callable[[int], None], on_shard_done: Callable[[int], None],
+                 processes_allowed: bool = True) -> None:
+    """Write all shards of ``plan`` into ``paths``; ``on_shard_done(number)`` is called in
+    shard order, from this thread, as each shard is complete."""
+    global _INHERITED
+    create_shard_files(plan, paths)
+    tasks = split_tasks(plan, TASK_BYTES)
+    payload = [sum(s.nbytes for s in plan.shards[t.shard].samples[t.start:t.end]) for t in tasks]
+    lock = threading.Lock()
+
+    def locked_progress(nbytes: int) -> None:
+        with lock:
+            on_bytes(nbytes)
+
+    _INHERITED = (plan, source, paths, tasks)
+    executor = _executor(plan, source, tasks, processes_allowed)
+    in_processes = isinstance(executor, ProcessPoolExecutor)
+    try:
+        futures: list[Future[None]] = [
+            executor.submit(_run_inherited, index) if in_processes
+            else executor.submit(_run_task, task, plan.shards[task.shard], source, paths[task.shard], locked_progress)
+            for index, task in enumerate(tasks)
+        ]
+        for task, future, nbytes in zip(tasks, futures, payload):
+            future.result()
+            if in_processes:
+                on_bytes(nbytes)
+            if task.last:
+                on_shard_done(task.shard)
+    except BaseException:
+        executor.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        executor.shutdown(wait=True)
+        _INHERITED = None
