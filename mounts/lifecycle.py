@@ -224,7 +224,13 @@ def _daemon_main(options: MountOptions, report_fd: int) -> None:
 
 def _configure_logging(options: MountOptions, to_stderr: bool) -> None:
     level = logging.DEBUG if options.debug else logging.INFO
-    handler: logging.Handler = logging.StreamHandler(sys.stderr) if to_stderr else logging.NullHandler()
+    handler: logging.Handler
+    if options.foreground and options.log_file is not None:
+        handler = logging.FileHandler(options.log_file)
+    elif to_stderr:
+        handler = logging.StreamHandler(sys.stderr)  # the daemon's stderr is the log file
+    else:
+        handler = logging.NullHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

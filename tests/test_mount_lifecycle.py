@@ -66,7 +66,9 @@ def test_foreground_stays_attached_until_ctrl_c(bucket, tmp_path: Path) -> None:
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
     env = {**os.environ, **bucket}
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "mount", f"s3://{BUCKET}", str(mountpoint), "--foreground"],
+    log = tmp_path / "fg.log"
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "mount", f"s3://{BUCKET}", str(mountpoint), "--foreground",
+                             "--log-file", str(log)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: os.path.ismount(mountpoint) or proc.poll() is not None, 30, "the foreground mount")
@@ -75,7 +77,8 @@ def test_foreground_stays_attached_until_ctrl_c(bucket, tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=20)
         assert proc.returncode == 0, err
-        assert "mounted s3://mount-life at" in err and "stats" in err
+        assert "mounted s3://mount-life at" in err
+        assert _stats_lines(log)[-1]["bytes_served"] == len(b"alpha\n")  # dumped at unmount
         assert not os.path.ismount(mountpoint)
     finally:
         if proc.poll() is None:
