@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -67,15 +68,16 @@ class _Engine:
         self._items: Iterator[TransferItem] = iter(())
         self._exhausted = False
         self._failure: BaseException | None = None
+        self._downloads: weakref.WeakSet[LargeDownload] = weakref.WeakSet()
 
     def run(self, items: Iterable[TransferItem]) -> list[TransferResult]:
         """Run the workers until every item is done; return the results."""
         self._items = iter(items)
         threads = [threading.Thread(target=self._work, name=f"lading-fetch-{n}", daemon=True)
                    for n in range(max(1, self.options.workers))]
-        for thread in threads:
-            thread.start()
         try:
+            for thread in threads:
+                thread.start()
             for thread in threads:
                 while thread.is_alive():
                     thread.join(0.25)
@@ -83,7 +85,10 @@ class _Engine:
             self._cancel.set()
             deadline = time.monotonic() + _CANCEL_GRACE
             for thread in threads:
-                thread.join(max(0.0, deadline - time.monotonic()))
+                if thread.ident is not None:  # started
+                    thread.join(max(0.0, deadline - time.monotonic()))
+            for download in list(self._downloads):
+                download.flush()  # what is on disk stays resumable
             raise
         if self._failure is not None:
             raise self._failure
@@ -158,6 +163,7 @@ class _Engine:
     def _start_large(self, item: TransferItem) -> None:
         """Prepare the temporary and queue the missing parts."""
         download = LargeDownload(item, self._large)
+        self._downloads.add(download)
         parts: list[int] = []
         try:
             self._dirs.ensure(item.dest.parent)

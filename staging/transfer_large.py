@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -21,6 +22,8 @@ from staging.transfer import TransferItem, TransferOptions, TransferResult
 from staging.transfer_files import ResumeRecord, publish, remove_temporaries, sidecar_path, temporary_path
 from staging.transfer_readers import Reader
 from staging.transfer_verify import IntegrityError, Verifier
+
+_SAVE_INTERVAL = 1.0
 
 
 @dataclass
@@ -52,6 +55,8 @@ class LargeDownload:
         self._error: BaseException | None = None
         self._fd = -1
         self._pending = 0
+        self._saved_at = time.monotonic()
+        self._completed = False
         self.record = ResumeRecord(self.info.key, self.info.version, self.info.size, self.part_size)
 
     def prepare(self) -> list[int]:
@@ -90,16 +95,36 @@ class LargeDownload:
                 with_retries(lambda: self._fetch_part(index), self.ctx.reader.retry_policy)
                 with self._lock:
                     self.record.done.add(index)
-                    self.record.save(self.sidecar)
+                    self._save_record(force=False)
                 self._advance_hash(blocking=False)
         except BaseException as err:  # noqa: BLE001 - recorded, reported once by _part_ended
             with self._lock:
                 if self._error is None:
                     self._error = err
+                self._save_record(force=True)
             if not isinstance(err, (LadingError, OSError)):
                 self._part_ended()
                 raise
         self._part_ended()
+
+    def flush(self) -> None:
+        """Record the parts on disk now and stop recording: an interrupted transfer calls this
+        before returning, so a straggling thread cannot overwrite a later run's record."""
+        with self._lock:
+            if not self._completed:
+                self._save_record(force=True)
+            self._completed = True
+
+    def _save_record(self, force: bool) -> None:
+        """Persist the completed parts (caller holds the lock). Throttled: a kill -9 costs at
+        most ``_SAVE_INTERVAL`` seconds of parts, while a save per part would serialise the
+        workers on small synchronous writes."""
+        now = time.monotonic()
+        if self._completed:
+            return
+        if force or now - self._saved_at >= _SAVE_INTERVAL:
+            self.record.save(self.sidecar)
+            self._saved_at = now
 
     def _fetch_part(self, index: int) -> None:
         start, end = self._part_start(index), self._part_end(index)
@@ -155,6 +180,11 @@ class LargeDownload:
 
     def _complete(self) -> None:
         """Runs once, after the last part ended: publish, or report and keep what can resume."""
+        with self._lock:
+            if self._completed:  # flushed by an interrupted run: leave everything as recorded
+                os.close(self._fd)
+                return
+            self._completed = True
         error = self._error
         try:
             if error is None:
