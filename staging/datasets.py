@@ -88,7 +88,8 @@ class StoreDataset:
 
     ``transform(data, key)`` turns the bytes into a sample (default: the bytes). Listing happens
     once, here; each process opens its own connection lazily. When index ``i`` follows ``i-1``,
-    the next ``prefetch`` objects are fetched in the background.
+    the next ``prefetch`` objects are fetched in the background; a batch (``__getitems__``, what
+    DataLoader asks for) is fetched on ``prefetch`` threads at once.
     """
 
     def __init__(self, uri: str, *, transform: Callable[[bytes, str], Any] | None = None,
@@ -166,6 +167,22 @@ class StoreDataset:
                 self._schedule_ahead(index)
         data = future.result() if future is not None else self._fetch(index)
         return data if self.transform is None else self.transform(data, self.objects[index].key)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch of objects, fetched concurrently (DataLoader calls this for each batch)."""
+        positions = [index + len(self.objects) if index < 0 else index for index in indices]
+        for index in positions:
+            if not 0 <= index < len(self.objects):
+                raise IndexError(f"index {index} out of range for {len(self.objects)} objects")
+        self._open()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=max(1, self.prefetch), thread_name_prefix="lading-ds")
+        with self._lock:
+            futures = [self._ahead.pop(index, None) or self._pool.submit(self._fetch, index) for index in positions]
+        results = [future.result() for future in futures]
+        if self.transform is None:
+            return results
+        return [self.transform(data, self.objects[index].key) for data, index in zip(results, positions)]
 
 
 @dataclass(frozen=True)

@@ -76,3 +76,12 @@ def test_dataloader_map_style_with_workers(folder):
     dataset = StoreDataset(str(root), prefetch=2)
     loader = torch_data.DataLoader(dataset, batch_size=3, num_workers=2, collate_fn=list)
     assert [item for batch in loader for item in batch] == [objects[k] for k in sorted(objects)]
+
+
+def test_batches_are_fetched_together(folder):
+    root, objects = folder
+    keys = sorted(objects)
+    dataset = StoreDataset(str(root), prefetch=4, transform=lambda data, key: (key, data))
+    assert dataset.__getitems__([3, 0, -1, 7]) == [(keys[i], objects[keys[i]]) for i in (3, 0, -1, 7)]
+    with pytest.raises(IndexError):
+        dataset.__getitems__([0, 99])

@@ -4,7 +4,6 @@ SageMaker manifest. Plan first (:func:`plan_pack`), then write (:func:`run_pack`
 from __future__ import annotations
 
 import gc
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -12,9 +11,9 @@ from pathlib import Path
 from typing import Callable
 
 from staging.errors import UsageError
+from staging.pack.execute import write_shards
 from staging.pack.grouping import group_samples
 from staging.pack.index import PublishedShard, build_index, build_manifest, dump
-from staging.pack.execute import write_shards
 from staging.pack.plan import PackOptions, PackPlan, plan_shards
 from staging.pack.sources import LocalSource, MemberSource, StoreSource, list_local
 from staging.pack.upload import LocalPublisher, Publisher, StorePublisher
@@ -27,7 +26,8 @@ __all__ = ["PackEvents", "PackOptions", "PackPlan", "PackResult", "default_name"
 
 
 class PackEvents:
-    """Progress callbacks; the CLI overrides them to draw a bar. Called from the packing thread."""
+    """Progress callbacks; the CLI overrides them to draw a bar. ``on_shard`` comes from the
+    calling thread; ``on_bytes`` may come from writer threads, never two at once."""
 
     def on_bytes(self, nbytes: int) -> None:
         """``nbytes`` more input bytes were written into shards."""
