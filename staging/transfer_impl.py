@@ -1,10 +1,10 @@
 """The transfer engine behind :func:`staging.transfer.fetch_all`.
 
-One thread pool runs two kinds of jobs: whole-object downloads (small objects) and parts of
-large objects (:mod:`staging.transfer_large`). Items are consumed lazily with a bounded number
-of jobs queued, so memory does not grow with the number of items beyond one result each.
-Per-request CPU is what limits small-object throughput, so S3 goes through the lean signed
-path of :mod:`staging.stores.s3_fast` when available.
+``workers`` threads pull jobs from the item iterator themselves: a whole-object download for
+a small object, or the parts of a large one (:mod:`staging.transfer_large`), of which at most
+``part_concurrency`` run at once. Items are consumed lazily, so memory holds one result per
+item and nothing per pending item. Per-request CPU limits small-object throughput, so S3 goes
+through the lean signed path of :mod:`staging.stores.s3_fast` when the store has one.
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ class _Engine:
     def _download_verified(self, item: TransferItem, tmp: Path) -> int:
         """Download with retries; a checksum mismatch is retried once, then reported."""
         for attempt in (1, 2):
-            verifier = Verifier(item.info, use_md5=self.options.verify)
+            verifier = Verifier(item.info, checksums=self.options.verify)
 
             def once() -> int:
                 return self.reader.fetch_whole(item.info, tmp, verifier, self.events.on_bytes, self._checkpoint)

@@ -48,7 +48,7 @@ class LargeDownload:
         self.count = (self.info.size + self.part_size - 1) // self.part_size
         self.tmp = temporary_path(item.dest)
         self.sidecar = sidecar_path(item.dest)
-        self.verifier = Verifier(self.info, use_md5=ctx.options.verify)
+        self.verifier = Verifier(self.info, checksums=ctx.options.verify)
         self._lock = threading.Lock()
         self._hash_lock = threading.Lock()
         self._hashed = 0  # parts fed to the verifier, in order

@@ -31,17 +31,19 @@ class Hasher(Protocol):
 class Verifier:
     """Accumulates a checksum over the content, in order, and checks it at the end."""
 
-    def __init__(self, info: ObjectInfo, use_md5: bool = True) -> None:
+    def __init__(self, info: ObjectInfo, checksums: bool = True) -> None:
         self.info = info
         self._expected: str | None = None
         self._hasher: Hasher | None = None
         self._kind = ""
+        if not checksums:
+            return  # size only
         if info.crc32c:
             import google_crc32c  # installed with google-cloud-storage
 
             self._hasher = google_crc32c.Checksum()
             self._expected, self._kind = info.crc32c, "CRC32C"
-        elif info.md5 and use_md5:
+        elif info.md5:
             self._hasher = hashlib.md5(usedforsecurity=False)
             self._expected, self._kind = info.md5.lower(), "MD5"
 

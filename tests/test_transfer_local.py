@@ -158,6 +158,17 @@ def test_corrupt_bytes_fail_the_item_and_leave_no_file(tmp_path):
     assert list(dest.rglob("*")) == []  # temporaries of unverifiable content are removed
 
 
+def test_verify_false_checks_the_size_only(tmp_path):
+    files = {"f": b"content!"}
+    store = _make_source(tmp_path / "src", files)
+    options = TransferOptions(workers=1, verify=False, retry=NO_RETRY)
+
+    [result] = fetch_all(Wrapped(store, corrupt=True), _items(store, tmp_path / "out", files), options)
+
+    assert result.ok  # the MD5 was not checked: the flipped byte went through, as asked
+    assert (tmp_path / "out" / "f").read_bytes() != files["f"]
+
+
 def test_size_is_checked_even_without_a_checksum(tmp_path):
     store = _make_source(tmp_path / "src", {"f": b"12345"})
     [info] = store.list()
