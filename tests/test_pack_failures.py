@@ -232,3 +232,22 @@ def test_ctrl_c_mid_pack_removes_everything(tmp_path):
             proc.wait()
     assert b"KeyboardInterrupt" in stderr
     assert os.listdir(dest) == [], "an interrupted pack left files behind"
+
+
+def test_bucket_pack_keeps_few_temporary_shards(tmp_path):
+    source, dest = tmp_path / "src", tmp_path / "bucket"
+    make_source(source, count=60)
+    dest.mkdir()
+    plan = plan_pack(str(source), str(dest), PackOptions("ds", shard_size=12_000))
+    assert len(plan.shards) >= 12
+
+    class CountingStore(LocalStore):
+        most = 0
+
+        def upload(self, src, key, progress=None):
+            CountingStore.most = max(CountingStore.most, len(list(Path(src).parent.glob("*.tar"))))
+            return super().upload(src, key, progress)
+
+    write_pack(plan, LocalSource(source), StorePublisher(CountingStore(dest), plan), str(dest))
+    assert 1 <= CountingStore.most <= 5, f"{CountingStore.most} temporary shards on disk at once"
+    assert (dest / "ds.index.json").exists()

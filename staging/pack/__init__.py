@@ -122,7 +122,9 @@ def _write_all_shards(plan: PackPlan, source: MemberSource, publisher: Publisher
         publisher.commit_shard(shard, paths[number])
         events.on_shard(shard.name, shard.nbytes)
 
-    write_shards(plan, source, paths, events.on_bytes, done, processes_allowed=isinstance(publisher, LocalPublisher))
+    local = isinstance(publisher, LocalPublisher)
+    write_shards(plan, source, paths, events.on_bytes, done, processes_allowed=local,
+                 shards_ahead=None if local else 2)  # temporary shards for a bucket: a few at a time
 
 
 def run_pack(plan: PackPlan, source: str, dest: str, config: StoreConfig | None = None,

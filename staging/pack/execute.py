@@ -14,6 +14,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
+from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,17 +82,16 @@ def _run_task(task: WriteTask, shard: ShardPlan, source: MemberSource, path: Pat
         raise ProblemFound(f"{shard.name}: samples {task.start}..{task.end} ended at byte {end}, planned {expected}")
 
 
-def create_shard_files(plan: PackPlan, paths: list[Path]) -> None:
-    """Create each shard file at its final size (zero-filled), ready for writes at any offset."""
-    for shard, path in zip(plan.shards, paths):
+def create_shard_file(shard: ShardPlan, path: Path) -> None:
+    """Create the shard file at its final size (zero-filled), ready for writes at any offset."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                os.ftruncate(fd, shard.nbytes)
-            finally:
-                os.close(fd)
-        except OSError as err:
-            raise write_error(err, path) from err
+            os.ftruncate(fd, shard.nbytes)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise write_error(err, path) from err
 
 
 def cpus() -> int:
@@ -123,13 +123,13 @@ def _executor(plan: PackPlan, source: MemberSource, tasks: list[WriteTask], proc
 
 def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
                  on_bytes: Callable[[int], None], on_shard_done: Callable[[int], None],
-                 processes_allowed: bool = True) -> None:
+                 processes_allowed: bool = True, shards_ahead: int | None = None) -> None:
     """Write all shards of ``plan`` into ``paths``; ``on_shard_done(number)`` is called in
-    shard order, from this thread, as each shard is complete."""
+    shard order, from this thread, as each shard is complete. With ``shards_ahead``, at most
+    that many shards are being written at once (bounds the disk a bucket upload's temporary
+    shards take: the next shard starts only when an earlier one is done)."""
     global _INHERITED
-    create_shard_files(plan, paths)
     tasks = split_tasks(plan, TASK_BYTES)
-    payload = [sum(s.nbytes for s in plan.shards[t.shard].samples[t.start:t.end]) for t in tasks]
     lock = threading.Lock()
 
     def locked_progress(nbytes: int) -> None:
@@ -139,18 +139,32 @@ def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
     _INHERITED = (plan, source, paths, tasks)
     executor = _executor(plan, source, tasks, processes_allowed)
     in_processes = isinstance(executor, ProcessPoolExecutor)
+    pending: deque[tuple[int, Future[None]]] = deque()
+    open_shards: deque[int] = deque()
+
+    def finish_oldest() -> None:
+        index, future = pending.popleft()
+        task = tasks[index]
+        future.result()
+        if in_processes:
+            on_bytes(sum(sample.nbytes for sample in plan.shards[task.shard].samples[task.start:task.end]))
+        if task.last:
+            open_shards.popleft()
+            on_shard_done(task.shard)
+
     try:
-        futures: list[Future[None]] = [
-            executor.submit(_run_inherited, index) if in_processes
-            else executor.submit(_run_task, task, plan.shards[task.shard], source, paths[task.shard], locked_progress)
-            for index, task in enumerate(tasks)
-        ]
-        for task, future, nbytes in zip(tasks, futures, payload):
-            future.result()
-            if in_processes:
-                on_bytes(nbytes)
-            if task.last:
-                on_shard_done(task.shard)
+        for index, task in enumerate(tasks):
+            if task.start == 0:  # the shard's first task: make room, then create its file
+                while shards_ahead is not None and len(open_shards) >= shards_ahead:
+                    finish_oldest()
+                create_shard_file(plan.shards[task.shard], paths[task.shard])
+                open_shards.append(task.shard)
+            shard, path = plan.shards[task.shard], paths[task.shard]
+            future = executor.submit(_run_inherited, index) if in_processes \
+                else executor.submit(_run_task, task, shard, source, path, locked_progress)
+            pending.append((index, future))
+        while pending:
+            finish_oldest()
     except BaseException:
         executor.shutdown(wait=True, cancel_futures=True)
         raise
