@@ -245,3 +245,14 @@ def test_shards_written_in_many_pieces_are_identical(tree, tmp_path, monkeypatch
     run_pack(plan, str(source), str(tmp_path / "pieces"))
     assert digests(tmp_path / "whole") == digests(tmp_path / "pieces")
     assert shard_contents(tmp_path / "pieces", "ds") == files
+
+
+def test_name_that_is_not_utf8_is_refused(tmp_path, lading):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "good.txt").write_text("fine")
+    with open(os.path.join(os.fsencode(source), b"bad\xff.txt"), "wb") as handle:
+        handle.write(b"latin-1 name")
+    result = lading("pack", str(source), str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "not valid UTF-8" in result.stderr and "Traceback" not in result.stderr

@@ -73,6 +73,8 @@ def group_samples(objects: Iterable[ObjectInfo], directories_possible: bool = Tr
     by_key: dict[str, dict[str, Member]] = {}
     for info in objects:
         name = info.key
+        if not name.isascii():
+            _refuse_undecodable(name)
         dot = name.find(".", name.rfind("/") + 1)
         if _plainly_safe(name) and dot > 0 and _plain_extension(name, dot):
             key, ext = name[:dot], name[dot + 1:]  # the common case, without the checks' cost
@@ -98,6 +100,15 @@ def group_samples(objects: Iterable[ObjectInfo], directories_possible: bool = Tr
         members = tuple(fields.values()) if len(fields) == 1 else tuple(fields[ext] for ext in sorted(fields))
         samples.append(Sample(key, members))
     return samples
+
+
+def _refuse_undecodable(name: str) -> None:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        raise UsageError(f"cannot pack {shown!r}: its name is not valid UTF-8",
+                         "tar shards store names as UTF-8; rename the file") from None
 
 
 def _plain_extension(name: str, dot: int) -> bool:
