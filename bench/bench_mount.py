@@ -50,6 +50,7 @@ def record(case: str, tool: str, metric: str, value: float, unit: str, **extra: 
 # -- the S3 server and data ---------------------------------------------------------------------
 
 def s3(endpoint: str):
+    """A boto3 client for set-up and the direct-GET baseline."""
     import boto3
     from botocore.config import Config
 
@@ -59,6 +60,7 @@ def s3(endpoint: str):
 
 
 def count_keys(client, prefix: str) -> int:
+    """How many keys exist under ``prefix``."""
     total = 0
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
         total += page.get("KeyCount", 0)
@@ -66,6 +68,7 @@ def count_keys(client, prefix: str) -> int:
 
 
 def put_many(client, keys: list[str], body_for: Callable[[int], bytes]) -> None:
+    """Upload many small objects on 32 threads."""
     with ThreadPoolExecutor(32) as pool:
         list(pool.map(lambda ik: client.put_object(Bucket=BUCKET, Key=ik[1], Body=body_for(ik[0])),
                       enumerate(keys)))
@@ -94,6 +97,7 @@ def ensure_data(endpoint: str, cases: set[str]) -> None:
 
 
 def drop_caches() -> None:
+    """Empty the page cache (root only) so the next read is cold."""
     subprocess.run(["sync"], check=True)
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
@@ -101,6 +105,7 @@ def drop_caches() -> None:
 # -- the tools ------------------------------------------------------------------------------------
 
 def wait_mounted(path: Path, timeout: float = 60) -> None:
+    """Poll until ``path`` is a mount point."""
     deadline = time.monotonic() + timeout
     while not os.path.ismount(path):
         if time.monotonic() > deadline:
@@ -109,6 +114,7 @@ def wait_mounted(path: Path, timeout: float = 60) -> None:
 
 
 def unmount(path: Path) -> None:
+    """fusermount -u, lazily if it stays busy."""
     if os.path.ismount(path):
         tool = "fusermount3" if shutil.which("fusermount3") else "fusermount"
         subprocess.run([tool, "-u", str(path)], check=False)
@@ -121,6 +127,7 @@ def unmount(path: Path) -> None:
 
 @contextlib.contextmanager
 def mount_lading(endpoint: str, path: Path, prefix: str = "", *extra: str) -> Iterator[int]:
+    """`lading mount` for the block; yields the daemon pid."""
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
     log = path.parent / f"{path.name}.lading.log"
     out = subprocess.run([*LADING, "mount", f"s3://{BUCKET}/{prefix}", str(path), "--endpoint-url", endpoint,
@@ -136,6 +143,7 @@ def mount_lading(endpoint: str, path: Path, prefix: str = "", *extra: str) -> It
 
 @contextlib.contextmanager
 def mount_s3fs(endpoint: str, path: Path, prefix: str = "") -> Iterator[int]:
+    """s3fs for the block."""
     passwd = path.parent / "s3fs.passwd"
     passwd.write_text("test:test\n")
     passwd.chmod(0o600)
@@ -151,6 +159,7 @@ def mount_s3fs(endpoint: str, path: Path, prefix: str = "") -> Iterator[int]:
 
 @contextlib.contextmanager
 def mount_rclone(endpoint: str, path: Path, prefix: str = "") -> Iterator[int]:
+    """`rclone mount` for the block; yields its pid."""
     env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}
     log = path.parent / "rclone.log"
     proc = subprocess.Popen(["rclone", "mount", f":s3:{BUCKET}/{prefix}", str(path), "--read-only",
@@ -170,6 +179,7 @@ def mount_rclone(endpoint: str, path: Path, prefix: str = "") -> Iterator[int]:
 # -- the cases ------------------------------------------------------------------------------------
 
 def read_file(path: Path, block: int = 1 << 20) -> int:
+    """Read a file sequentially in ``block`` reads; return its size."""
     total = 0
     with open(path, "rb", buffering=0) as handle:
         while chunk := handle.read(block):
@@ -178,6 +188,7 @@ def read_file(path: Path, block: int = 1 << 20) -> int:
 
 
 def direct_ranged_gets(endpoint: str, workers: int = 16, part: int = 8 << 20) -> float:
+    """MB/s of the 1 GiB object fetched as parallel ranged GETs (the limit)."""
     client = s3(endpoint)
     started = time.monotonic()
     with ThreadPoolExecutor(workers) as pool:
@@ -214,6 +225,7 @@ def case_seq(endpoint: str, tools: dict, root: Path, rounds: int = 3) -> None:
 
 
 def case_small(endpoint: str, tools: dict, root: Path) -> None:
+    """2,000 x 64 KiB read whole by 8 threads, cold then warm."""
     names = [f"{i:04d}.bin" for i in range(SMALL_COUNT)]
     for name, mounter in tools.items():
         path = root / f"small-{name}"
@@ -230,6 +242,7 @@ def case_small(endpoint: str, tools: dict, root: Path) -> None:
 
 
 def case_ls(endpoint: str, tools: dict, root: Path) -> None:
+    """`ls -lR` and `find` over 10,000 keys, each on a fresh mount."""
     for name, mounter in tools.items():
         for command in (["ls", "-lR"], ["find"]):
             path = root / f"ls-{name}"
@@ -246,6 +259,7 @@ def case_ls(endpoint: str, tools: dict, root: Path) -> None:
 
 
 def rss_mb(pid: int) -> float:
+    """Resident set size of a process."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
@@ -253,6 +267,7 @@ def rss_mb(pid: int) -> float:
 
 
 def case_ready(endpoint: str, tools: dict, root: Path) -> None:
+    """Mount-ready time, RSS and per-lookup cost for 100,000 keys."""
     path = root / "ready"
     path.mkdir(exist_ok=True)
     started = time.monotonic()
@@ -277,6 +292,7 @@ PEERS = {"s3fs": mount_s3fs, "rclone": mount_rclone}
 
 
 def main() -> None:
+    """Parse options, create the data, run the cases, print ratios."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--endpoint", default="http://127.0.0.1:7480")
     parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")

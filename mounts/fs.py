@@ -42,6 +42,7 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
     fuse_error = mfusepy.FuseOSError
 
     def boundary(method: F) -> F:
+        """Turn every error of ``method`` into an errno."""
         @functools.wraps(method)
         def guarded(*args: Any) -> Any:
             try:
@@ -57,6 +58,7 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
         return guarded  # type: ignore[return-value]
 
     def read_only(self: Any, *args: Any) -> int:
+        """Every write operation."""
         raise fuse_error(errno.EROFS)
 
     class LadingFS(mfusepy.Operations):
@@ -75,15 +77,18 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
             self._uid, self._gid = uid, gid
 
         def init(self, path: str) -> None:
+            """The kernel sees the mount: report readiness."""
             if on_init is not None:
                 on_init()
 
         def destroy(self, path: str) -> None:
+            """Unmounted."""
             if on_destroy is not None:
                 on_destroy()
 
         @boundary
         def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+            """Attributes from the tree: read-only files and directories."""
             key = path[1:]
             index = tree.file_index(key)
             if index is None:
@@ -98,6 +103,7 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
 
         @boundary
         def readdir(self, path: str, fh: int) -> list[Any]:
+            """A directory's entries, with their types."""
             key = path[1:]
             try:
                 names = tree.children(key)
@@ -111,6 +117,7 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
 
         @boundary
         def open(self, path: str, flags: int) -> int:
+            """A read handle (write modes: EROFS)."""
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
                 raise fuse_error(errno.EROFS)
             index = tree.file_index(path[1:])
@@ -124,26 +131,31 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
 
         @boundary
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+            """Bytes of an open file (mfusepy's generic path)."""
             return reader.read(self._handles[fh], offset, size)
 
         @boundary
         def read_into(self, fh: int, dest: int, size: int, offset: int) -> int:
+            """Bytes of an open file copied to FUSE's buffer at ``dest`` (LadingFUSE's path)."""
             return reader.read_into(self._handles[fh], offset, size, dest)
 
         @boundary
         def release(self, path: str, fh: int) -> int:
+            """Forget a handle."""
             with self._lock:
                 self._handles.pop(fh, None)
             return 0
 
         @boundary
         def statfs(self, path: str) -> dict[str, int]:
+            """Totals of the tree; no free space."""
             block = 4096
             blocks = (tree.total_bytes + block - 1) // block
             return {"f_bsize": block, "f_frsize": block, "f_blocks": blocks, "f_bfree": 0, "f_bavail": 0,
                     "f_files": tree.file_count + tree.dir_count, "f_ffree": 0, "f_namemax": 1024}
 
         def access(self, path: str, amode: int) -> int:
+            """Existence check; write access is EROFS."""
             if amode & os.W_OK:
                 raise fuse_error(errno.EROFS)
             key = path[1:]
@@ -163,7 +175,10 @@ def make_fuse_class(mfusepy: Any) -> type:
     import ctypes
 
     class LadingFUSE(mfusepy.FUSE):
+        """mfusepy's FUSE with a copy-free read callback."""
+
         def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
+            """Copy straight into FUSE's buffer; return the byte count."""
             dest = ctypes.cast(buf, ctypes.c_void_p).value
             return self.operations.read_into(fip.contents.fh, dest, size, offset)
 

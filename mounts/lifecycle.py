@@ -4,9 +4,9 @@
 detached (double fork); ``foreground=True`` serves in the calling process. The daemon creates
 its store client, thread pool and tree *after* forking, so no SDK state crosses a fork.
 
-The daemon reports to the waiting parent over a pipe: ``ready`` or ``error <exit code> <message>``.
-libfuse's ``auto_unmount`` (a ``fusermount3`` helper watching the daemon) unmounts if the
-daemon dies; SIGTERM/SIGINT unmount cleanly (libfuse's handlers); SIGUSR1 logs the stats.
+The detached daemon's fork and report pipe live in :mod:`mounts.daemon`. libfuse's
+``auto_unmount`` (a ``fusermount3`` helper watching the daemon) unmounts if the daemon dies;
+SIGTERM/SIGINT unmount cleanly (libfuse's handlers); SIGUSR1 logs the stats.
 """
 
 from __future__ import annotations
@@ -20,58 +20,25 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from mounts.cache import DiskCache
-from mounts.listing import ViewSpec, build_tree
-from mounts.reader import Reader, ReaderConfig
+from mounts.daemon import spawn_daemon
+from mounts.listing import build_tree
+from mounts.options import MountOptions, MountReady, default_max_memory
+from mounts.reader import Reader
 from mounts.stats import Stats
 from staging import errors
 from staging.stores import open_store
-from staging.stores.base import StoreConfig
 
 log = logging.getLogger("lading.mount")
+
+__all__ = ["MountOptions", "MountReady", "check_mountpoint", "default_max_memory", "mount", "unmount"]
 
 ATTR_TIMEOUT = 3600.0  # the tree is immutable: the kernel may cache names and attributes
 READAHEAD_KIB = 4096  # the kernel then keeps several 1 MiB requests (256 pages) in flight
 SWITCH_INTERVAL = 0.0005
-
-
-@dataclass(frozen=True)
-class MountOptions:
-    """Everything ``lading mount`` needs, resolved at the edge."""
-
-    source: str
-    mountpoint: Path
-    store: StoreConfig = field(default_factory=StoreConfig)
-    view: ViewSpec = field(default_factory=ViewSpec)
-    reader: ReaderConfig = field(default_factory=ReaderConfig)
-    cache_dir: Path | None = None
-    cache_size: int = 10 << 30
-    foreground: bool = False
-    log_file: Path | None = None
-    allow_other: bool = False
-    debug: bool = False
-
-
-@dataclass(frozen=True)
-class MountReady:
-    """What the caller learns once the mount is up."""
-
-    mountpoint: Path
-    pid: int
-    seconds: float
-
-
-def default_max_memory() -> int:
-    """A modest share of RAM for buffers: 1/16 of it, between 128 MiB and 2 GiB."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        total = 8 << 30
-    return max(128 << 20, min(2 << 30, total // 16))
 
 
 def check_mountpoint(path: Path) -> None:
@@ -92,7 +59,12 @@ def mount(options: MountOptions, on_ready: Callable[[MountReady], None] | None =
     load_mfusepy()  # fail here, in the caller, when libfuse is missing
     if options.foreground:
         return _serve_foreground(options, on_ready)
-    return _spawn_daemon(options)
+    return spawn_daemon(options, lambda on_ready: _run_daemon(options, on_ready))
+
+
+def _run_daemon(options: MountOptions, on_ready: Callable[[], None]) -> None:
+    _configure_logging(options, to_stderr=options.log_file is not None)
+    _serve(options, on_ready)
 
 
 def _serve_foreground(options: MountOptions, on_ready: Callable[[MountReady], None] | None) -> MountReady:
@@ -108,118 +80,6 @@ def _serve_foreground(options: MountOptions, on_ready: Callable[[MountReady], No
     _configure_logging(options, to_stderr=True)
     _serve(options, announce)
     return ready
-
-
-def _spawn_daemon(options: MountOptions) -> MountReady:
-    started = time.monotonic()
-    read_fd, write_fd = os.pipe()
-    # Ctrl-C waits until the daemon's pid is known, so that it can always be stopped.
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    pid = os.fork()
-    if pid == 0:  # first child: new session, then fork again so the daemon is no session leader
-        os.close(read_fd)
-        os.setsid()
-        daemon = os.fork()
-        if daemon != 0:
-            os.write(write_fd, f"pid {daemon}\n".encode())
-            os._exit(0)
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        _daemon_main(options, write_fd)  # never returns
-    os.close(write_fd)
-    os.waitpid(pid, 0)
-    reports = os.fdopen(read_fd, "r", encoding="utf-8", errors="replace")
-    first = reports.readline()
-    daemon_pid = int(first.split()[1]) if first.startswith("pid ") else 0
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        message = reports.readline().strip()  # "ready N" or "error CODE MESSAGE"
-        if message.startswith("ready "):
-            _wait_mounted(options.mountpoint, daemon_pid)
-            return MountReady(options.mountpoint, daemon_pid, time.monotonic() - started)
-    except BaseException:  # Ctrl-C while listing, or the mount never appeared: leave nothing behind
-        _stop_daemon(daemon_pid, options.mountpoint)
-        raise
-    finally:
-        reports.close()
-    if message.startswith("error "):
-        _, code, text = message.split(" ", 2)
-        raise _error_for_code(int(code))(text)
-    where = f"; see {options.log_file}" if options.log_file else "; rerun with --foreground to see why"
-    raise errors.ProblemFound(f"the mount daemon exited before the mount was ready{where}")
-
-
-def _stop_daemon(pid: int, mountpoint: Path) -> None:
-    """Stop a daemon that has not finished mounting (SIGTERM unmounts if it got that far)."""
-    if pid and _alive(pid):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)  # auto_unmount then removes any mount it left
-
-
-def _wait_mounted(path: Path, pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not os.path.ismount(path):
-        if not _alive(pid):
-            raise errors.ProblemFound(f"the mount daemon exited while mounting {path}")
-        if time.monotonic() > deadline:
-            raise errors.ProblemFound(f"{path} did not appear as a mount point within {timeout:g}s")
-        time.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _error_for_code(code: int) -> type[errors.LadingError]:
-    return {2: errors.UsageError, 3: errors.NotFound, 4: errors.AccessDenied,
-            5: errors.TransientError}.get(code, errors.ProblemFound)
-
-
-def _daemon_main(options: MountOptions, report_fd: int) -> None:
-    """The detached daemon: redirect stdio, serve, report readiness or the failure; exit."""
-    os.chdir("/")
-    null = os.open(os.devnull, os.O_RDWR)
-    os.dup2(null, 0)
-    if options.log_file is not None:
-        out = os.open(options.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    else:
-        out = null
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    code = 0
-    reported = False
-
-    def report(text: str) -> None:
-        nonlocal reported
-        if not reported:
-            reported = True
-            os.write(report_fd, (text.replace("\n", " ") + "\n").encode())
-            os.close(report_fd)
-
-    try:
-        _configure_logging(options, to_stderr=options.log_file is not None)
-        _serve(options, lambda: report(f"ready {os.getpid()}"))
-    except errors.LadingError as err:
-        message = err.message + (f" (hint: {err.hint})" if err.hint else "")
-        log.error("%s", message)
-        report(f"error {err.exit_code} {message}")
-        code = err.exit_code
-    except BaseException as err:  # noqa: BLE001 - the daemon must always report and exit
-        log.exception("mount daemon failed")
-        report(f"error 1 internal error: {type(err).__name__}: {err}")
-        code = 1
-    finally:
-        logging.shutdown()
-        os._exit(code)
 
 
 def _configure_logging(options: MountOptions, to_stderr: bool) -> None:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
-from mounts.cache import ChunkId, DiskCache, MemoryCache, chunk_prefix
+from mounts.cache import BufferPool, ChunkId, DiskCache, MemoryCache, chunk_prefix
 from mounts.source import range_streamer
 from mounts.stats import Stats
 from mounts.tree import FileEntry
@@ -89,7 +88,7 @@ class Reader:
         self._pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="lading-get")
         self._pending: dict[ChunkId, Future[memoryview]] = {}
         self._stalled: dict[ChunkId, float] = {}  # chunk -> when a reader last timed out on it
-        self._buffers = BufferPool(max(0, config.max_memory // 4) // MAX_GET)
+        self._buffers = BufferPool(MAX_GET, max(0, config.max_memory // 4) // MAX_GET)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -380,33 +379,6 @@ class Reader:
         for future in futures.values():
             if not future.done():
                 future.set_exception(err)
-
-
-class BufferPool:
-    """Reuses GET buffers of the standard size once nothing refers to them any more.
-
-    ``bytearray(n)`` zeroes n bytes and, for fresh memory, takes a page fault per 4 KiB, all
-    under the GIL: that was half of the daemon's GIL time on a cold sequential read. A buffer is
-    free again when no chunk view points into it (its reference count is back to ours).
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._buffers: list[bytearray] = []
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> bytearray:
-        """A buffer of ``size`` bytes (contents undefined)."""
-        if size != MAX_GET or not self.capacity:
-            return bytearray(size)
-        with self._lock:
-            for buffer in self._buffers:
-                if sys.getrefcount(buffer) <= 3:  # the list, this loop, getrefcount's argument
-                    return buffer
-            buffer = bytearray(size)
-            if len(self._buffers) < self.capacity:
-                self._buffers.append(buffer)
-            return buffer
 
 
 def _chunks_in(end: int) -> int:

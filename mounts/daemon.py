@@ -1,0 +1,132 @@
+"""The detached mount daemon: double fork, a pipe back to the waiting command, clean stops.
+
+The daemon reports over the pipe: its pid (written by the intermediate child, so the command
+always knows whom to stop), then ``ready <pid>`` or ``error <exit code> <message>``. Ctrl-C in
+the command before the mount is ready stops the daemon; nothing is left mounted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+from mounts.options import MountOptions, MountReady
+from staging import errors
+
+log = logging.getLogger("lading.mount")
+
+
+def spawn_daemon(options: MountOptions, run: Callable[[Callable[[], None]], None]) -> MountReady:
+    """Fork the detached daemon, which calls ``run(on_ready)``; return once it is mounted."""
+    started = time.monotonic()
+    read_fd, write_fd = os.pipe()
+    # Ctrl-C waits until the daemon's pid is known, so that it can always be stopped.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    pid = os.fork()
+    if pid == 0:  # first child: new session, then fork again so the daemon is no session leader
+        os.close(read_fd)
+        os.setsid()
+        daemon = os.fork()
+        if daemon != 0:
+            os.write(write_fd, f"pid {daemon}\n".encode())
+            os._exit(0)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        _daemon_main(options, write_fd, run)  # never returns
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    reports = os.fdopen(read_fd, "r", encoding="utf-8", errors="replace")
+    first = reports.readline()
+    daemon_pid = int(first.split()[1]) if first.startswith("pid ") else 0
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        message = reports.readline().strip()  # "ready N" or "error CODE MESSAGE"
+        if message.startswith("ready "):
+            _wait_mounted(options.mountpoint, daemon_pid)
+            return MountReady(options.mountpoint, daemon_pid, time.monotonic() - started)
+    except BaseException:  # Ctrl-C while listing, or the mount never appeared: leave nothing behind
+        _stop_daemon(daemon_pid, options.mountpoint)
+        raise
+    finally:
+        reports.close()
+    if message.startswith("error "):
+        _, code, text = message.split(" ", 2)
+        raise _error_for_code(int(code))(text)
+    where = f"; see {options.log_file}" if options.log_file else "; rerun with --foreground to see why"
+    raise errors.ProblemFound(f"the mount daemon exited before the mount was ready{where}")
+
+
+def _stop_daemon(pid: int, mountpoint: Path) -> None:
+    """Stop a daemon that has not finished mounting (SIGTERM unmounts if it got that far)."""
+    if pid and _alive(pid):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)  # auto_unmount then removes any mount it left
+
+
+def _wait_mounted(path: Path, pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.ismount(path):
+        if not _alive(pid):
+            raise errors.ProblemFound(f"the mount daemon exited while mounting {path}")
+        if time.monotonic() > deadline:
+            raise errors.ProblemFound(f"{path} did not appear as a mount point within {timeout:g}s")
+        time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _error_for_code(code: int) -> type[errors.LadingError]:
+    return {2: errors.UsageError, 3: errors.NotFound, 4: errors.AccessDenied,
+            5: errors.TransientError}.get(code, errors.ProblemFound)
+
+
+def _daemon_main(options: MountOptions, report_fd: int, run: Callable[[Callable[[], None]], None]) -> None:
+    """The detached daemon: redirect stdio, serve, report readiness or the failure; exit."""
+    os.chdir("/")
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    if options.log_file is not None:
+        out = os.open(options.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    else:
+        out = null
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    code = 0
+    reported = False
+
+    def report(text: str) -> None:
+        nonlocal reported
+        if not reported:
+            reported = True
+            os.write(report_fd, (text.replace("\n", " ") + "\n").encode())
+            os.close(report_fd)
+
+    try:
+        run(lambda: report(f"ready {os.getpid()}"))
+    except errors.LadingError as err:
+        message = err.message + (f" (hint: {err.hint})" if err.hint else "")
+        log.error("%s", message)
+        report(f"error {err.exit_code} {message}")
+        code = err.exit_code
+    except BaseException as err:  # noqa: BLE001 - the daemon must always report and exit
+        log.exception("mount daemon failed")
+        report(f"error 1 internal error: {type(err).__name__}: {err}")
+        code = 1
+    finally:
+        logging.shutdown()
+        os._exit(code)
