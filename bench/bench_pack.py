@@ -52,24 +52,25 @@ def make_files(root: Path, count: int) -> None:
     marker.touch()
 
 
-def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float]:
-    """Wall seconds and CPU seconds (user + system, the process and its children) of a command."""
+def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float, str]:
+    """Wall seconds, CPU seconds (user + system, the process and its children) and stdout of a command."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    subprocess.run(argv, check=True, cwd=cwd, stdout=subprocess.DEVNULL)
+    done = subprocess.run(argv, check=True, cwd=cwd, stdout=subprocess.PIPE, text=True)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.stdout
 
 
 def bench_pack(files: int, rounds: int, out: Path) -> dict:
-    src = OUT / "src"
+    src = OUT / f"src-{files}"
     make_files(src, files)
     nbytes = files * FILE_SIZE
-    lading = [str(REPO / ".venv" / "bin" / "lading"), "-q", "pack", str(src)]
+    lading = [str(REPO / ".venv" / "bin" / "lading"), "pack", str(src), "--json"]
     timed(["tar", "cf", str(OUT / "warm.tar"), "."], cwd=src)  # warm the page cache
     (OUT / "warm.tar").unlink()
     runs: dict[str, list[tuple[float, float]]] = {"tar": [], "lading": []}
+    writing: list[float] = []  # lading's own timer around writing + publishing (after planning)
     out.mkdir(parents=True, exist_ok=True)
     commands = {"tar": (["tar", "cf", str(out / "tar.tar"), "."], src),
                 "lading": ([*lading, str(out / "shards"), "--name", "bench"], None)}
@@ -78,7 +79,10 @@ def bench_pack(files: int, rounds: int, out: Path) -> dict:
             shutil.rmtree(out / "shards", ignore_errors=True)
             (out / "tar.tar").unlink(missing_ok=True)  # one output at a time (out may be RAM)
             subprocess.run(["sync"], check=True)  # neither run pays for the other's dirty pages
-            runs[tool].append(timed(*commands[tool]))
+            wall_s, cpu_s, stdout = timed(*commands[tool])
+            runs[tool].append((wall_s, cpu_s))
+            if tool == "lading":
+                writing.append(json.loads(stdout)["seconds"])
     shutil.rmtree(out / "shards", ignore_errors=True)
     (out / "tar.tar").unlink(missing_ok=True)
     wall = {tool: statistics.median(w for w, _ in times) for tool, times in runs.items()}
@@ -92,11 +96,12 @@ def bench_pack(files: int, rounds: int, out: Path) -> dict:
         "rate_ratio_of_medians": wall["tar"] / wall["lading"], "rate_ratio_paired_median": paired,
         "rate_ratio_best": best["tar"] / best["lading"],
         "tar_cpu_s": cpu["tar"], "lading_cpu_s": cpu["lading"], "load_average": os.getloadavg(),
+        "lading_write_s": writing, "lading_write_median_s": statistics.median(writing),
     }
     print(f"pack {files:,} x 16 KiB, {rounds} rounds: tar cf median {wall['tar']:.2f} s "
           f"({result['tar_MBps']:.0f} MB/s, best {best['tar']:.2f} s, cpu {cpu['tar']:.2f} s); "
           f"lading pack median {wall['lading']:.2f} s ({result['lading_MBps']:.0f} MB/s, best {best['lading']:.2f} s, "
-          f"cpu {cpu['lading']:.2f} s)")
+          f"cpu {cpu['lading']:.2f} s; of which writing median {statistics.median(writing):.2f} s, best {min(writing):.2f} s)")
     print(f"lading rate / tar rate: {paired:.2f} (median of per-round ratios), "
           f"{result['rate_ratio_of_medians']:.2f} (of medians), {result['rate_ratio_best']:.2f} (best runs); "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
