@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import click
@@ -67,6 +68,34 @@ class _PlainConsole:
     def print(self, text: str) -> None:
         """Write a line."""
         click.echo(text)
+
+
+class _LogLines:
+    """PackEvents for logs (stderr not a terminal): a progress line every few seconds."""
+
+    def __init__(self, total: int, interval: float = 5.0) -> None:
+        self.total, self.interval = total, interval
+        self.done = 0
+        self.shards = 0
+        self.started = self.last = time.monotonic()
+
+    def on_bytes(self, nbytes: int) -> None:
+        """Count bytes; maybe print a line."""
+        self.done += nbytes
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            rate = self.done / max(now - self.started, 1e-9)
+            click.echo(f"lading pack: {format_size(self.done)} of {format_size(self.total)} "
+                       f"({100 * self.done / max(self.total, 1):.0f}%), {self.shards} shard(s) done, "
+                       f"{format_size(int(rate))}/s", err=True)
+
+    def on_shard(self, name: str, nbytes: int) -> None:
+        """Count shards."""
+        self.shards += 1
+
+    def close(self) -> None:
+        """Nothing to clean up."""
 
 
 def _plan_summary(plan: Any) -> dict[str, Any]:
@@ -134,7 +163,9 @@ def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | N
     if dry_run:
         summary = _plan_summary(plan)
     else:
-        bar = _Bar(plan.input_bytes) if sys.stderr.isatty() and not json_out and not state.quiet else None
+        bar: _Bar | _LogLines | None = None
+        if not json_out and not state.quiet:
+            bar = _Bar(plan.input_bytes) if sys.stderr.isatty() else _LogLines(plan.input_bytes)
         try:
             result = run_pack(plan, source, dest, config, bar)  # type: ignore[arg-type]
         finally:

@@ -251,3 +251,13 @@ def test_bucket_pack_keeps_few_temporary_shards(tmp_path):
     write_pack(plan, LocalSource(source), StorePublisher(CountingStore(dest), plan), str(dest))
     assert 1 <= CountingStore.most <= 5, f"{CountingStore.most} temporary shards on disk at once"
     assert (dest / "ds.index.json").exists()
+
+
+def test_log_progress_lines(capsys):
+    from cli.cmd_pack import _LogLines
+
+    lines = _LogLines(total=4 << 20, interval=0.0)
+    lines.on_shard("ds-000000.tar", 1)
+    lines.on_bytes(1 << 20)
+    err = capsys.readouterr().err
+    assert "lading pack: 1.0 MiB of 4.0 MiB (25%), 1 shard(s) done" in err
