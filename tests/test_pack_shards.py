@@ -256,3 +256,19 @@ def test_name_that_is_not_utf8_is_refused(tmp_path, lading):
     result = lading("pack", str(source), str(tmp_path / "out"))
     assert result.returncode == 2
     assert "not valid UTF-8" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_member_over_8_gib_gets_a_pax_size(tmp_path):
+    from staging.pack.tarformat import END_OF_ARCHIVE, member_header, padding
+
+    size = (8 << 30) + 5  # more than the 11 octal digits of a ustar size field hold
+    header = member_header("huge.bin", size)
+    assert len(header) == 3 * 512  # pax header block, its record, then the ustar header
+    path = tmp_path / "sparse.tar"
+    with open(path, "wb") as handle:
+        handle.write(header)
+        handle.seek(len(header) + size + padding(size))  # a sparse file: nothing is written
+        handle.write(END_OF_ARCHIVE)
+    with tarfile.open(path) as archive:
+        [member] = archive.getmembers()
+    assert (member.name, member.size) == ("huge.bin", size)
