@@ -323,6 +323,7 @@ class Reader:
             view[filled:filled + size] = piece
             filled += size
             state["filled"] = filled
+            self.stats.add(bytes_fetched=size)  # counted before the chunk is handed out
             while state["published"] < len(chunks):
                 chunk_end = min(len(buffer), (state["published"] + 1) * CHUNK)
                 if filled < chunk_end:
@@ -334,6 +335,7 @@ class Reader:
         try:
             while True:
                 resume = state["published"] * CHUNK
+                self.stats.add(requests=1)
                 state["filled"] = resume
                 try:
                     self._stream(entry.key, start + resume, stop, entry.version, sink)
@@ -349,14 +351,13 @@ class Reader:
                     attempt += 1
         except BaseException as err:  # noqa: BLE001 - every failure must reach the waiting reader
             self.memory.release(stop - start)
-            self.stats.add(requests=attempt, request_errors=1, bytes_fetched=state["filled"])
+            self.stats.add(request_errors=1)
             if not isinstance(err, LadingError):
                 log.warning("GET %s [%d, %d) failed: %r", entry.key, start, stop, err)
                 err = TransientError(f"{entry.key}: {err}")
             self._fail(entry.index, futures, err)
             return
         self.memory.release(stop - start)
-        self.stats.add(requests=attempt, bytes_fetched=len(buffer))
         self.stats.sample("get_latency", time.monotonic() - began)
 
     def _publish(self, handle: OpenFile, chunk: int, futures: dict[int, Future[memoryview]],
