@@ -19,7 +19,6 @@ import itertools
 import os
 import random
 import sys
-import tarfile
 import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,6 +27,7 @@ from typing import IO, Any, Callable, Iterator, Sequence
 
 from staging.errors import NotFound, ProblemFound, UsageError
 from staging.pack.index import parse_index
+from staging.pack.tarread import TarFormatError, iter_files
 from staging.stores import open_store
 from staging.stores.base import ObjectInfo, Store, StoreConfig
 from staging.stores.uri import StoreURI, parse_uri
@@ -268,12 +268,10 @@ def _open_shard(ref: ShardRef, config: StoreConfig) -> IO[bytes] | _RangeReader:
     return _RangeReader(store, store.stat(name))
 
 
-def _grouped(archive: tarfile.TarFile) -> Iterator[Sample]:
+def _grouped(files: Iterator[tuple[str, bytes]]) -> Iterator[Sample]:
     current: Sample | None = None
-    for member in archive:
-        if not member.isfile():
-            continue
-        directory, slash, base = member.name.rpartition("/")
+    for name, data in files:
+        directory, slash, base = name.rpartition("/")
         stem, dot, ext = base.partition(".")
         if not dot or not stem:
             continue  # no key: WebDataset readers skip such members too
@@ -282,8 +280,7 @@ def _grouped(archive: tarfile.TarFile) -> Iterator[Sample]:
             if current is not None:
                 yield current
             current = {"__key__": key}
-        extracted = archive.extractfile(member)
-        current[ext.lower()] = extracted.read() if extracted is not None else b""
+        current[ext.lower()] = data
     if current is not None:
         yield current
 
@@ -296,10 +293,9 @@ def iter_shard(ref: ShardRef, config: StoreConfig, skip: int = 0, take: int | No
     """
     handle = _open_shard(ref, config)
     try:
-        with tarfile.open(fileobj=handle, mode="r|") as archive:  # type: ignore[call-overload]
-            stop = None if take is None else skip + take
-            yield from itertools.islice(_grouped(archive), skip, stop)
-    except tarfile.TarError as err:
+        stop = None if take is None else skip + take
+        yield from itertools.islice(_grouped(iter_files(handle.read)), skip, stop)
+    except TarFormatError as err:
         raise ProblemFound(f"{ref.uri} is not a readable tar shard: {err}") from err
     finally:
         handle.close()

@@ -146,3 +146,12 @@ def test_dataloader_with_workers(packed, workers, start):
                                        multiprocessing_context=start)
         seen += [key for batch in loader for key in batch]
     assert Counter(seen) == Counter(list(expected_samples()))
+
+
+def test_damaged_shard_is_a_one_line_problem(tmp_path):
+    from staging.errors import ProblemFound
+
+    bad = tmp_path / "bad-000000.tar"
+    bad.write_bytes(b"definitely not a tar archive" * 50)
+    with pytest.raises(ProblemFound, match="bad-000000.tar is not a readable tar shard"):
+        list(ShardDataset([str(bad)]))
