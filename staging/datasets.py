@@ -235,6 +235,10 @@ class _RangeReader:
 
     def read(self, size: int = -1) -> bytes:
         """Up to ``size`` bytes (all remaining when negative)."""
+        if 0 <= size <= len(self._buffer):  # the common case: served from the current chunk
+            part = self._buffer[:size]
+            self._buffer = self._buffer[size:]
+            return bytes(part)
         parts = []
         wanted = self.info.size if size < 0 else size
         while wanted > 0:
