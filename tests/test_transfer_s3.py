@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from proxies import FaultProxy
-from staging.errors import NotFound, ObjectChanged, TransientError
+from staging.errors import AccessDenied, NotFound, ObjectChanged, TransientError, UsageError
 from staging.retry import RetryPolicy
 from staging.stores import StoreConfig, open_store, parse_uri
 from staging.stores.base import ObjectInfo
@@ -260,3 +260,32 @@ def test_sse_kms_etag_is_not_taken_for_an_md5(s3, s3_env, tmp_path, size):
 
     assert result.ok, result.error
     assert (tmp_path / "enc").read_bytes() == data
+
+
+def test_no_sign_request_sends_unsigned_requests(s3, s3_env, tmp_path):
+    s3.put_object(Bucket=BUCKET, Key="data/pub", Body=b"public bytes", ACL="public-read")
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        store = open_store(f"s3://{BUCKET}/data", StoreConfig(endpoint_url=proxy.url, region="us-east-1",
+                                                              no_sign_request=True, retry=FAST_RETRY))
+        results = _fetch(store, tmp_path)
+        gets = [r for r in proxy.requests if r.method == "GET"]
+
+    assert [r.ok for r in results] == [True], results
+    assert (tmp_path / "pub").read_bytes() == b"public bytes"
+    assert gets and all(r.headers.get("Authorization") is None for r in gets)
+
+
+def test_missing_credentials_and_unknown_profile_are_one_line_errors(s3_env, monkeypatch, tmp_path):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata probing
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    config = StoreConfig(endpoint_url=s3_env["AWS_ENDPOINT_URL"], region="us-east-1", retry=NO_RETRY)
+
+    with pytest.raises(AccessDenied, match="no AWS credentials"):
+        list(FastS3Client(parse_uri(f"s3://{BUCKET}/x"), config).list())
+    profiled = StoreConfig(endpoint_url=s3_env["AWS_ENDPOINT_URL"], region="us-east-1", profile="nope",
+                           retry=NO_RETRY)
+    with pytest.raises(UsageError, match="nope"):
+        list(FastS3Client(parse_uri(f"s3://{BUCKET}/x"), profiled).list())
