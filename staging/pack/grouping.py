@@ -97,7 +97,13 @@ def group_samples(objects: Iterable[ObjectInfo], directories_possible: bool = Tr
     samples = []
     for key in sorted(by_key):
         fields = by_key[key]
-        members = tuple(fields.values()) if len(fields) == 1 else tuple(fields[ext] for ext in sorted(fields))
+        if len(fields) == 1:
+            members = tuple(fields.values())
+        elif len(fields) == 2:  # the usual image+label pair: one comparison, not a sort
+            (ext_a, member_a), (ext_b, member_b) = fields.items()
+            members = (member_a, member_b) if ext_a < ext_b else (member_b, member_a)
+        else:
+            members = tuple(fields[ext] for ext in sorted(fields))
         samples.append(Sample(key, members))
     return samples
 

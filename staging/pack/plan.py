@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 from staging.errors import UsageError
 from staging.pack.grouping import Sample
-from staging.pack.tarformat import archive_size, member_size
+from staging.pack.tarformat import BLOCK, archive_size, member_size
+
+_PLAIN_SIZE_LIMIT = 8 ** 11  # sizes from here on need a pax record (see tarformat)
 
 DEFAULT_SHARD_SIZE = 150_000_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -90,7 +92,11 @@ def sample_tar_bytes(sample: Sample) -> int:
     """Bytes a sample's members take in a shard."""
     total = 0
     for member in sample.members:
-        total += member_size(member.info.key, member.info.size)
+        key, size = member.info.key, member.info.size
+        if len(key) <= 100 and size < _PLAIN_SIZE_LIMIT and key.isascii():  # one header block
+            total += BLOCK + size + (-size % BLOCK)
+        else:
+            total += member_size(key, size)
     return total
 
 
