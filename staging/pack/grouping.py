@@ -8,6 +8,7 @@ see something other than the files we were given is refused here, before anythin
 
 from __future__ import annotations
 
+import re
 from typing import Iterable, NamedTuple
 
 from staging.errors import ProblemFound, UsageError
@@ -16,6 +17,13 @@ from staging.stores.base import ObjectInfo
 
 #: Sample-dict fields WebDataset readers fill in themselves; an extension may not shadow them.
 _RESERVED_PREFIX = "__"
+#: A name that needs no further checks: ASCII, no empty, "." or ".." segments, no segment
+#: starting with a dot, no backslash or NUL, and a basename STEM.EXT with non-empty dot-separated
+#: extension parts, the first not starting with "__". Groups: key (dirs + stem), extension.
+_PLAIN_NAME = re.compile(
+    r"((?:[\x21-\x2d\x30-\x5b\x5d-\x7e][\x20-\x2e\x30-\x5b\x5d-\x7e]*/)*[\x21-\x2d\x30-\x5b\x5d-\x7e][\x20-\x2d\x30-\x5b\x5d-\x7e]*)"
+    r"\.((?!__)[\x20-\x2d\x30-\x5b\x5d-\x7e]+(?:\.[\x20-\x2d\x30-\x5b\x5d-\x7e]+)*)"
+).fullmatch
 
 
 class Member(NamedTuple):
@@ -73,12 +81,12 @@ def group_samples(objects: Iterable[ObjectInfo], directories_possible: bool = Tr
     by_key: dict[str, dict[str, Member]] = {}
     for info in objects:
         name = info.key
-        if not name.isascii():
-            _refuse_undecodable(name)
-        dot = name.find(".", name.rfind("/") + 1)
-        if _plainly_safe(name) and dot > 0 and _plain_extension(name, dot):
-            key, ext = name[:dot], name[dot + 1:]  # the common case, without the checks' cost
+        plain = _PLAIN_NAME(name)  # the common case, checked in one regular-expression match
+        if plain is not None:
+            key, ext = plain.groups()
         else:
+            if not name.isascii():
+                _refuse_undecodable(name)
             key_parts(name)  # raises UnsafeKey: a member named ../x escapes whoever extracts it
             key, ext = split_name(name)
         member = Member(info, ext)
@@ -115,16 +123,6 @@ def _refuse_undecodable(name: str) -> None:
         shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
         raise UsageError(f"cannot pack {shown!r}: its name is not valid UTF-8",
                          "tar shards store names as UTF-8; rename the file") from None
-
-
-def _plain_extension(name: str, dot: int) -> bool:
-    return not name.endswith(".") and ".." not in name[dot:] and not name.startswith("__", dot + 1)
-
-
-def _plainly_safe(key: str) -> bool:
-    """A fast yes for the usual key; anything unusual goes through key_parts."""
-    return bool(key) and key[0] != "/" and "\\" not in key and "\x00" not in key and "//" not in key \
-        and "/." not in key and not key.startswith(".") and not key.endswith("/")
 
 
 def _refuse_file_directory_clashes(names: Iterable[str]) -> None:
