@@ -122,7 +122,7 @@ class FastS3Client:
                 self._state = (os.getpid(), *self._resolve())
             return self._state[1:]
 
-    def _resolve(self) -> tuple[_Endpoint, Signer, Credentials, _Pool]:
+    def _resolve(self) -> tuple[_Endpoint, Signer, Credentials, Pool]:
         """Resolve region and credentials through botocore's chain, once.
 
         With an explicit endpoint (the CLI resolves ``AWS_ENDPOINT_URL[_S3]`` into
