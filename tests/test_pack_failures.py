@@ -118,6 +118,38 @@ run_pack(plan, source, dest, events=StopAfterFirstShard())
 """
 
 
+def children_of(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def wait_gone(pids: list[int], timeout: float = 30) -> list[int]:
+    """Poll until none of ``pids`` is alive (zombies count as gone); return those still running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as handle:
+                    if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
+                        alive.append(pid)
+            except OSError:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.02)
+
+
 def test_kill_9_mid_pack_leaves_no_index_and_next_pack_cleans_up(tmp_path):
     source, dest, marker = tmp_path / "src", tmp_path / "out", tmp_path / "marker"
     make_source(source)
@@ -128,8 +160,11 @@ def test_kill_9_mid_pack_leaves_no_index_and_next_pack_cleans_up(tmp_path):
             assert proc.poll() is None, "the pack exited before its first shard"
             assert time.monotonic() < deadline, "no shard written within 60 s"
             time.sleep(0.02)
+        workers = children_of(proc.pid)
+        assert workers, "expected forked writer processes"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+        assert wait_gone(workers) == [], "worker processes outlived the killed pack"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -224,8 +259,11 @@ def test_ctrl_c_mid_pack_removes_everything(tmp_path):
             assert proc.poll() is None, "the pack exited before its first shard"
             assert time.monotonic() < deadline, "no shard written within 60 s"
             time.sleep(0.02)
+        workers = children_of(proc.pid)
+        assert workers, "expected forked writer processes"
         os.killpg(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
+        assert wait_gone(workers) == []
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -229,8 +229,7 @@ def test_local_listing_matches_local_store(tree, tmp_path):
     (source / "linkdir").symlink_to(source / "train")  # a link to a directory is not followed
     (source / "broken.txt").symlink_to(tmp_path / "missing")
     expected = sorted((i.key, i.size, i.version) for i in LocalStore(source).list())
-    for threads in (1, 2):
-        assert sorted((i.key, i.size, i.version) for i in list_local(source, threads)) == expected
+    assert sorted((i.key, i.size, i.version) for i in list_local(source)) == expected
     assert "link.txt" in {key for key, _, _ in expected}
 
 

@@ -11,8 +11,10 @@ still overlap). Shards are committed to the publisher in order, each once all it
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 import threading
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
@@ -26,6 +28,7 @@ from staging.pack.sources import LocalSource, MemberSource
 from staging.pack.writer import ShardWriter
 
 TASK_BYTES = 16 << 20
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -113,11 +116,25 @@ def _run_inherited(index: int) -> None:
     _run_task(task, plan.shards[task.shard], source, paths[task.shard], None)
 
 
+def _worker_start(parent: int) -> None:
+    """In each worker process: leave Ctrl-C to the parent (a worker interrupted while holding the
+    task queue's lock would hang the others), and die with the parent (Linux), so a killed pack
+    leaves no process behind."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: workers end when their current task does
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _executor(plan: PackPlan, source: MemberSource, tasks: list[WriteTask], processes_allowed: bool) -> Executor:
     workers = max(1, min(cpus() + 1, len(tasks), 8))  # one more than CPUs: a worker may wait for the disk
     fork_safe = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
     if processes_allowed and fork_safe and isinstance(source, LocalSource) and workers > 1:
-        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_worker_start, initargs=(os.getpid(),))
     return ThreadPoolExecutor(workers, thread_name_prefix="lading-pack-write")
 
 

@@ -102,7 +102,7 @@ def sample_tar_bytes(sample: Sample) -> int:
 
 def order_samples(samples: list[Sample], options: PackOptions) -> list[Sample]:
     """Samples in key order, or shuffled by ``options.seed`` (samples move, members stay together)."""
-    ordered = sorted(samples, key=lambda sample: sample.key)
+    ordered = sorted(samples)  # by key: the first field, unique
     if options.shuffle:
         random.Random(options.seed).shuffle(ordered)
     return ordered
