@@ -197,12 +197,13 @@ class _Engine:
     def _download_verified(self, item: TransferItem, tmp: Path) -> int:
         """Download with retries; a checksum mismatch is retried once, then reported."""
         for attempt in (1, 2):
-            verifier = Verifier(item.info, checksums=self.options.verify)
 
-            def once() -> int:
-                return self.reader.fetch_whole(item.info, tmp, verifier, self.events.on_bytes, self._checkpoint)
+            def once() -> tuple[int, Verifier]:
+                # A fresh verifier per attempt: a retried body must not hash the failed attempt's bytes.
+                verifier = Verifier(item.info, checksums=self.options.verify)
+                return self.reader.fetch_whole(item.info, tmp, verifier, self.events.on_bytes, self._checkpoint), verifier
 
-            nbytes = with_retries(once, self.reader.retry_policy)
+            nbytes, verifier = with_retries(once, self.reader.retry_policy)
             try:
                 verifier.check(nbytes)
                 return nbytes
