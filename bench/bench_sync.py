@@ -410,7 +410,10 @@ def main() -> None:
         log(f"-- run {run + 1}/{args.repeat}")
         for scenario in ("small", "noop", "big", "latency", "plan"):
             if scenario in only and not (scenario == "plan" and run > 0):
-                getattr(bench, scenario)()
+                if scenario == "small":
+                    bench.small(tools=("aws s3 sync", "rclone copy", "lading sync", "lading sync --workers 64"))
+                else:
+                    getattr(bench, scenario)()
     bench.report()
 
 
