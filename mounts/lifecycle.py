@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from mounts.cache import DiskCache
-from mounts.daemon import spawn_daemon
+from mounts.daemon import spawn_daemon, start_unmount_watchdog
 from mounts.listing import build_tree
 from mounts.options import MountOptions, MountReady, default_max_memory
 from mounts.reader import Reader
@@ -121,6 +121,8 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     disk = DiskCache(options.cache_dir, options.cache_size) if options.cache_dir else None
     stats = Stats()
     reader = Reader(store, options.reader, disk, stats)
+    start_unmount_watchdog(options.mountpoint)
+
     def dump() -> None:
         snapshot = stats.snapshot()
         snapshot.update(memory_held=reader.memory.held, memory_budget=reader.memory.budget,
