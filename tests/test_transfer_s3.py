@@ -13,7 +13,7 @@ import boto3
 import pytest
 
 from proxies import FaultProxy
-from staging.errors import AccessDenied, NotFound, ObjectChanged, TransientError, UsageError
+from staging.errors import AccessDenied, LadingError, NotFound, ObjectChanged, TransientError, UsageError
 from staging.retry import RetryPolicy
 from staging.stores import StoreConfig, open_store, parse_uri
 from staging.stores.base import ObjectInfo
@@ -305,3 +305,87 @@ def test_lean_path_addresses_odd_keys_exactly_like_boto3(s3, s3_env):
         paths = [r.path for r in proxy.requests if r.method == "GET"]
 
     assert paths[0::2] == paths[1::2]  # same request path, key by key
+
+
+class TLSFront:
+    """TLS in front of moto (which speaks plain HTTP): what the lean path meets on real S3."""
+
+    def __init__(self, upstream_port: int, cert: Path, key: Path) -> None:
+        import socket
+        import ssl
+
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(cert, key)
+        self.upstream_port = upstream_port
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.handshakes = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while True:
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                client = self.context.wrap_socket(raw, server_side=True)
+            except OSError:
+                raw.close()
+                continue
+            self.handshakes += 1
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_lean_path_over_tls_trusts_the_configured_ca_bundle(s3, s3_env, tmp_path, monkeypatch):
+    import subprocess
+    import urllib.parse
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    data = os.urandom(20_000)
+    _seed(s3, {"small": b"over tls", "large": data})
+    front = TLSFront(urllib.parse.urlsplit(s3_env["AWS_ENDPOINT_URL"]).port, cert, key)
+    try:
+        endpoint = f"https://localhost:{front.port}"
+        monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
+        untrusted = _store(endpoint)
+        with pytest.raises(LadingError, match="TLS certificate not trusted") as caught:
+            list(FastS3Client(untrusted.uri, StoreConfig(endpoint_url=endpoint, region="us-east-1",
+                                                         retry=FAST_RETRY)).list())
+        assert not isinstance(caught.value, TransientError)  # not retried
+        assert "AWS_CA_BUNDLE" in caught.value.hint
+
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))  # botocore's chain, as users configure it
+        store = _store(endpoint)
+        results = _fetch(store, tmp_path / "out")
+    finally:
+        front.close()
+
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert (tmp_path / "out" / "small").read_bytes() == b"over tls"
+    assert (tmp_path / "out" / "large").read_bytes() == data
+    assert front.handshakes >= 2

@@ -99,6 +99,9 @@ def _error_for_exception(err: BaseException, what: str) -> LadingError:
         return AccessDenied(f"cannot resolve AWS credentials for {what}: {err}")
     if isinstance(err, (socket.timeout, TimeoutError)):
         return TransientError(f"timed out reading {what}")
+    if type(err).__name__ == "SSLCertVerificationError":  # a configuration problem: not retried
+        return LadingError(f"TLS certificate not trusted for {what}: {getattr(err, 'verify_message', err)}",
+                           "point AWS_CA_BUNDLE (or ca_bundle in ~/.aws/config) at the CA that signed it")
     return TransientError(f"connection failed on {what}: {err.__class__.__name__}: {err}")
 
 
