@@ -389,3 +389,14 @@ def test_lean_path_over_tls_trusts_the_configured_ca_bundle(s3, s3_env, tmp_path
     assert (tmp_path / "out" / "small").read_bytes() == b"over tls"
     assert (tmp_path / "out" / "large").read_bytes() == data
     assert front.handshakes >= 2
+
+
+def test_endpoint_addressing_rules():
+    from staging.stores.s3_fast import _resolve_endpoint
+
+    aws = _resolve_endpoint("https://s3.eu-west-1.amazonaws.com", "my-bucket", "eu-west-1")
+    assert (aws.scheme, aws.host, aws.path_prefix) == ("https", "my-bucket.s3.eu-west-1.amazonaws.com", "")
+    dotted = _resolve_endpoint("https://s3.amazonaws.com", "my.bucket", "us-east-1")
+    assert (dotted.host, dotted.path_prefix) == ("s3.us-east-1.amazonaws.com", "/my.bucket")
+    custom = _resolve_endpoint("http://127.0.0.1:7480", "my-bucket", "us-east-1")
+    assert (custom.scheme, custom.host, custom.path_prefix) == ("http", "127.0.0.1:7480", "/my-bucket")
