@@ -35,6 +35,8 @@ Sharding: keys sorted, key i -> rank i mod world_size; --balance bytes: largest 
 the least-loaded rank. The union over ranks is exactly the source.
 Node cache: with several ranks on this node (or --cache-dir), a replicated source is
 downloaded once into the cache under a lock and hard-linked into each DEST.
+A packed dataset (lading pack) in the cache is reused without a GET when the bucket still
+shows its index's ETags; a listing that disagrees with its index is refused (exit 1).
 Incremental: DEST/.lading-sync.json records what was fetched; a re-run with nothing changed
 lists the source and makes no GET. --delete removes only files lading put in DEST.
 
@@ -232,6 +234,9 @@ def _print_plan(plan: Any) -> None:
 
 def _print_summary(summary: Any) -> None:
     via = f" via node cache ({_human(summary.downloaded_bytes)} downloaded)" if summary.cache else ""
+    if summary.reused:
+        names = ", ".join(f"{d['name']} {d['version']}" if d["version"] else d["name"] for d in summary.reused)
+        via += f", reused cached packed dataset {names} (ETags match the bucket)"
     click.echo(f"synced {summary.files} file(s), {_human(summary.bytes)} to {summary.dest} in "
                f"{summary.seconds:.1f}s ({_human(summary.throughput)}/s){via}; {summary.skipped} up to date, "
                f"{summary.deleted} deleted, {len(summary.failed)} failed")

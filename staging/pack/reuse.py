@@ -1,22 +1,17 @@
-"""Reusing a node-local copy of a packed dataset: the check ``lading sync`` can make before it
-transfers anything.
+"""Packed datasets in a listing: the content check ``lading sync`` makes before it reuses a
+node-local copy (:mod:`staging.sync.packed`).
 
-A packed dataset's index records its name, its version and each shard's ETag as uploaded. A
-cached copy is current when its index names the same dataset, version and ETags, every shard
-is there with the recorded size, and the bucket's listing still shows those ETags. That last
-part is a real content check: a shard replaced since the pack (or a pack still being
-re-uploaded) has another ETag, and the copy is not reused.
+A packed dataset's index records its name, its version and each shard's ETag and size as
+uploaded. The bucket's listing must still show exactly those: a shard replaced since the pack,
+or a pack still being re-uploaded, has another ETag, and the dataset is inconsistent.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Mapping
 
 from staging.errors import LadingError
-from staging.keys import safe_join
 from staging.pack.index import INDEX_KIND, parse_index
 from staging.stores.base import ObjectInfo
 
@@ -66,21 +61,3 @@ def listing_mismatches(dataset: PackedDataset, listing: Mapping[str, ObjectInfo]
         elif info.version != etag or (size >= 0 and info.size != size):
             problems.append(f"{key}: ETag {info.version} in the bucket, {etag} in {dataset.index_key}")
     return problems
-
-
-def cached_copy_is_current(dataset: PackedDataset, cache_dir: Path) -> bool:
-    """True when ``cache_dir`` holds this dataset: same index (name, version, ETags) and every
-    shard present with its recorded size."""
-    try:
-        cached = read_packed(dataset.index_key, safe_join(cache_dir, dataset.index_key).read_bytes())
-        if cached is None or (cached.name, cached.version, dict(cached.shards)) != \
-                (dataset.name, dataset.version, dict(dataset.shards)):
-            return False
-        return all(safe_join(cache_dir, key).stat().st_size == size for key, (_, size) in dataset.shards.items())
-    except (OSError, LadingError, json.JSONDecodeError):
-        return False
-
-
-def reusable(dataset: PackedDataset, listing: Mapping[str, ObjectInfo], cache_dir: Path) -> bool:
-    """The whole check: the bucket still matches the index, and the cached copy matches both."""
-    return not listing_mismatches(dataset, listing) and cached_copy_is_current(dataset, cache_dir)

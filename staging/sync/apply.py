@@ -73,7 +73,8 @@ class FailedKey:
 @dataclass
 class SyncSummary:
     """What a sync did. ``files``/``bytes`` were placed in DEST; ``downloaded_bytes`` came from
-    the store in this process (less than ``bytes`` when the node cache already had them)."""
+    the store in this process (less than ``bytes`` when the node cache already had them);
+    ``reused`` names the packed datasets (name, version, index) taken from the node cache as is."""
 
     source: str
     dest: str
@@ -85,6 +86,7 @@ class SyncSummary:
     failed: list[FailedKey] = field(default_factory=list)
     seconds: float = 0.0
     cache: str | None = None
+    reused: list[dict[str, str | None]] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:
@@ -98,7 +100,7 @@ class SyncSummary:
             "downloaded_bytes": self.downloaded_bytes, "skipped": self.skipped, "deleted": self.deleted,
             "failed": [{"key": f.key, "error": f.error} for f in self.failed],
             "seconds": round(self.seconds, 3), "throughput_bytes_per_s": round(self.throughput, 1),
-            "cache": self.cache,
+            "cache": self.cache, "reused": self.reused,
         }
 
 

@@ -13,6 +13,10 @@ shard (so ranks with different shards never share an entry). Each rank:
    when DEST is on another filesystem (``EXDEV``), each placed atomically (temporary name, then
    rename), with DEST's own state record.
 
+A packed dataset (``lading pack`` output) gets a content check on top
+(:mod:`staging.sync.packed`): a current copy is reused with no GET, a listing that disagrees
+with the dataset's index stops the sync before DEST is touched.
+
 Files in DEST share their inode with the cache entry and the other ranks' DESTs: treat them as
 read-only (replacing a file is fine; editing it in place changes every copy).
 """
@@ -28,15 +32,19 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from staging.errors import LadingError
 from staging.stores.base import Store
 from staging.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
 from staging.sync.locks import exclusive_lock
-from staging.sync.plan import Selection, SyncRequest
+from staging.sync.plan import Selection, SyncRequest, plan_sync
 from staging.sync.run import make_directory, sync_into
 from staging.sync.state import SyncState
 from staging.transfer import TransferItem, TransferOptions, TransferResult
+
+if TYPE_CHECKING:
+    from staging.pack.reuse import PackedDataset
 
 DEFAULT_CACHE_ROOT = Path("/tmp/lading-cache")
 
@@ -111,6 +119,32 @@ def _place(entry: Path, cache_state: SyncState, item: TransferItem) -> TransferR
     return TransferResult(key, item.dest, True, item.info.size)
 
 
+def _fill_entry(
+    store: Store, selection: Selection, request: SyncRequest, entry: Path, options: TransferOptions,
+    events: SyncEvents,
+) -> tuple[SyncSummary, list["PackedDataset"]]:
+    """Sync the source into the cache ``entry`` (the caller holds its lock), unless the packed
+    datasets in it are reusable as they are (then no GET, and they are returned). Raises
+    :class:`~staging.errors.ProblemFound` when a listing disagrees with its dataset's index."""
+    # Imported here: staging.pack is only needed when a sync goes through the cache.
+    from staging.sync.packed import cached_datasets, packed_index_keys, refuse_mismatched, reusable_datasets
+
+    cache_request = replace(request, dest=entry, delete=True)
+    indexes = packed_index_keys(selection, request)
+    listing = {info.key: info for info in selection.objects}
+    if indexes:
+        cache_plan = plan_sync(selection, cache_request, SyncState.load(entry))
+        reused = reusable_datasets(indexes, cache_plan, entry, listing, request.source)
+        if reused:
+            return SyncSummary(request.source, str(entry), skipped=len(selection.objects)), reused
+    cached = sync_into(store_fetcher(store), selection, cache_request, options, events, "download")
+    if indexes:  # the indexes just fetched are the listed ones: check their shards before linking
+        failed = {f.key for f in cached.failed}
+        refuse_mismatched(cached_datasets(entry, [key for key in indexes if key not in failed]), listing,
+                          request.source)
+    return cached, []
+
+
 def sync_through_cache(
     store: Store,
     selection: Selection,
@@ -119,7 +153,11 @@ def sync_through_cache(
     options: TransferOptions = TransferOptions(),
     events: SyncEvents = NoSyncEvents(),
 ) -> SyncSummary:
-    """Fill the node cache entry for ``request`` (once per node), then build DEST from it."""
+    """Fill the node cache entry for ``request`` (once per node), then build DEST from it.
+
+    A packed dataset already current in the entry is reused without a GET; one whose listing
+    disagrees with its index raises :class:`~staging.errors.ProblemFound` before DEST is touched.
+    """
     started = time.monotonic()
     make_directory(cache_root, "cache directory")
     entry = cache_root / cache_entry_name(request)
@@ -127,12 +165,12 @@ def sync_through_cache(
         events.on_phase("waiting for another process on this node to fill the cache", None)
 
     with exclusive_lock(cache_root / f"{entry.name}.lock", on_wait=waiting):
-        cache_request = replace(request, dest=entry, delete=True)
-        cached = sync_into(store_fetcher(store), selection, cache_request, options, events, "download")
+        cached, reused = _fill_entry(store, selection, request, entry, options, events)
         failed = frozenset(f.key for f in cached.failed)
         summary = sync_into(link_fetcher(entry), selection, request, options, events, "link", skip_keys=failed)
     summary.downloaded_bytes = cached.bytes
     summary.failed = sorted(cached.failed + summary.failed, key=lambda f: f.key)
     summary.cache = str(entry)
+    summary.reused = [{"name": d.name, "version": d.version, "index": d.index_key} for d in reused]
     summary.seconds = time.monotonic() - started
     return summary
