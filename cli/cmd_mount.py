@@ -14,6 +14,7 @@ from cli.store_options import pop_store_config, store_options
 from staging.errors import UsageError
 
 if TYPE_CHECKING:
+    from mounts.listing import ViewSpec
     from mounts.lifecycle import MountReady
 
 MOUNT_EPILOG = """\b
@@ -83,7 +84,6 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
     from dataclasses import replace
 
     from mounts.lifecycle import MountOptions, default_max_memory, mount as do_mount
-    from mounts.listing import ViewSpec
     from mounts.reader import ReaderConfig
     from staging.retry import RetryPolicy
     from staging.stores import parse_uri
@@ -100,8 +100,7 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
         source=uri,
         mountpoint=mountpoint.absolute(),
         store=config,
-        view=ViewSpec(manifest=manifest.absolute() if manifest else None, rank=topology.rank,
-                      world_size=topology.world_size, distribution=distribution, balance=balance),
+        view=_view(uri, manifest, topology.rank, topology.world_size, distribution, balance),
         reader=ReaderConfig(max_memory=max_memory or default_max_memory(), concurrency=concurrency,
                             timeout=timeout),
         cache_dir=cache_dir.absolute() if cache_dir else None,
@@ -146,3 +145,20 @@ def unmount(state: AppState, mountpoint: Path, lazy: bool) -> int:
     if not state.quiet:
         click.echo(f"unmounted {mountpoint}", err=True)
     return 0
+
+
+def _view(source: str, manifest: Path | None, rank: int, world_size: int, distribution: str,
+          balance: str) -> ViewSpec:
+    """The mount's selection, by the same manifest and sharding rules as ``lading sync``."""
+    from functools import partial
+
+    from mounts.listing import ViewSpec
+    from staging.manifest import keys_under, load_manifest
+    from staging.sharding import select_for_rank
+
+    keys = tuple(keys_under(load_manifest(manifest), source)) if manifest else None
+    select = None
+    if distribution == "sharded" and world_size > 1:
+        select = partial(select_for_rank, rank=rank, world_size=world_size, distribution="sharded",
+                         balance=balance)
+    return ViewSpec(keys=keys, manifest=manifest.absolute() if manifest else None, select=select)

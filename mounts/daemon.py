@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from mounts.options import MountOptions, MountReady
-from staging import errors
+from staging import stores as errors
 
 log = logging.getLogger("lading.mount")
 

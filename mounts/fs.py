@@ -19,7 +19,7 @@ from typing import Any, Callable, TypeVar
 
 from mounts.reader import OpenFile, Reader
 from mounts.tree import Tree
-from staging.errors import AccessDenied, LadingError, NotFound
+from staging.stores import AccessDenied, LadingError, NotFound
 
 log = logging.getLogger("lading.mount")
 

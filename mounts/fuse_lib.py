@@ -10,7 +10,7 @@ import os
 from ctypes.util import find_library
 from types import ModuleType
 
-from staging.errors import ProblemFound
+from staging.stores import ProblemFound
 
 
 def load_mfusepy() -> ModuleType:

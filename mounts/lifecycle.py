@@ -29,7 +29,7 @@ from mounts.listing import build_tree
 from mounts.options import MountOptions, MountReady, default_max_memory
 from mounts.reader import Reader
 from mounts.stats import Stats
-from staging import errors
+from staging import stores as errors
 from staging.stores import open_store
 
 log = logging.getLogger("lading.mount")

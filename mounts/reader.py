@@ -26,9 +26,7 @@ from mounts.cache import BufferPool, ChunkId, DiskCache, MemoryCache, chunk_pref
 from mounts.source import range_streamer
 from mounts.stats import Stats
 from mounts.tree import FileEntry
-from staging.errors import LadingError, TransientError
-from staging.retry import DEFAULT_POLICY
-from staging.stores.base import Store
+from staging.stores import DEFAULT_POLICY, LadingError, Store, TransientError
 
 log = logging.getLogger("lading.mount")
 

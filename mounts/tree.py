@@ -22,9 +22,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from staging.errors import UnsafeKey
-from staging.keys import key_parts
-from staging.stores.base import ObjectInfo
+from staging.stores import ObjectInfo, UnsafeKey, key_parts
 
 
 @dataclass(frozen=True, slots=True)

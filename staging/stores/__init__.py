@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+# The errors a Store raises, key validation and the retry policy are part of the protocol's
+# surface: re-exported so that mounts/ depends on staging.stores alone.
+from staging.errors import (AccessDenied, LadingError, NotFound, ObjectChanged, ProblemFound,
+                            Throttled, TransientError, UnsafeKey, UsageError)
+from staging.keys import key_parts, safe_join
+from staging.retry import DEFAULT_POLICY, RetryPolicy, with_retries
 from staging.stores.base import ObjectInfo, ProgressCallback, Store, StoreConfig
 from staging.stores.uri import StoreURI, parse_uri
 
-__all__ = ["ObjectInfo", "ProgressCallback", "Store", "StoreConfig", "StoreURI", "open_store", "parse_uri"]
+__all__ = [
+    "AccessDenied", "DEFAULT_POLICY", "LadingError", "NotFound", "ObjectChanged", "ObjectInfo",
+    "ProblemFound", "ProgressCallback", "RetryPolicy", "Store", "StoreConfig", "StoreURI",
+    "Throttled", "TransientError", "UnsafeKey", "UsageError", "key_parts", "open_store",
+    "parse_uri", "safe_join", "with_retries",
+]
 
 
 def open_store(location: str | StoreURI, config: StoreConfig | None = None) -> Store:
