@@ -33,7 +33,8 @@ from staging.stores.s3_sign import Credentials, Signer
 from staging.stores.s3_wire import ClosedBeforeResponse, Connection, Head, Pool, WireError
 from staging.stores.uri import StoreURI
 
-#: Receives each chunk of a response body, in order.
+#: Receives each chunk of a response body, in order. The view is only valid during the call
+#: (connections reuse their buffers): copy what must outlive it.
 Sink = Callable[[memoryview], None]
 
 class GetResult(NamedTuple):
