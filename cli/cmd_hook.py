@@ -227,10 +227,10 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool, **options
 
 
 def _load_experiment_config(config_file: str | None, env: Mapping[str, str]) -> tuple[Mapping, str]:
-    from staging.detconfig import load_config, parse_config
+    from staging.context.config import load_config, parse_config
 
     if config_file is not None:
-        return load_config(Path(config_file)), config_file
+        return load_config(str(config_file)), config_file
     raw = env.get("DET_EXPERIMENT_CONFIG")
     if not raw:
         raise UsageError("no experiment config: DET_EXPERIMENT_CONFIG is not set",

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Mapping
 
 import yaml
 
 from staging.context import config as context_config
-from staging.errors import NotFound, UsageError
+from staging.errors import NotFound
 
 PROPAGATIONS = ("private", "rprivate", "shared", "rshared", "slave", "rslave")
 
@@ -35,26 +34,6 @@ class MountProblem:
     def to_json(self) -> dict[str, object]:
         """JSON-ready form."""
         return {"message": self.message, "det_schema": self.det_schema}
-
-
-def load_config(path: Path) -> Mapping[str, object]:
-    """Read an experiment config file (``lading check --config``'s reader: same errors)."""
-    return context_config.load_config(str(path))
-
-
-def parse_config(text: str, origin: str) -> Mapping[str, object]:
-    """Parse config text (``DET_EXPERIMENT_CONFIG`` is JSON, which is YAML) into a mapping."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise UsageError(f"{origin}{where}: not valid YAML/JSON: {getattr(err, 'problem', None) or err}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UsageError(f"{origin}: an experiment config must be a mapping, got {type(data).__name__}")
-    return data
 
 
 def validate_bind_mounts(config: Mapping[str, object],

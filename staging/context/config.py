@@ -15,25 +15,32 @@ _BIND_MOUNT_KEYS = {"host_path", "container_path", "read_only", "propagation"}
 
 def load_config(path: str) -> dict[str, Any]:
     """Read an experiment config (YAML) into a mapping; NotFound/AccessDenied/UsageError on failure."""
-    import yaml
-
     try:
         with open(path, "rb") as handle:
-            document = yaml.safe_load(handle)
+            text = handle.read().decode("utf-8", errors="replace")
     except FileNotFoundError as err:
         raise NotFound(f"config file '{path}' does not exist") from err
     except PermissionError as err:
         raise AccessDenied(f"cannot read config file '{path}': permission denied") from err
     except IsADirectoryError as err:
         raise UsageError(f"config '{path}' is a directory, not a YAML file") from err
+    return parse_config(text, f"config '{path}'")
+
+
+def parse_config(text: str, origin: str) -> dict[str, Any]:
+    """Parse an experiment config's text (YAML, or JSON as in ``DET_EXPERIMENT_CONFIG``)."""
+    import yaml
+
+    try:
+        document = yaml.safe_load(text)
     except yaml.YAMLError as err:
         where = getattr(err, "problem_mark", None)
         line = f" line {where.line + 1}" if where is not None else ""
-        raise UsageError(f"config '{path}'{line} is not valid YAML: {getattr(err, 'problem', err)}") from err
+        raise UsageError(f"{origin}{line} is not valid YAML: {getattr(err, 'problem', None) or err}") from None
     if document is None:
         return {}
     if not isinstance(document, dict):
-        raise UsageError(f"config '{path}' must be a mapping of settings, not {type(document).__name__}")
+        raise UsageError(f"{origin} must be a mapping of settings, not {type(document).__name__}")
     return document
 
 
