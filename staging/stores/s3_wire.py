@@ -51,6 +51,7 @@ class Connection:
         self.sock: socket.socket | None = None
         self.reused = False
         self._pending = b""  # bytes read past the response head: the start of the body
+        self._buffer: memoryview | None = None
 
     def _connect(self) -> socket.socket:
         sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
@@ -122,10 +123,11 @@ class Connection:
                 sink(memoryview(first))
                 got = len(first)
         if got < length:
-            buffer = bytearray(min(_BODY_CHUNK, length - got))
-            view = memoryview(buffer)
+            if self._buffer is None:
+                self._buffer = memoryview(bytearray(_BODY_CHUNK))  # reused: sinks copy what they keep
+            view = self._buffer
             while got < length:
-                n = self.sock.recv_into(view, min(len(buffer), length - got))
+                n = self.sock.recv_into(view, min(len(view), length - got))
                 if not n:
                     raise WireError(f"response body cut short ({got} of {length} bytes)")
                 sink(view[:n])
