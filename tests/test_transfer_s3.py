@@ -400,3 +400,18 @@ def test_endpoint_addressing_rules():
     assert (dotted.host, dotted.path_prefix) == ("s3.us-east-1.amazonaws.com", "/my.bucket")
     custom = _resolve_endpoint("http://127.0.0.1:7480", "my-bucket", "us-east-1")
     assert (custom.scheme, custom.host, custom.path_prefix) == ("http", "127.0.0.1:7480", "/my-bucket")
+
+
+def test_a_retried_truncated_body_is_verified_on_its_own_bytes(s3, s3_env, tmp_path):
+    _seed(s3, {"f": os.urandom(50_000)})
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        store = _store(proxy.url)
+        infos = list(store.list())
+        assert infos[0].md5  # MD5-verified
+        proxy.reset_counts()
+        proxy.add_fault("truncate", first=1, method="GET")
+        [result] = fetch_all(store, [TransferItem(i, tmp_path / i.key) for i in infos], SMALL_PARTS)
+        gets = proxy.count("GET")
+
+    assert result.ok, result.error
+    assert gets == 2  # the cut one and one retry: no spurious checksum mismatch and third GET
