@@ -273,7 +273,7 @@ def _report_failures(summary: Any) -> int:
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, envvar="LADING_CACHE_DIR",
               help="Node cache directory (default /tmp/lading-cache; giving it turns the cache on).")
 @click.option("--no-cache", is_flag=True, help="Never use the node cache.")
-@click.option("--workers", type=click.IntRange(min=1, max=512), default=32, show_default=True,
+@click.option("--workers", type=click.IntRange(min=1, max=512), default=64, show_default=True,
               help="Parallel transfers.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--json", "json_out", is_flag=True, help="Print only JSON: the summary, or the plan with --dry-run.")

@@ -23,7 +23,8 @@ def test_flags_override_environment():
            "AWS_PROFILE": "envprof", "AWS_REGION": "eu-west-1"}
     runner = CliRunner()
     result = runner.invoke(probe, [], env=env)
-    assert result.output.strip() == "http://env-s3:2|envprof|False|eu-west-1|[]"
+    # AWS_PROFILE is left to botocore's own chain (so environment keys keep their precedence).
+    assert result.output.strip() == "http://env-s3:2|None|False|eu-west-1|[]"
     result = runner.invoke(probe, ["--endpoint-url", "http://flag:3", "--profile", "p", "--no-sign-request",
                                    "--region", "us-west-2"], env=env)
     assert result.output.strip() == "http://flag:3|p|True|us-west-2|[]"

@@ -127,12 +127,19 @@ class FastS3Client:
             return self._state[1:]
 
     def _resolve(self) -> tuple[_Endpoint, Signer, Credentials, Pool]:
-        """Resolve region and credentials through botocore's chain, once.
+        """Resolve region and credentials through botocore's chain, once (or not at all when
+        the edge already resolved static keys, the endpoint and the region).
 
         With an explicit endpoint (the CLI resolves ``AWS_ENDPOINT_URL[_S3]`` into
         ``config.endpoint_url``) no client is built, which keeps a no-op sync fast; without
         one, a boto3 client resolves the endpoint exactly as S3Store's does.
         """
+        cfg = self.config
+        if cfg.env_credentials and cfg.endpoint_url and cfg.region:
+            endpoint = _resolve_endpoint(cfg.endpoint_url, self.uri.bucket, cfg.region)
+            tls = _tls_context(cfg.ca_bundle) if endpoint.scheme == "https" else None
+            return endpoint, Signer(cfg.region), Credentials(cfg.env_credentials), self._pool(endpoint, tls)
+
         import botocore.session
 
         session = botocore.session.Session(profile=self.config.profile)
@@ -148,10 +155,12 @@ class FastS3Client:
             raise AccessDenied("no AWS credentials found",
                                "configure credentials (aws configure, AWS_* variables, --profile) "
                                "or pass --no-sign-request for a public bucket")
+        return endpoint, Signer(region), Credentials(creds), self._pool(endpoint, tls)
+
+    def _pool(self, endpoint: _Endpoint, tls: object) -> Pool:
         host, _, port = endpoint.host.partition(":")
         default_port = 443 if endpoint.scheme == "https" else 80
-        pool = Pool(host, int(port or default_port), self.config.timeout, tls)
-        return endpoint, Signer(region), Credentials(creds), pool
+        return Pool(host, int(port or default_port), self.config.timeout, tls)
 
     def _endpoint_from_boto3(self, region: str | None) -> tuple[str, str | None]:
         import boto3

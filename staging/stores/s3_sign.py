@@ -13,15 +13,15 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
 class Credentials:
-    """Frozen or refreshable credentials from boto3's chain; ``None`` means unsigned."""
+    """Static keys, or refreshable credentials from boto3's chain; ``None`` means unsigned."""
 
     def __init__(self, source: object | None) -> None:
         self._source = source
 
     def current(self) -> tuple[str, str, str | None] | None:
         """``(access_key, secret_key, token)``, refreshed by botocore when due."""
-        if self._source is None:
-            return None
+        if self._source is None or isinstance(self._source, tuple):
+            return self._source
         frozen = self._source.get_frozen_credentials()  # type: ignore[attr-defined]
         return frozen.access_key, frozen.secret_key, frozen.token
 

@@ -1,0 +1,59 @@
+"""Connection settings resolved at the edge, and the lean S3 path that needs no botocore."""
+
+import subprocess
+import sys
+
+import pytest
+
+from cli.context import store_config
+from staging.errors import UsageError
+
+BASE = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_REGION": "eu-west-1"}
+
+
+def test_env_keys_become_static_credentials_hidden_from_repr():
+    config = store_config(env={**BASE, "AWS_SESSION_TOKEN": "tok"})
+    assert config.env_credentials == ("AKIDEXAMPLE", "s3cr3t", "tok")
+    assert "s3cr3t" not in repr(config)
+
+
+@pytest.mark.parametrize("extra,kwargs", [
+    ({"AWS_PROFILE": "dev"}, {}),          # a profile in the environment: botocore's chain decides
+    ({}, {"profile": "dev"}),              # --profile: the profile wins over environment keys
+    ({}, {"no_sign_request": True}),       # unsigned requests carry no keys at all
+])
+def test_full_chain_kept_when_a_profile_or_no_signing_is_asked_for(extra, kwargs):
+    assert store_config(env={**BASE, **extra}, **kwargs).env_credentials is None
+
+
+def test_profile_comes_from_the_flag_only():
+    assert store_config(env={**BASE, "AWS_PROFILE": "dev"}).profile is None
+    assert store_config(profile="ops", env=BASE).profile == "ops"
+
+
+@pytest.mark.parametrize("name,value", [("LADING_RETRIES", "many"), ("LADING_TIMEOUT", "-1"), ("LADING_RETRIES", "0")])
+def test_bad_numeric_settings_are_usage_errors(name, value):
+    with pytest.raises(UsageError, match=name):
+        store_config(env={**BASE, name: value})
+
+
+def test_lean_listing_with_env_keys_never_imports_botocore(s3_env):
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"])
+    client.create_bucket(Bucket="lean")
+    for i in range(3):
+        client.put_object(Bucket="lean", Key=f"p/{i}.bin", Body=b"x" * i)
+    code = (
+        "import sys\n"
+        "from cli.context import store_config\n"
+        "from staging.stores import open_store\n"
+        "store = open_store('s3://lean/p', store_config())\n"
+        "print(sorted((o.key, o.size) for o in store.list()))\n"
+        "print('botocore' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    listing, botocore_loaded = result.stdout.splitlines()
+    assert listing == "[('0.bin', 0), ('1.bin', 1), ('2.bin', 2)]"
+    assert botocore_loaded == "False"
