@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable
 
@@ -41,6 +41,11 @@ class Entry:
     version: str
     mtime_ns: int
     local_size: int
+
+    def to_row(self) -> dict[str, object]:
+        """The JSON row, built directly: the dataclasses helper deep-copies, ~20 us an entry."""
+        return {"key": self.key, "size": self.size, "version": self.version,
+                "mtime_ns": self.mtime_ns, "local_size": self.local_size}
 
     def matches_local(self, st: os.stat_result) -> bool:
         """True when the local file is still exactly what lading wrote."""
@@ -103,7 +108,7 @@ class SyncState:
 
     def record(self, entry: Entry) -> None:
         """Remember a completed file, durably against a kill (journal line, flushed)."""
-        self._append(asdict(entry))
+        self._append(entry.to_row())
         with self._lock:
             self.entries[entry.key] = entry
 
@@ -132,7 +137,7 @@ class SyncState:
             journal = self.dest / JOURNAL_NAME
             if not self._dirty and (self.dest / STATE_NAME).exists() and not journal.exists():
                 return
-            rows = [asdict(entry) for _, entry in sorted(self.entries.items())]
+            rows = [entry.to_row() for _, entry in sorted(self.entries.items())]
             payload = {"format": FORMAT, "source": self.source, "files": rows}
             tmp = self.dest / f"{STATE_NAME}.tmp-{os.getpid()}"
             with open(tmp, "w", encoding="utf-8") as handle:
