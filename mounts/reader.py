@@ -313,13 +313,9 @@ class Reader:
         state = {"filled": 0, "published": 0}
         attempt = 1
 
-        def sink(piece: memoryview) -> None:
-            filled = state["filled"]
+        def sink(piece: memoryview) -> None:  # the piece is already in place in ``buffer``
             size = len(piece)
-            if filled + size > len(buffer):
-                raise TransientError(f"{entry.key}: the server sent more bytes than asked for")
-            view[filled:filled + size] = piece
-            filled += size
+            filled = state["filled"] + size
             state["filled"] = filled
             self.stats.add(bytes_fetched=size)  # counted before the chunk is handed out
             while state["published"] < len(chunks):
@@ -336,7 +332,7 @@ class Reader:
                 self.stats.add(requests=1)
                 state["filled"] = resume
                 try:
-                    self._stream(entry.key, start + resume, stop, entry.version, sink)
+                    self._stream(entry.key, start + resume, stop, entry.version, view[resume:], sink)
                     if state["published"] < len(chunks):
                         raise TransientError(f"{entry.key}: short read ({state['filled']} of {len(buffer)} bytes)")
                     break

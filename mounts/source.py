@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from staging.stores.base import Store
+from staging.stores import Store, TransientError
 
-#: Receives the body of a GET in order, in pieces of any size.
+#: Told of each piece of the body once it is in place, in order: a view of the target buffer.
 Sink = Callable[[memoryview], None]
-#: ``stream(key, start, end, version, sink)``: one attempt at GET bytes ``[start, end)``.
-RangeStream = Callable[[str, int, int, str, Sink], None]
+#: ``stream(key, start, end, version, into, sink)``: one attempt at GET bytes ``[start, end)``,
+#: placed in ``into`` from its start (a body longer than ``into`` is a TransientError).
+RangeStream = Callable[[str, int, int, str, memoryview, Sink], None]
 
 
 def range_streamer(store: Store) -> RangeStream:
@@ -26,12 +27,16 @@ def range_streamer(store: Store) -> RangeStream:
 
         fast = fast_client_for(store)
         if fast is not None:
-            def lean(key: str, start: int, end: int, version: str, sink: Sink) -> None:
-                fast.get(key, sink, version, start, end)
+            def lean(key: str, start: int, end: int, version: str, into: memoryview, sink: Sink) -> None:
+                fast.get(key, sink, version, start, end, into=into)  # received straight into ``into``
 
             return lean
 
-    def generic(key: str, start: int, end: int, version: str, sink: Sink) -> None:
-        sink(memoryview(store.read_range(key, start, end, version)))
+    def generic(key: str, start: int, end: int, version: str, into: memoryview, sink: Sink) -> None:
+        data = store.read_range(key, start, end, version)
+        if len(data) > len(into):
+            raise TransientError(f"{key}: the store sent more bytes than asked for")
+        into[:len(data)] = data
+        sink(into[:len(data)])
 
     return generic

@@ -127,3 +127,63 @@ def test_idle_connection_closed_by_server_is_detected_on_reuse(server_factory):
     reused.close()
     assert _get(pool.get()) == (200, b"b")
     assert server.connections == 2
+
+
+def _get_into(conn: Connection, into: memoryview) -> tuple[int, list[memoryview]]:
+    pieces: list[memoryview] = []
+    conn.send(b"GET /k HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = conn.read_head()
+    return conn.read_body(head, pieces.append, into=into), pieces
+
+
+def _assert_in_place(pieces: list[memoryview], buffer: bytearray, body: bytes) -> None:
+    """Each piece is the next slice of ``buffer`` and together they are the body."""
+    position = 0
+    for piece in pieces:
+        assert piece.obj is buffer
+        assert bytes(piece) == body[position:position + len(piece)]
+        position += len(piece)
+    assert position == len(body)
+
+
+def test_body_received_straight_into_the_callers_buffer(server_factory):
+    body = bytes(range(256)) * 3000  # 768,000 bytes: several receives, part arriving with the head
+    server = server_factory([b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n\r\n" % len(body) + body,
+                             b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nxyz"])
+    conn = Connection("127.0.0.1", server.port, timeout=5)
+    buffer = bytearray(b"\xee" * (len(body) + 10))
+    got, pieces = _get_into(conn, memoryview(buffer))
+    assert got == len(body) and len(pieces) > 1
+    _assert_in_place(pieces, buffer, body)
+    assert buffer[:len(body)] == body and buffer[len(body):] == b"\xee" * 10  # nothing written past the body
+    second = bytearray(3)
+    assert _get_into(conn, memoryview(second))[0] == 3 and second == b"xyz"  # keep-alive framing intact
+
+
+@pytest.mark.parametrize("response", [
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nhello world",
+], ids=["chunked", "close-delimited"])
+def test_other_framings_are_placed_in_the_callers_buffer(server_factory, response):
+    server = server_factory([response], close_after_each=True)
+    buffer = bytearray(16)
+    got, pieces = _get_into(Connection("127.0.0.1", server.port, timeout=5), memoryview(buffer)[2:])
+    assert got == 11 and buffer[2:13] == b"hello world"
+    _assert_in_place(pieces, buffer, b"hello world")
+
+
+@pytest.mark.parametrize("response", [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+], ids=["content-length", "chunked"])
+def test_body_longer_than_the_callers_buffer_is_refused(server_factory, response):
+    server = server_factory([response], close_after_each=True)
+    buffer = bytearray(8)
+    with pytest.raises(WireError, match="larger than"):
+        _get_into(Connection("127.0.0.1", server.port, timeout=5), memoryview(buffer))
+
+
+def test_truncated_body_into_the_callers_buffer_raises_wire_error(server_factory):
+    server = server_factory([b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this"], close_after_each=True)
+    with pytest.raises(WireError, match="cut short"):
+        _get_into(Connection("127.0.0.1", server.port, timeout=5), memoryview(bytearray(100)))

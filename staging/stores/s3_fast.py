@@ -201,8 +201,12 @@ class FastS3Client:
         raise AssertionError("unreachable")
 
     def get(self, key: str, sink: Sink, version: str | None = None,
-            start: int | None = None, end: int | None = None) -> GetResult:
+            start: int | None = None, end: int | None = None, into: memoryview | None = None) -> GetResult:
         """Stream the object (or bytes ``[start, end)``) into ``sink``.
+
+        With ``into``, the body is received straight into that buffer and ``sink`` is told
+        of each slice of it as it fills (no copy through the connection's buffer); a body
+        longer than ``into`` is a TransientError.
 
         Raises ObjectChanged when ``version`` (the ETag) no longer matches, TransientError
         when the body is cut short (the caller retries and discards what ``sink`` got).
@@ -218,7 +222,7 @@ class FastS3Client:
             try:
                 if head.status not in (200, 206):
                     raise _error_for_status(head.status, conn.read_all(head), what)
-                got = conn.read_body(head, sink)
+                got = conn.read_body(head, sink, into=into)
             except BaseException:
                 conn.close()
                 raise

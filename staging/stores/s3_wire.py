@@ -97,15 +97,27 @@ class Connection:
             headers[name.strip().lower()] = value.strip()
         return Head(status, headers)
 
-    def read_body(self, head: Head, sink: Callable[[memoryview], None], method: str = "GET") -> int:
-        """Deliver the body to ``sink``; return its length. Short bodies raise WireError."""
+    def read_body(self, head: Head, sink: Callable[[memoryview], None], method: str = "GET",
+                  into: memoryview | None = None) -> int:
+        """Deliver the body to ``sink``; return its length. Short bodies raise WireError.
+
+        With ``into`` (a writable byte view), the body is placed in ``into`` from its start:
+        a Content-Length body is received straight into it (one copy fewer per byte), and
+        each view ``sink`` gets is the slice of ``into`` just filled. A body longer than
+        ``into`` raises WireError.
+        """
         if method == "HEAD" or head.status in (204, 304) or 100 <= head.status < 200:
             return 0
-        if head.headers.get("transfer-encoding", "").lower() == "chunked":
-            return self._read_chunked(sink)
+        chunked = head.headers.get("transfer-encoding", "").lower() == "chunked"
         length = head.headers.get("content-length")
+        if into is not None and (chunked or length is None):
+            sink = _placing_in(into, sink)
+        if chunked:
+            return self._read_chunked(sink)
         if length is None:
             return self._read_to_close(sink)
+        if into is not None:
+            return self._receive_into(int(length), into, sink)
         return self._read_exactly(int(length), sink)
 
     def read_all(self, head: Head, method: str = "GET") -> bytes:
@@ -132,6 +144,25 @@ class Connection:
                     raise WireError(f"response body cut short ({got} of {length} bytes)")
                 sink(view[:n])
                 got += n
+        return got
+
+    def _receive_into(self, length: int, into: memoryview, sink: Callable[[memoryview], None]) -> int:
+        assert self.sock is not None
+        if length > len(into):
+            raise WireError(f"response body of {length} bytes is larger than the {len(into)} bytes asked for")
+        got = 0
+        if self._pending:
+            first, self._pending = self._pending[:length], self._pending[length:]
+            got = len(first)
+            if got:
+                into[:got] = first
+                sink(into[:got])
+        while got < length:
+            n = self.sock.recv_into(into[got:], min(_BODY_CHUNK, length - got))
+            if not n:
+                raise WireError(f"response body cut short ({got} of {length} bytes)")
+            sink(into[got:got + n])
+            got += n
         return got
 
     def _read_to_close(self, sink: Callable[[memoryview], None]) -> int:
@@ -185,6 +216,22 @@ class Connection:
             finally:
                 self.sock = None
                 self._pending = b""
+
+
+def _placing_in(into: memoryview, sink: Callable[[memoryview], None]) -> Callable[[memoryview], None]:
+    """A sink that copies each piece to the next place in ``into``, then passes that slice on."""
+    filled = 0
+
+    def place(piece: memoryview) -> None:
+        nonlocal filled
+        end = filled + len(piece)
+        if end > len(into):
+            raise WireError(f"response body larger than the {len(into)} bytes asked for")
+        into[filled:end] = piece
+        sink(into[filled:end])
+        filled = end
+
+    return place
 
 
 class Pool:
