@@ -25,7 +25,7 @@ from typing import Callable
 from staging.errors import AccessDenied, LadingError, ProblemFound
 from staging.pack.plan import PackPlan, ShardPlan
 from staging.pack.sources import LocalSource, MemberSource
-from staging.pack.writer import ShardWriter
+from staging.pack.writer import ShardWriter, drop_spare_buffers
 
 TASK_BYTES = 16 << 20
 _PR_SET_PDEATHSIG = 1
@@ -53,6 +53,18 @@ def split_tasks(plan: PackPlan, task_bytes: int = TASK_BYTES) -> list[WriteTask]
                 tasks.append(WriteTask(number, start, index, shard.offsets[start], index == len(shard.samples)))
                 start = index
     return tasks
+
+
+def interleave(tasks: list[WriteTask]) -> list[int]:
+    """Indices of ``tasks`` taking one task of each shard in turn (first tasks of every shard,
+    then second tasks, ...), so workers running side by side fill different shard files:
+    writers of one file queue on its inode lock, and the kernel spins while they wait."""
+    rank: list[int] = []
+    taken = [0] * (max(task.shard for task in tasks) + 1 if tasks else 0)
+    for task in tasks:
+        rank.append(taken[task.shard])
+        taken[task.shard] += 1
+    return sorted(range(len(tasks)), key=lambda index: (rank[index], tasks[index].shard))
 
 
 def write_error(err: OSError, path: Path) -> LadingError:
@@ -144,7 +156,8 @@ def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
     """Write all shards of ``plan`` into ``paths``; ``on_shard_done(number)`` is called in
     shard order, from this thread, as each shard is complete. With ``shards_ahead``, at most
     that many shards are being written at once (bounds the disk a bucket upload's temporary
-    shards take: the next shard starts only when an earlier one is done)."""
+    shards take: the next shard starts only when an earlier one is done); without it, all
+    shard files are created up front and their tasks are interleaved (see :func:`interleave`)."""
     global _INHERITED
     tasks = split_tasks(plan, TASK_BYTES)
     lock = threading.Lock()
@@ -158,19 +171,28 @@ def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
     in_processes = isinstance(executor, ProcessPoolExecutor)
     pending: deque[tuple[int, Future[None]]] = deque()
     open_shards: deque[int] = deque()
+    unfinished = [0] * len(plan.shards)  # tasks not yet done, per shard
+    for task in tasks:
+        unfinished[task.shard] += 1
+    reported = 0  # shards before this one were handed to on_shard_done
 
     def finish_oldest() -> None:
+        nonlocal reported
         index, future = pending.popleft()
         task = tasks[index]
         future.result()
         if in_processes:
             on_bytes(sum(sample.nbytes for sample in plan.shards[task.shard].samples[task.start:task.end]))
-        if task.last:
+        unfinished[task.shard] -= 1
+        while reported < len(unfinished) and unfinished[reported] == 0:
             open_shards.popleft()
-            on_shard_done(task.shard)
+            on_shard_done(reported)
+            reported += 1
 
     try:
-        for index, task in enumerate(tasks):
+        order = range(len(tasks)) if shards_ahead is not None else interleave(tasks)
+        for index in order:
+            task = tasks[index]
             if task.start == 0:  # the shard's first task: make room, then create its file
                 while shards_ahead is not None and len(open_shards) >= shards_ahead:
                     finish_oldest()
@@ -188,3 +210,4 @@ def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
     finally:
         executor.shutdown(wait=True)
         _INHERITED = None
+        drop_spare_buffers()
