@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -160,6 +161,9 @@ def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | N
     pack_options = PackOptions(name=name or default_name(source), shard_size=parse_size(shard_size),
                                shuffle=shuffle, seed=seed or 0, version=version)
     plan = plan_pack(source, dest, pack_options, config)
+    # This process ends with the pack: keep the plan's objects (several per file, no cycles)
+    # out of the garbage collector's generations, which would traverse them again and again.
+    gc.freeze()
     if dry_run:
         summary = _plan_summary(plan)
     else:

@@ -75,7 +75,8 @@ def write_error(err: OSError, path: Path) -> LadingError:
 
 
 def _run_task(task: WriteTask, shard: ShardPlan, source: MemberSource, path: Path,
-              progress: Callable[[int], None] | None) -> None:
+              progress: Callable[[int], None] | None) -> int:
+    """Write one task's members into the shard file; return the payload bytes written."""
     try:
         fd = os.open(path, os.O_WRONLY)
     except OSError as err:
@@ -95,6 +96,7 @@ def _run_task(task: WriteTask, shard: ShardPlan, source: MemberSource, path: Pat
         os.close(fd)
     if end != expected:  # the plan and the writer disagree: a bug, never publish such a shard
         raise ProblemFound(f"{shard.name}: samples {task.start}..{task.end} ended at byte {end}, planned {expected}")
+    return writer.payload_bytes
 
 
 def create_shard_file(shard: ShardPlan, path: Path) -> None:
@@ -121,11 +123,11 @@ def cpus() -> int:
 _INHERITED: tuple[PackPlan, MemberSource, list[Path], list[WriteTask]] | None = None
 
 
-def _run_inherited(index: int) -> None:
+def _run_inherited(index: int) -> int:
     assert _INHERITED is not None, "worker did not inherit the plan"
     plan, source, paths, tasks = _INHERITED
     task = tasks[index]
-    _run_task(task, plan.shards[task.shard], source, paths[task.shard], None)
+    return _run_task(task, plan.shards[task.shard], source, paths[task.shard], None)
 
 
 def _worker_start(parent: int) -> None:
@@ -169,7 +171,7 @@ def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
     _INHERITED = (plan, source, paths, tasks)
     executor = _executor(plan, source, tasks, processes_allowed)
     in_processes = isinstance(executor, ProcessPoolExecutor)
-    pending: deque[tuple[int, Future[None]]] = deque()
+    pending: deque[tuple[int, Future[int]]] = deque()
     open_shards: deque[int] = deque()
     unfinished = [0] * len(plan.shards)  # tasks not yet done, per shard
     for task in tasks:
@@ -180,9 +182,9 @@ def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
         nonlocal reported
         index, future = pending.popleft()
         task = tasks[index]
-        future.result()
-        if in_processes:
-            on_bytes(sum(sample.nbytes for sample in plan.shards[task.shard].samples[task.start:task.end]))
+        written = future.result()
+        if in_processes:  # workers in other processes report their bytes once, here
+            on_bytes(written)
         unfinished[task.shard] -= 1
         while reported < len(unfinished) and unfinished[reported] == 0:
             open_shards.popleft()

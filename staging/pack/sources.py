@@ -30,7 +30,8 @@ class MemberSource(Protocol):
 
 
 class LocalSource:
-    """Files under a local directory, opened by their keys (already checked by group_samples)."""
+    """Files under a local directory, opened by their keys (already checked by group_samples).
+    Members' infos are LocalFile entries from :func:`list_local`."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -49,7 +50,7 @@ class LocalSource:
                 raise _source_error(err, path) from err
             try:
                 st = fstat(fd)
-                if st.st_size != info.size or f"{st.st_mtime_ns}-{st.st_size}" != info.version:
+                if st.st_size != info.size or st.st_mtime_ns != info.mtime_ns:
                     raise ObjectChanged(f"{path} changed since it was listed", "run lading pack again")
                 add(info.key, fd, info.size, path)
             finally:
@@ -129,17 +130,35 @@ class StoreSource:
 
 
 class LocalFile(NamedTuple):
-    """A listed local file: ObjectInfo's fields, built about five times faster (one per file)."""
+    """A listed local file with ObjectInfo's fields, built about five times faster (one per
+    file): the version string is made only when asked for; LocalSource compares the numbers."""
 
     key: str
     size: int
-    version: str
-    mtime: float = 0.0
-    md5: str | None = None
-    crc32c: str | None = None
+    mtime_ns: int
+
+    @property
+    def version(self) -> str:
+        """The version LocalStore would list: ``MTIME_NS-SIZE``."""
+        return f"{self.mtime_ns}-{self.size}"
+
+    @property
+    def mtime(self) -> float:
+        """Modification time in seconds."""
+        return self.mtime_ns / 1e9
+
+    @property
+    def md5(self) -> None:
+        """Not known without reading the file."""
+        return None
+
+    @property
+    def crc32c(self) -> None:
+        """Not known without reading the file."""
+        return None
 
 
-def list_local(root: Path) -> list[ObjectInfo]:
+def list_local(root: Path) -> list[LocalFile]:
     """Every regular file under ``root`` as LocalStore would list it (same keys and versions),
     with one stat per file: symlinks to files count, directory symlinks are not followed.
     The order is unspecified. (Listing on threads was measured slower: the GIL, not the stats,
@@ -171,6 +190,7 @@ def _scan(directory: str, rel: str) -> tuple[list, list[tuple[str, str]]]:
     add = files.append
     subdirectories = []
     is_regular = stat.S_ISREG
+    new_file = tuple.__new__  # LocalFile(...) without the generated __new__'s Python frame
     for entry in entries:
         if entry.is_dir(follow_symlinks=False):
             subdirectories.append((entry.path, f"{rel}{entry.name}/"))
@@ -180,6 +200,5 @@ def _scan(directory: str, rel: str) -> tuple[list, list[tuple[str, str]]]:
         except OSError:
             continue  # a broken symlink
         if is_regular(st.st_mode):
-            size = st.st_size
-            add(LocalFile(rel + entry.name, size, f"{st.st_mtime_ns}-{size}", st.st_mtime))
+            add(new_file(LocalFile, (rel + entry.name, st.st_size, st.st_mtime_ns)))
     return files, subdirectories

@@ -59,6 +59,13 @@ def _header(name: bytes, prefix: bytes, size: int, typeflag: bytes) -> bytes:
     ))
 
 
+#: A one-block header for a regular file with the name, size and checksum fields left zero, and
+#: what its other fields add to the checksum: the writer fills in the three fields in place
+#: (name at 0, size at 124..136, checksum at 148..156) instead of building a header.
+PLAIN_HEADER = _header(b"", b"", 0, b"0")[:124] + bytes(12) + _MTIME + bytes(8) + b"0" + _HEAD_TAIL + _ZERO_PREFIX
+PLAIN_CHECKSUM_BASE = _CONSTANT_SUM + ord("0")
+
+
 def _pax_record(keyword: str, value: str) -> bytes:
     body = f" {keyword}={value}\n".encode()
     length = len(body)

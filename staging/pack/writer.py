@@ -13,7 +13,7 @@ import os
 from typing import Callable
 
 from staging.errors import ObjectChanged
-from staging.pack.tarformat import BLOCK, END_OF_ARCHIVE, RECORD, member_header
+from staging.pack.tarformat import BLOCK, END_OF_ARCHIVE, PLAIN_CHECKSUM_BASE, PLAIN_HEADER, RECORD, member_header
 
 _BUFFER_SIZE = 8 << 20
 _ZEROS = bytes(BLOCK)
@@ -85,6 +85,7 @@ class ShardWriter:
         self._used = 0
         self._pending_progress = 0
         self._progress = progress
+        self.payload_bytes = 0  # member contents written so far (headers and padding not counted)
 
     @property
     def position(self) -> int:
@@ -121,19 +122,29 @@ class ShardWriter:
 
         Raises ObjectChanged when the file holds fewer bytes than its header promised.
         """
-        header = member_header(name, size)
         if size > SMALL_FILE:
-            self._add_large(header, fd, size, source)
+            self._add_large(member_header(name, size), fd, size, source)
             return
         # The hot path for small files, kept flat: header, data read straight into the buffer,
         # zero padding, with no intermediate bytes objects.
+        encoded = name.encode("utf-8")
+        plain = len(encoded) <= 100 and encoded.isascii()  # one header block, ustar name field
+        header = b"" if plain else member_header(name, size)
+        header_size = BLOCK if plain else len(header)
         used = self._used
-        if used + len(header) + size + BLOCK > _BUFFER_SIZE:
+        if used + header_size + size + BLOCK > _BUFFER_SIZE:
             self.flush()
             used = 0
         view = self._view
-        start = used + len(header)
-        view[used:start] = header
+        start = used + header_size
+        if plain:  # the header's constant fields, then name, size and checksum in place
+            view[used:start] = PLAIN_HEADER
+            view[used:used + len(encoded)] = encoded
+            size_field = b"%011o\0" % size
+            view[used + 124:used + 136] = size_field
+            view[used + 148:used + 156] = b"%06o\0 " % (PLAIN_CHECKSUM_BASE + sum(encoded) + sum(size_field))
+        else:
+            view[used:start] = header
         got = os.readv(fd, [view[start:start + size]]) if size else 0
         while got < size:
             step = os.readv(fd, [view[start + got:start + size]])
@@ -166,6 +177,7 @@ class ShardWriter:
                 _pwrite_all(self.fd, used, self.offset)
             self.offset += self._used
             self._used = 0
+        self.payload_bytes += self._pending_progress
         if self._progress is not None and self._pending_progress:
             self._progress(self._pending_progress)
         self._pending_progress = 0
