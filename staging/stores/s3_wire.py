@@ -17,6 +17,7 @@ from typing import Callable
 
 _HEAD_LIMIT = 64 << 10
 _BODY_CHUNK = 1 << 18
+_INTO_CHUNK = 1 << 20  # receives straight into a caller's buffer: fewer, larger calls
 
 
 class WireError(OSError):
@@ -158,7 +159,7 @@ class Connection:
                 into[:got] = first
                 sink(into[:got])
         while got < length:
-            n = self.sock.recv_into(into[got:], min(_BODY_CHUNK, length - got))
+            n = self.sock.recv_into(into[got:], min(_INTO_CHUNK, length - got))
             if not n:
                 raise WireError(f"response body cut short ({got} of {length} bytes)")
             sink(into[got:got + n])
