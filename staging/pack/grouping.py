@@ -78,7 +78,9 @@ def group_samples(objects: Iterable[ObjectInfo], directories_possible: bool = Tr
     also the directory of other files (skipped when ``directories_possible`` is False: a
     filesystem cannot hold a file and a directory of the same name).
     """
-    by_key: dict[str, dict[str, Member]] = {}
+    first: dict[str, Member] = {}  # each key's first member
+    more: dict[str, list[Member]] = {}  # its other members, for keys with several
+    new = tuple.__new__  # Member(...) and Sample(...) without their generated __new__'s frame
     for info in objects:
         name = info.key
         plain = _PLAIN_NAME(name)  # the common case, checked in one regular-expression match
@@ -89,31 +91,41 @@ def group_samples(objects: Iterable[ObjectInfo], directories_possible: bool = Tr
                 _refuse_undecodable(name)
             key_parts(name)  # raises UnsafeKey: a member named ../x escapes whoever extracts it
             key, ext = split_name(name)
-        member = Member(info, ext)
-        fields = by_key.get(key)
-        if fields is None:
-            by_key[key] = {ext.lower(): member}
-            continue
-        folded = ext.lower()
-        if folded in fields:
-            other = fields[folded].info.key
-            raise ProblemFound(f"{other!r} and {name!r} would be the same field {folded!r} of sample {key!r}",
-                               "WebDataset lower-cases extensions; rename one of them")
-        fields[folded] = member
+        member = new(Member, (info, ext))
+        if first.setdefault(key, member) is not member:
+            others = more.get(key)
+            if others is None:
+                more[key] = [member]
+            else:
+                others.append(member)
     if directories_possible:
-        _refuse_file_directory_clashes(m.info.key for fields in by_key.values() for m in fields.values())
+        _refuse_file_directory_clashes(
+            [member.info.key for member in first.values()] + [m.info.key for ms in more.values() for m in ms])
     samples = []
-    for key in sorted(by_key):
-        fields = by_key[key]
-        if len(fields) == 1:
-            members = tuple(fields.values())
-        elif len(fields) == 2:  # the usual image+label pair: one comparison, not a sort
-            (ext_a, member_a), (ext_b, member_b) = fields.items()
-            members = (member_a, member_b) if ext_a < ext_b else (member_b, member_a)
-        else:
-            members = tuple(fields[ext] for ext in sorted(fields))
-        samples.append(Sample(key, members))
+    for key in sorted(first):
+        others = more.get(key)
+        members = (first[key],) if others is None else _fields_in_order(key, first[key], others)
+        samples.append(new(Sample, (key, members)))
     return samples
+
+
+def _fields_in_order(key: str, member: Member, others: list[Member]) -> tuple[Member, ...]:
+    """A sample's members sorted by lower-cased extension (the field a reader files them
+    under); ProblemFound when two land in the same field."""
+    if len(others) == 1:  # the usual image+label pair: one comparison, not a sort
+        other = others[0]
+        ext_a, ext_b = member.ext.lower(), other.ext.lower()
+        if ext_a != ext_b:
+            return (member, other) if ext_a < ext_b else (other, member)
+    fields: dict[str, Member] = {}
+    for candidate in (member, *others):
+        folded = candidate.ext.lower()
+        if folded in fields:
+            raise ProblemFound(f"{fields[folded].info.key!r} and {candidate.info.key!r} would be the same "
+                               f"field {folded!r} of sample {key!r}",
+                               "WebDataset lower-cases extensions; rename one of them")
+        fields[folded] = candidate
+    return tuple(fields[ext] for ext in sorted(fields))
 
 
 def _refuse_undecodable(name: str) -> None:
