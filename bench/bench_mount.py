@@ -2,7 +2,7 @@
 
     bash bench/rgw.sh start                       # S3 at http://127.0.0.1:7480, keys test/test
     .venv/bin/python bench/bench_mount.py         # all cases; --only seq,small,ls,ready
-    .venv/bin/python bench/bench_mount.py --only seq --peers s3fs
+    .venv/bin/python bench/bench_mount.py --only seq --peers s3fs --rounds 5
 
 Cases (each tool mounts the same bucket fresh; "cold" drops the page cache first, "warm"
 repeats the read on the same mount, i.e. a second epoch):
@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -200,14 +201,18 @@ def direct_ranged_gets(endpoint: str, workers: int = 16, part: int = 8 << 20) ->
 
 
 def case_seq(endpoint: str, tools: dict, root: Path, rounds: int = 3) -> None:
-    """Best of ``rounds`` for each tool, interleaved, since this machine's speed drifts."""
+    """Best of ``rounds`` for each tool, interleaved, since this machine's speed drifts; also the
+    median over rounds of each cold read's ratio to the direct GETs of the same round (paired,
+    so less sensitive to the drift than best-of)."""
     best: dict[str, float] = {}
+    paired: dict[str, list[float]] = {}
 
     def keep(name: str, value: float) -> None:
         best[name] = max(best.get(name, 0.0), value)
 
     for _ in range(rounds):
-        keep("direct", direct_ranged_gets(endpoint))
+        direct = direct_ranged_gets(endpoint)
+        keep("direct", direct)
         for name, mounter in tools.items():
             path = root / f"seq-{name}"
             path.mkdir(exist_ok=True)
@@ -216,12 +221,17 @@ def case_seq(endpoint: str, tools: dict, root: Path, rounds: int = 3) -> None:
                 for label in ("cold", "warm"):
                     started = time.monotonic()
                     assert read_file(path / "1GiB.bin") == BIG_SIZE
-                    keep(f"{name} {label}", BIG_SIZE / (time.monotonic() - started) / 1e6)
+                    rate = BIG_SIZE / (time.monotonic() - started) / 1e6
+                    keep(f"{name} {label}", rate)
+                    if label == "cold":
+                        paired.setdefault(name, []).append(rate / direct)
     record("seq", "direct-GETs", "1GiB MB/s", best["direct"], "MB/s", note="boto3, 16 threads x 8 MiB ranges")
     for name in tools:
         for label in ("cold", "warm"):
             rate = best[f"{name} {label}"]
             record("seq", name, f"1GiB {label} MB/s", rate, "MB/s", ratio_to_direct=round(rate / best["direct"], 3))
+        record("seq", name, "cold/direct median of rounds", statistics.median(paired[name]), "x",
+               rounds=[round(r, 3) for r in paired[name]])
 
 
 def case_small(endpoint: str, tools: dict, root: Path) -> None:
@@ -298,6 +308,7 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
     parser.add_argument("--peers", default="s3fs,rclone", help="comma-separated peers ('' for none)")
     parser.add_argument("--json", type=Path, help="write all measurements here")
+    parser.add_argument("--rounds", type=int, default=3, help="seq: interleaved rounds per tool (default 3)")
     args = parser.parse_args()
     cases = [c for c in args.only.split(",") if c]
     tools: dict = {"lading": mount_lading}
@@ -305,7 +316,10 @@ def main() -> None:
     ensure_data(args.endpoint, set(cases))
     with tempfile.TemporaryDirectory(prefix="bench-mount-") as tmp:
         for case in cases:
-            CASES[case](args.endpoint, tools, Path(tmp))
+            if case == "seq":
+                case_seq(args.endpoint, tools, Path(tmp), args.rounds)
+            else:
+                CASES[case](args.endpoint, tools, Path(tmp))
     by = {(r["case"], r["tool"], r["metric"]): r["value"] for r in results}
     for (case, tool, metric), value in sorted(by.items()):
         base = by.get((case, "lading", metric))
