@@ -171,3 +171,36 @@ def test_three_members_two_in_one_field_are_refused():
         group_samples(infos)
     [sample] = group_samples([ObjectInfo(key, 1, "v") for key in ("a.txt", "a.Seg.png", "a.cls")])
     assert [member.ext for member in sample.members] == ["cls", "Seg.png", "txt"]
+
+
+def test_listing_falls_back_entry_by_entry_when_a_stat_fails(tmp_path, monkeypatch):
+    from staging.pack import sources
+    from staging.stores.local import LocalStore
+
+    source = tmp_path / "src"
+    make_source(source, 9)
+    (source / "d0" / "link.txt").symlink_to(source / "d1" / "0001.jpg")
+    real_stat = os.stat
+    failed: list[str] = []
+
+    def stat_failing_once(path, *args, **kwargs):
+        if kwargs.get("dir_fd") is not None and not failed:
+            failed.append(path)
+            raise FileNotFoundError(path)  # as if removed and re-created between scandir and stat
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(sources.os, "stat", stat_failing_once)
+    listed = sorted((i.key, i.size, i.version) for i in sources.list_local(source))
+    monkeypatch.undo()
+    assert failed, "the fast path was not taken"
+    assert listed == sorted((i.key, i.size, i.version) for i in LocalStore(source).list())
+
+
+def test_file_removed_mid_directory_is_refused(tmp_path):
+    source, dest = tmp_path / "src", tmp_path / "out"
+    make_source(source, 12)
+    plan = plan_pack(str(source), str(dest), PackOptions("ds"))
+    (source / "d2" / "0008.jpg").unlink()  # not the first file of its directory's run
+    with pytest.raises(ObjectChanged, match="0008.jpg disappeared"):
+        run_pack(plan, str(source), str(dest))
+    assert not (dest / "ds.index.json").exists()
