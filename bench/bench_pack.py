@@ -3,6 +3,7 @@
     .venv/bin/python bench/bench_pack.py                 # both parts; data under bench/out/pack
     .venv/bin/python bench/bench_pack.py --part pack     # only packing vs tar cf
     .venv/bin/python bench/bench_pack.py --part read --endpoint http://127.0.0.1:7480
+    .venv/bin/python bench/bench_pack.py --part pack --baseline /tmp/old-checkout   # before/after
 
 Part "pack": 50,000 files of 16 KiB (25,000 samples of two files) on local disk, packed by
 `lading pack` (the CLI, start-up included) and archived by `tar cf` into the same directory
@@ -62,7 +63,7 @@ def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float, str]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done.stdout
 
 
-def bench_pack(files: int, rounds: int, out: Path) -> dict:
+def bench_pack(files: int, rounds: int, out: Path, baseline: Path | None = None) -> dict:
     src = OUT / f"src-{files}"
     make_files(src, files)
     nbytes = files * FILE_SIZE
@@ -74,8 +75,13 @@ def bench_pack(files: int, rounds: int, out: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     commands = {"tar": (["tar", "cf", str(out / "tar.tar"), "."], src),
                 "lading": ([*lading, str(out / "shards"), "--name", "bench"], None)}
+    if baseline is not None:  # another checkout's code (e.g. `git worktree`), same venv, same start-up path
+        runs["baseline"] = []
+        commands["baseline"] = ([sys.executable, "-m", "cli", *lading[1:], str(out / "shards"), "--name", "bench"],
+                                baseline)
+    order = list(runs)
     for round_number in range(rounds):
-        for tool in ("tar", "lading") if round_number % 2 == 0 else ("lading", "tar"):  # alternate who goes first
+        for tool in order if round_number % 2 == 0 else order[::-1]:  # alternate who goes first
             shutil.rmtree(out / "shards", ignore_errors=True)
             (out / "tar.tar").unlink(missing_ok=True)  # one output at a time (out may be RAM)
             subprocess.run(["sync"], check=True)  # neither run pays for the other's dirty pages
@@ -83,6 +89,7 @@ def bench_pack(files: int, rounds: int, out: Path) -> dict:
             runs[tool].append((wall_s, cpu_s))
             if tool == "lading":
                 writing.append(json.loads(stdout)["seconds"])
+            shutil.rmtree(out / "shards", ignore_errors=True)
     shutil.rmtree(out / "shards", ignore_errors=True)
     (out / "tar.tar").unlink(missing_ok=True)
     wall = {tool: statistics.median(w for w, _ in times) for tool, times in runs.items()}
@@ -105,6 +112,14 @@ def bench_pack(files: int, rounds: int, out: Path) -> dict:
     print(f"lading rate / tar rate: {paired:.2f} (median of per-round ratios), "
           f"{result['rate_ratio_of_medians']:.2f} (of medians), {result['rate_ratio_best']:.2f} (best runs); "
           f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    if baseline is not None:
+        result["baseline_rate_ratio_paired_median"] = statistics.median(
+            t[0] / b[0] for t, b in zip(runs["tar"], runs["baseline"]))
+        result["lading_vs_baseline_time_paired_median"] = statistics.median(
+            l[0] / b[0] for l, b in zip(runs["lading"], runs["baseline"]))
+        print(f"baseline ({baseline}) median {wall['baseline']:.2f} s (best {best['baseline']:.2f} s, "
+              f"cpu {cpu['baseline']:.2f} s); baseline rate / tar rate {result['baseline_rate_ratio_paired_median']:.2f}; "
+              f"lading time / baseline time {result['lading_vs_baseline_time_paired_median']:.2f} (median of rounds)")
     return result
 
 
@@ -207,12 +222,15 @@ def main() -> None:
     parser.add_argument("--read-files", type=int, default=10_000)
     parser.add_argument("--out", default=str(OUT / "written"),
                         help="where both tools write (e.g. /dev/shm/x to take disk writeback out of the timing)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="also run `python -m cli pack` from this checkout (e.g. a git worktree of an "
+                             "older commit) in every round, for before/after comparisons")
     parser.add_argument("--endpoint", default="http://127.0.0.1:7480", help="RGW endpoint (moto if it does not answer)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     results = {"date": time.strftime("%Y-%m-%d"), "nproc": os.cpu_count()}
     if args.part in ("pack", "all"):
-        results["pack"] = bench_pack(args.files, args.rounds, Path(args.out))
+        results["pack"] = bench_pack(args.files, args.rounds, Path(args.out), args.baseline)
     if args.part in ("read", "all"):
         results["read"] = bench_read(args.endpoint, args.read_files)
     (OUT / "results.json").write_text(json.dumps(results, indent=2))
