@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, NamedTuple, Protocol
 from staging.errors import AccessDenied, NotFound, ObjectChanged, TransientError, UsageError
 from staging.pack.grouping import Member
 from staging.pack.writer import SMALL_FILE, ShardWriter
-from staging.stores.base import ObjectInfo, Store
+from staging.stores.base import Store
 
 
 class MemberSource(Protocol):
