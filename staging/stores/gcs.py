@@ -26,7 +26,7 @@ from staging.errors import NotFound, TransientError
 from staging.retry import with_retries
 from staging.stores.base import ObjectInfo, ProgressCallback, StoreConfig
 from staging.stores.errors_gcs import status_of, translate
-from staging.stores.lazy import LazyClient
+from staging.stores.lazy import LazyClient, translated
 from staging.stores.s3 import root_prefix
 from staging.stores.uri import StoreURI
 
@@ -99,13 +99,7 @@ class GCSStore:
 
     def _attempt(self, what: str, operation: Callable[[Any], T]) -> T:
         """Run ``operation(bucket)`` once, translating any SDK error (no retry)."""
-        try:
-            return operation(self._client.get().bucket(self.bucket))
-        except Exception as err:
-            mapped = translate(err, what)
-            if mapped is err:
-                raise
-            raise mapped from err
+        return translated(lambda: operation(self._client.get().bucket(self.bucket)), translate, what)
 
     def _call(self, what: str, operation: Callable[[Any], T]) -> T:
         """Run ``operation(bucket)`` with translation and retries of transient failures."""

@@ -7,6 +7,7 @@ import threading
 from typing import Callable, Generic, TypeVar
 
 C = TypeVar("C")
+T = TypeVar("T")
 
 
 class LazyClient(Generic[C]):
@@ -44,3 +45,14 @@ class LazyClient(Generic[C]):
     def built(self) -> bool:
         """Whether a client exists for this process (for tests and diagnostics)."""
         return self._client is not None and self._pid == os.getpid()
+
+
+def translated(operation: Callable[[], T], translate: Callable[[Exception, str], Exception], what: str) -> T:
+    """Run ``operation`` once; an SDK error comes out as the backend's translation (no retry)."""
+    try:
+        return operation()
+    except Exception as err:
+        mapped = translate(err, what)
+        if mapped is err:
+            raise
+        raise mapped from err

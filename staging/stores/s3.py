@@ -29,7 +29,7 @@ from staging.errors import ObjectChanged, TransientError
 from staging.retry import with_retries
 from staging.stores.base import ObjectInfo, ProgressCallback, StoreConfig
 from staging.stores.errors_s3 import client_error_code, translate
-from staging.stores.lazy import LazyClient
+from staging.stores.lazy import LazyClient, translated
 from staging.stores.uri import StoreURI
 
 T = TypeVar("T")
@@ -121,13 +121,7 @@ class S3Store:
 
     def _attempt(self, what: str, operation: Callable[[Any], T]) -> T:
         """Run ``operation(client)`` once, translating any SDK error (no retry)."""
-        try:
-            return operation(self._client.get())
-        except Exception as err:
-            mapped = translate(err, what)
-            if mapped is err:
-                raise
-            raise mapped from err
+        return translated(lambda: operation(self._client.get()), translate, what)
 
     def _call(self, what: str, operation: Callable[[Any], T]) -> T:
         """Run ``operation(client)`` with translation and retries of transient failures."""

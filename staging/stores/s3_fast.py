@@ -228,10 +228,7 @@ class FastS3Client:
                 raise
         except Exception as err:
             raise _error_for_exception(err, what) from err
-        if head.keep_alive:
-            pool.put(conn)
-        else:
-            conn.close()
+        _release(head, conn, pool)
         # With SSE-KMS or SSE-C the ETag is not the MD5 of the content.
         encrypted = (head.headers.get("x-amz-server-side-encryption") == "aws:kms"
                      or "x-amz-server-side-encryption-customer-algorithm" in head.headers)
@@ -248,10 +245,7 @@ class FastS3Client:
                 raise
         except Exception as err:
             raise _error_for_exception(err, what) from err
-        if head.keep_alive:
-            pool.put(conn)
-        else:
-            conn.close()
+        _release(head, conn, pool)
         return head, body
 
     def head(self, key: str) -> ObjectInfo:
@@ -299,6 +293,14 @@ class FastS3Client:
         """Close pooled connections of this process."""
         if self._state is not None:
             self._state[4].close()
+
+
+def _release(head: Head, conn: Connection, pool: Pool) -> None:
+    """Return a kept-alive connection to the pool once its response is fully read."""
+    if head.keep_alive:
+        pool.put(conn)
+    else:
+        conn.close()
 
 
 def _tls_context(ca_bundle: str | None) -> object:
