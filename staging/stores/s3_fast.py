@@ -103,7 +103,8 @@ def _error_for_exception(err: BaseException, what: str) -> LadingError:
     if type(err).__name__ == "SSLCertVerificationError":  # a configuration problem: not retried
         return LadingError(f"TLS certificate not trusted for {what}: {getattr(err, 'verify_message', err)}",
                            "point AWS_CA_BUNDLE (or ca_bundle in ~/.aws/config) at the CA that signed it")
-    return TransientError(f"connection failed on {what}: {err.__class__.__name__}: {err}")
+    return TransientError(f"connection failed on {what}: {err}",
+                          "is the endpoint reachable? check --endpoint-url / AWS_ENDPOINT_URL and the network")
 
 
 class FastS3Client:
