@@ -27,6 +27,8 @@ from staging.transfer_verify import IntegrityError, Verifier
 
 #: How long an interrupted transfer waits for running requests before giving up on them.
 _CANCEL_GRACE = 1.0
+#: How far (in multiples of ``part_concurrency`` parts) a download may run ahead of its checksum.
+_HASH_LEAD = 1
 
 
 class Cancelled(BaseException):
@@ -59,12 +61,13 @@ class _Engine:
         self._results_lock = threading.Lock()
         self._cancel = threading.Event()
         self._dirs = DirectoryMaker()
-        self._large = LargeContext(reader, options, events.on_bytes, self._finish, self._checkpoint)
+        self._part_limit = max(1, options.part_concurrency)
         self._jobs = threading.Condition()
-        self._parts: deque[Callable[[], None]] = deque()
+        self._large = LargeContext(reader, options, events.on_bytes, self._finish, self._checkpoint,
+                                   self._wake, int(_HASH_LEAD * self._part_limit))
+        self._parts: deque[LargeDownload] = deque()  # downloads with parts not yet handed out
         self._preparing = 0
         self._parts_running = 0
-        self._part_limit = max(1, options.part_concurrency)
         self._items: Iterator[TransferItem] = iter(())
         self._exhausted = False
         self._failure: BaseException | None = None
@@ -118,8 +121,10 @@ class _Engine:
         with self._jobs:
             while True:
                 if self._parts and self._parts_running < self._part_limit:
-                    self._parts_running += 1
-                    return self._as_part(self._parts.popleft())
+                    part = self._next_part()
+                    if part is not None:
+                        self._parts_running += 1
+                        return self._as_part(part)
                 if not self._exhausted:
                     item = next(self._items, None)
                     if item is not None:
@@ -132,6 +137,21 @@ class _Engine:
                 return lambda: self._fetch_small(item)
             self._preparing += 1
         return lambda: self._start_large(item)
+
+    def _next_part(self) -> Callable[[], None] | None:
+        """The first part any download lets start now (caller holds ``_jobs``)."""
+        for download in self._parts:
+            index = download.next_part()
+            if index is not None:
+                if not download.has_parts:
+                    self._parts.remove(download)
+                return lambda: download.run_part(index)
+        return None
+
+    def _wake(self, count: int) -> None:
+        """Wake up to ``count`` waiting workers: that many more parts may start."""
+        with self._jobs:
+            self._jobs.notify(count)
 
     def _as_part(self, job: Callable[[], None]) -> Callable[[], None]:
         def part() -> None:
@@ -173,7 +193,8 @@ class _Engine:
         finally:
             with self._jobs:
                 self._preparing -= 1
-                self._parts.extend((lambda i=i: download.run_part(i)) for i in parts)
+                if parts:
+                    self._parts.append(download)
                 if parts:  # wake only as many workers as can start a part
                     self._jobs.notify(min(len(parts), self._part_limit))
                 else:

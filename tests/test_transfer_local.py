@@ -312,3 +312,85 @@ def test_sidecar_is_plain_json_naming_the_version(tmp_path):
     assert json.loads(path.read_text()) == {"key": "k", "version": "etag", "size": 10, "part_size": 4, "done": [0, 2]}
     path.write_text("{not json")
     assert ResumeRecord.load(path) is None
+
+
+def test_parts_wait_for_the_checksum_to_catch_up_within_the_lead(tmp_path):
+    from staging.transfer_large import LargeContext, LargeDownload
+    from staging.transfer_readers import StoreReader
+
+    data = os.urandom(6000)  # 6 parts
+    store = _make_source(tmp_path / "src", {"big": data})
+    [item] = _items(store, tmp_path / "dest", {"big": data})
+    (tmp_path / "dest").mkdir()
+    woken: list[int] = []
+    done: list[TransferResult] = []
+    ctx = LargeContext(StoreReader(store), TINY, lambda n: None, done.append, lambda: None,
+                       woken.append, lead=2)
+    download = LargeDownload(item, ctx)
+    assert download.prepare() == list(range(6))
+
+    assert [download.next_part(), download.next_part()] == [0, 1]
+    assert download.next_part() is None  # part 2 would run 2 parts ahead of the unhashed part 0
+    download.run_part(1)
+    assert download.next_part() is None and woken == []  # part 0 still unhashed
+    download.run_part(0)  # hashes parts 0 and 1: two more parts may start
+    assert woken == [1, 1]
+    assert [download.next_part(), download.next_part(), download.next_part()] == [2, 3, None]
+    for index in (2, 3):
+        download.run_part(index)
+    assert [download.next_part(), download.next_part(), download.next_part()] == [4, 5, None]
+    for index in (4, 5):
+        download.run_part(index)
+    assert download.has_parts is False
+    assert [r.ok for r in done] == [True] and (tmp_path / "dest" / "big").read_bytes() == data
+
+
+def test_without_a_checksum_parts_are_not_held_back(tmp_path):
+    from staging.transfer_large import LargeContext, LargeDownload
+    from staging.transfer_readers import StoreReader
+
+    store = _make_source(tmp_path / "src", {"big": os.urandom(6000)})
+    [item] = _items(store, tmp_path / "dest")  # no MD5 listed: nothing to hash
+    (tmp_path / "dest").mkdir()
+    ctx = LargeContext(StoreReader(store), TINY, lambda n: None, lambda r: None, lambda: None,
+                       lambda n: None, lead=2)
+    download = LargeDownload(item, ctx)
+    download.prepare()
+    assert [download.next_part() for _ in range(7)] == [0, 1, 2, 3, 4, 5, None]
+
+
+def test_a_resumed_download_with_a_small_lead_hashes_the_parts_on_disk_and_completes(tmp_path):
+    data = os.urandom(8000)  # 8 parts
+    store = _make_source(tmp_path / "src", {"big": data})
+    dest = tmp_path / "dest"
+
+    def fail_on_seventh(key, start, count):
+        if count == 7:
+            raise TransientError("connection reset (test)")
+
+    one_worker = TransferOptions(workers=1, part_size=1000, multipart_threshold=3000, retry=NO_RETRY)
+    [result] = fetch_all(Wrapped(store, on_read=fail_on_seventh), _items(store, dest, {"big": data}), one_worker)
+    assert not result.ok
+    # parts 0-5 are on disk and unhashed by this run: part 6 is far past a lead of 1 part
+    tiny_lead = TransferOptions(workers=4, part_size=1000, multipart_threshold=3000, retry=NO_RETRY,
+                                part_concurrency=1)
+    second = Wrapped(store)
+    [result] = fetch_all(second, _items(store, dest, {"big": data}), tiny_lead)
+
+    assert result.ok, result.error
+    assert (dest / "big").read_bytes() == data
+    assert sorted(second.ranges) == [(6000, 7000), (7000, 8000)]
+    assert _stray_temporaries(dest) == []
+
+
+def test_a_corrupt_part_under_a_small_lead_fails_the_item_without_hanging(tmp_path):
+    data = os.urandom(5000)
+    store = _make_source(tmp_path / "src", {"big": data})
+    dest = tmp_path / "dest"
+    small_lead = TransferOptions(workers=4, part_size=1000, multipart_threshold=3000, retry=NO_RETRY,
+                                 part_concurrency=1)
+
+    [result] = fetch_all(Wrapped(store, corrupt=True), _items(store, dest, {"big": data}), small_lead)
+
+    assert not result.ok and isinstance(result.error, IntegrityError)
+    assert not (dest / "big").exists() and _stray_temporaries(dest) == []
