@@ -20,7 +20,6 @@ import base64
 import email.utils
 import hashlib
 import os
-import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, TypeVar
@@ -30,20 +29,15 @@ from staging.retry import with_retries
 from staging.stores.base import ObjectInfo, ProgressCallback, StoreConfig
 from staging.stores.errors_s3 import client_error_code, translate
 from staging.stores.lazy import LazyClient, translated
+from staging.stores.s3_listing import md5_of_etag
 from staging.stores.uri import StoreURI
 
 T = TypeVar("T")
 _READ_CHUNK = 1 << 20
-_MD5_HEX = re.compile(r"[0-9a-fA-F]{32}")
 
 
 def _etag(raw: str | None) -> str:
     return (raw or "").strip('"')
-
-
-def md5_of_etag(etag: str) -> str | None:
-    """The hex MD5 a single-part ETag stands for, or None (multipart ``...-N``, or not hex)."""
-    return etag.lower() if _MD5_HEX.fullmatch(etag) else None
 
 
 def parse_timestamp(value: str) -> datetime:

@@ -27,8 +27,8 @@ from urllib.parse import quote, urlsplit
 from staging.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
 from staging.retry import with_retries
 from staging.stores.base import ObjectInfo, StoreConfig
-from staging.stores.s3 import S3Store
-from staging.stores.s3_listing import is_md5, next_token, parse_listing
+from staging.stores.s3 import S3Store, root_prefix
+from staging.stores.s3_listing import md5_of_etag, next_token, parse_listing
 from staging.stores.s3_sign import Credentials, Signer
 from staging.stores.s3_wire import ClosedBeforeResponse, Connection, Head, Pool, WireError
 from staging.stores.uri import StoreURI
@@ -260,7 +260,7 @@ class FastS3Client:
             raise _error_for_status(head.status, b"", what)
         etag = head.headers.get("etag", "").strip('"')
         return ObjectInfo(key, int(head.headers.get("content-length") or 0), etag,
-                          md5=etag.lower() if is_md5(etag) else None)
+                          md5=md5_of_etag(etag))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """ListObjectsV2 page by page; keys are relative to the store's prefix.
@@ -268,9 +268,7 @@ class FastS3Client:
         The next page is requested as soon as its continuation token is known, so the server
         works on page N+1 while page N is parsed and consumed.
         """
-        root = self.uri.join("") if self.uri.prefix else ""
-        if root and not root.endswith("/"):
-            root += "/"
+        root = root_prefix(self.uri.prefix)
         base = {"list-type": "2", "prefix": root + prefix, "max-keys": str(self.page_size)}
         with ThreadPoolExecutor(1, thread_name_prefix="lading-list") as ahead:
             pending = ahead.submit(self._list_page, base)

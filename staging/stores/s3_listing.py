@@ -24,9 +24,9 @@ _TRUNCATED = re.compile(rb"<IsTruncated>\s*true\s*</IsTruncated>")
 _TOKEN = re.compile(rb"<NextContinuationToken>(.*?)</NextContinuationToken>", re.S)
 
 
-def is_md5(etag: str) -> bool:
-    """A single-part upload's ETag is the hex MD5 of the content; multipart ones have ``-N``."""
-    return _MD5_HEX.fullmatch(etag) is not None
+def md5_of_etag(etag: str) -> str | None:
+    """The hex MD5 a single-part ETag stands for, or None (multipart ``...-N``, or not hex)."""
+    return etag.lower() if _MD5_HEX.fullmatch(etag) else None
 
 
 def _text(raw: bytes) -> str:
@@ -58,7 +58,7 @@ def parse_listing(body: bytes, root: str) -> Iterator[ObjectInfo]:
         etag = etag_match.group(1).replace(b"&quot;", b"").replace(b'"', b"").decode() if etag_match else ""
         modified = _MODIFIED.search(item)
         mtime = _timestamp(modified.group(1).decode()) if modified else 0.0
-        yield ObjectInfo(full[cut:], size, etag, mtime, md5=etag.lower() if is_md5(etag) else None)
+        yield ObjectInfo(full[cut:], size, etag, mtime, md5=md5_of_etag(etag))
 
 
 def _timestamp(iso: str) -> float:
