@@ -20,7 +20,6 @@ again re-uses what is already in the bucket (matching size and MD5 are not uploa
 from __future__ import annotations
 
 import hashlib
-import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from staging.context.remedy import detignore_line
 from staging.context.warnings import CACHE_DIRS
 from staging.errors import LadingError, NotFound, ProblemFound, UsageError
 from staging.hooks.script import HOOK_NAME, HookEntry, updated_text, write_hook
-from staging.stores import Store, StoreURI, parse_uri
+from staging.stores import ObjectInfo, Store, StoreURI, parse_uri
 
 _NOT_RESTORED = CACHE_DIRS | {".venv", "venv", "env"}
 _MD5_CHUNK = 1 << 20
@@ -148,23 +147,21 @@ def _md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _matches(store: Store, key: str, local: Path, size: int) -> bool:
-    """True when the object exists with this size and (when the store knows it) this MD5."""
-    try:
-        info = store.stat(key)
-    except NotFound:
-        return False
+def _matches(info: ObjectInfo, local: Path, size: int) -> bool:
+    """True when the object has this size and (when the store knows it) this MD5."""
     return info.size == size and (info.md5 is None or info.md5 == _md5(local))
 
 
 def _upload_one(store: Store, context: Path, rel: str, size: int,
                 on_bytes: Callable[[int], None]) -> bool:
-    """Upload one file unless already there; verify it afterwards. True when uploaded."""
+    """Upload one file unless already there; verify what the store reports. True when uploaded."""
     local = context.joinpath(*rel.split("/"))
-    if _matches(store, rel, local, size):
-        return False
-    store.upload(local, rel, on_bytes)
-    if not _matches(store, rel, local, size):
+    try:
+        if _matches(store.stat(rel), local, size):
+            return False
+    except NotFound:
+        pass
+    if not _matches(store.upload(local, rel, on_bytes), local, size):  # upload returns the object's stat
         raise ProblemFound(f"{store.url}: {rel} does not match the local file after upload",
                            "nothing in the context was changed; rerun to retry")
     return True
@@ -219,12 +216,7 @@ def _append_detignore(path: Path, lines: list[str]) -> list[str]:
         return []
     sep = "" if not current or current.endswith("\n") else "\n"
     header = "# moved to a bucket by `lading check --fix`; startup-hook.sh brings them back\n"
-    text = current + sep + header + "".join(line + "\n" for line in new)
-    tmp = path.with_name(f".{path.name}.lading-tmp-{os.getpid()}")
-    tmp.write_text(text)
-    if path.exists():
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-    os.replace(tmp, path)
+    write_hook(path, current + sep + header + "".join(line + "\n" for line in new), new_mode=0o644)
     return new
 
 
