@@ -6,20 +6,19 @@ import json
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import click
 
 from cli.context import AppState
+from cli.progress import DEFAULT_INTERVAL, Throttle, byte_bar, human, line_interval
 from cli.store_options import pop_store_config, store_options
 from staging.errors import UsageError
 from staging.topology import FIELDS, Topology, detect_topology
 
 DEFAULT_DEST = "/tmp/data-rank{rank}"
 PLACEHOLDERS = ("rank", "local_rank", "node_rank", "world_size")
-PROGRESS_INTERVAL = 5.0
 
 SYNC_EPILOG = """\b
 Examples:
@@ -78,26 +77,19 @@ def render_dest(template: str, topology: Topology) -> Path:
     return Path(os.path.abspath(os.path.expanduser(rendered)))
 
 
-def _human(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(nbytes) < 1024 or unit == "TiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    return f"{nbytes:.1f} TiB"
-
-
 class LineProgress:
     """Progress for logs (stdout not a terminal): a line on stderr every few seconds."""
 
-    def __init__(self, echo: Callable[[str], None], interval: float = PROGRESS_INTERVAL) -> None:
-        self.echo, self.interval = echo, interval
+    def __init__(self, echo: Callable[[str], None], interval: float = DEFAULT_INTERVAL) -> None:
+        self.echo = echo
+        self.throttle = Throttle(interval)
         self.lock = threading.Lock()
         self._reset("download", 0, 0)
 
     def _reset(self, phase: str, files: int, nbytes: int) -> None:
         self.phase, self.total_files, self.total_bytes = phase, files, nbytes
         self.files = self.nbytes = 0
-        self.started = self.last = time.monotonic()
+        self.throttle.restart()
 
     def on_phase(self, phase: str, plan: Any) -> None:
         """Announce a phase (or that we wait for another rank's download)."""
@@ -108,7 +100,7 @@ class LineProgress:
             self._reset(phase, len(plan.to_fetch), plan.fetch_bytes)
         if plan.to_fetch:
             verb = "linking from node cache" if phase == "link" else "fetching"
-            self.echo(f"lading sync: {verb} {len(plan.to_fetch)} file(s), {_human(plan.fetch_bytes)}")
+            self.echo(f"lading sync: {verb} {len(plan.to_fetch)} file(s), {human(plan.fetch_bytes)}")
 
     def on_bytes(self, nbytes: int) -> None:
         """Count bytes; maybe print."""
@@ -124,13 +116,10 @@ class LineProgress:
 
     def _maybe_print(self) -> None:
         with self.lock:
-            now = time.monotonic()
-            if now - self.last < self.interval:
+            if not self.throttle.due():
                 return
-            self.last = now
-            rate = self.nbytes / max(now - self.started, 1e-6)
             line = (f"lading sync: {self.phase} {self.files}/{self.total_files} files, "
-                    f"{_human(self.nbytes)}/{_human(self.total_bytes)}, {_human(rate)}/s")
+                    f"{human(self.nbytes)}/{human(self.total_bytes)}, {human(self.throttle.rate(self.nbytes))}/s")
         self.echo(line)
 
     def close(self) -> None:
@@ -147,8 +136,6 @@ class BarProgress:
 
     def on_phase(self, phase: str, plan: Any) -> None:
         """Start a new bar for each phase."""
-        from tqdm import tqdm
-
         self.close()
         if plan is None:
             click.echo(f"lading sync: {phase}", err=True)
@@ -157,9 +144,7 @@ class BarProgress:
             return
         with self.lock:
             self.files, self.total_files = 0, len(plan.to_fetch)
-            desc = "link" if phase == "link" else "sync"
-            self.bar = tqdm(total=plan.fetch_bytes, unit="B", unit_scale=True, unit_divisor=1024,
-                            desc=desc, file=sys.stderr, dynamic_ncols=True, leave=False)
+            self.bar = byte_bar(plan.fetch_bytes, "link" if phase == "link" else "sync")
             self.bar.set_postfix_str(f"0/{self.total_files} files", refresh=False)
 
     def on_bytes(self, nbytes: int) -> None:
@@ -204,8 +189,7 @@ def _progress(state: AppState, json_out: bool) -> Any:
         return Silent()
     if sys.stdout.isatty() and sys.stderr.isatty():
         return BarProgress()
-    interval = float(os.environ.get("LADING_PROGRESS_SECONDS", PROGRESS_INTERVAL))
-    return LineProgress(lambda line: click.echo(line, err=True), interval)
+    return LineProgress(lambda line: click.echo(line, err=True), line_interval())
 
 
 def _check_sharded_dest(template: str, distribution: str, topology: Topology) -> None:
@@ -220,11 +204,11 @@ def _print_plan(plan: Any) -> None:
     totals = plan.totals()
     click.echo(f"plan for rank {plan.rank}/{plan.world_size} ({plan.distribution}): {plan.source} -> {plan.dest}")
     click.echo(f"  listed {totals['listed']}, selected {totals['selected_files']} "
-               f"({_human(totals['selected_bytes'])})")
-    click.echo(f"  fetch {totals['fetch_files']} file(s) ({_human(totals['fetch_bytes'])}), "
+               f"({human(totals['selected_bytes'])})")
+    click.echo(f"  fetch {totals['fetch_files']} file(s) ({human(totals['fetch_bytes'])}), "
                f"{totals['up_to_date_files']} up to date, delete {totals['delete_files']}")
     for item in plan.to_fetch[:20]:
-        click.echo(f"  + {item.info.key}  ({_human(item.info.size)}, {item.reason})")
+        click.echo(f"  + {item.info.key}  ({human(item.info.size)}, {item.reason})")
     for key in plan.to_delete[:20]:
         click.echo(f"  - {key}")
     hidden = max(0, len(plan.to_fetch) - 20) + max(0, len(plan.to_delete) - 20)
@@ -233,12 +217,12 @@ def _print_plan(plan: Any) -> None:
 
 
 def _print_summary(summary: Any) -> None:
-    via = f" via node cache ({_human(summary.downloaded_bytes)} downloaded)" if summary.cache else ""
+    via = f" via node cache ({human(summary.downloaded_bytes)} downloaded)" if summary.cache else ""
     if summary.reused:
         names = ", ".join(f"{d['name']} {d['version']}" if d["version"] else d["name"] for d in summary.reused)
         via += f", reused cached packed dataset {names} (ETags match the bucket)"
-    click.echo(f"synced {summary.files} file(s), {_human(summary.bytes)} to {summary.dest} in "
-               f"{summary.seconds:.1f}s ({_human(summary.throughput)}/s){via}; {summary.skipped} up to date, "
+    click.echo(f"synced {summary.files} file(s), {human(summary.bytes)} to {summary.dest} in "
+               f"{summary.seconds:.1f}s ({human(summary.throughput)}/s){via}; {summary.skipped} up to date, "
                f"{summary.deleted} deleted, {len(summary.failed)} failed")
 
 

@@ -30,3 +30,14 @@ def test_servers_answer(moto_server, gcs_server):
         assert server.proc.poll() is None
         with urllib.request.urlopen(server.url + "/", timeout=5) as response:
             assert response.status < 500
+
+
+def test_bad_progress_interval_is_one_line_usage_error(lading, tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.txt").write_text("a")
+    dest = tmp_path / "dest"
+    result = lading("sync", str(source), str(dest), env={"LADING_PROGRESS_SECONDS": "soon"})
+    assert result.returncode == 2
+    assert result.stderr.strip() == "lading: error: LADING_PROGRESS_SECONDS='soon' is not a number"
+    assert not dest.exists()
