@@ -44,19 +44,12 @@ def store_options(func: F) -> F:
     return func
 
 
-def config_from_options(options: MutableMapping[str, Any]) -> StoreConfig:
-    """The StoreConfig for the values :func:`store_options` parsed (left in ``options``)."""
-    return store_config(
-        endpoint_url=options.get("endpoint_url"),
-        profile=options.get("profile"),
-        no_sign_request=bool(options.get("no_sign_request")),
-        region=options.get("region"),
-    )
-
-
 def pop_store_config(options: MutableMapping[str, Any]) -> StoreConfig:
-    """Like :func:`config_from_options`, and remove the store options from ``options``."""
-    config = config_from_options(options)
-    for name in STORE_OPTION_NAMES:
-        options.pop(name, None)
-    return config
+    """The StoreConfig for the values :func:`store_options` parsed, removing them from ``options``."""
+    values = {name: options.pop(name, None) for name in STORE_OPTION_NAMES}
+    return store_config(
+        endpoint_url=values["endpoint_url"],
+        profile=values["profile"],
+        no_sign_request=bool(values["no_sign_request"]),
+        region=values["region"],
+    )
