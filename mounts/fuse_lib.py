@@ -26,7 +26,3 @@ def load_mfusepy() -> ModuleType:
                            "install FUSE 3 (Debian/Ubuntu: apt-get install fuse3 libfuse3-3)") from err
     return mfusepy
 
-
-def fuse_major_version() -> int:
-    """The libfuse major version mfusepy is bound to (2 or 3)."""
-    return int(load_mfusepy().fuse_version_major)

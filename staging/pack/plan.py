@@ -88,21 +88,9 @@ class PackPlan:
         return self.prefix + shard.name
 
 
-def sample_tar_bytes(sample: Sample) -> int:
-    """Bytes a sample's members take in a shard."""
-    total = 0
-    for member in sample.members:
-        key, size = member.info.key, member.info.size
-        if len(key) <= 100 and size < _PLAIN_SIZE_LIMIT and key.isascii():  # one header block
-            total += BLOCK + size + (-size % BLOCK)
-        else:
-            total += member_size(key, size)
-    return total
-
-
 def _sizes(samples: list[Sample]) -> tuple[list[int], int]:
-    """Each sample's bytes in a shard (as :func:`sample_tar_bytes`), and all payload bytes:
-    one pass, inlined, since it runs once per file."""
+    """Each sample's bytes in a shard and all payload bytes: one pass, with tarformat's
+    one-header-block case inlined, since it runs once per file."""
     sizes: list[int] = []
     add = sizes.append
     payload = 0
