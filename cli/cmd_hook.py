@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import click
 
-from cli.context import AppState
+from cli.context import AppState, store_config
 from cli.store_options import pop_store_config, store_options
 from staging.context.sizes import format_size
 from staging.errors import UsageError
@@ -207,7 +207,7 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool, **options
     """
     from staging.hooks.run import check_sharding, datasets_from_config, dest_path, slots_per_trial, views_for
 
-    store_config = pop_store_config(options)
+    connection = pop_store_config(options)
     config, origin = _load_experiment_config(config_file, os.environ)
     specs = datasets_from_config(config, origin)
     if not specs:
@@ -218,7 +218,7 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool, **options
         needs_slots = spec.slots or spec.distribution == "sharded"
         count = _slot_count(os.environ) if needs_slots else 0
         check_sharding(spec, count, trial_slots)
-        summaries.append(_stage_one(state, store_config, spec.source, dest_path(spec),
+        summaries.append(_stage_one(state, connection, spec.source, dest_path(spec),
                                     lambda result, spec=spec, count=count: views_for(spec, result, count, trial_slots),
                                     json_out=json_out))
     if json_out:
@@ -329,7 +329,7 @@ def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json:
         return 1
     progress = LogProgress(f"upload to {plan.bucket}", _echo_for(AppState(quiet=quiet or as_json)))
     progress.total = plan.upload_bytes
-    result = apply_fix(plan, open_store(plan.bucket, _default_store_config()), progress.on_bytes)
+    result = apply_fix(plan, open_store(plan.bucket, store_config()), progress.on_bytes)
     after = check_context(str(plan.context), limit=report.limit_bytes, remedies=False)
     if as_json:
         click.echo(json.dumps({"fits": after.fits, "applied": True, "plan": plan.to_json(),
@@ -343,12 +343,6 @@ def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json:
         click.echo(f"now: {verdict}, {format_size(after.total_bytes)} of {format_size(after.limit_bytes)}; "
                    "your files are untouched (only ignored); the hook downloads them when the task starts")
     return 0 if after.fits else 1
-
-
-def _default_store_config() -> StoreConfig:
-    from cli.context import store_config
-
-    return store_config()
 
 
 def _render_fix_plan(plan: "FixPlan") -> str:

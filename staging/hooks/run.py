@@ -85,22 +85,27 @@ def slots_per_trial(config: Mapping[str, object]) -> int | None:
 def views_for(spec: DatasetSpec, result: StageResult, slot_count: int,
               trial_slots: int | None) -> dict[int, list[str]]:
     """Which keys each per-slot view ``{dest}-rank{i}`` holds (empty dict: no views)."""
-    keys = sorted(result.files)
     if spec.distribution == "replicated":
-        return {i: keys for i in range(slot_count)} if spec.slots else {}
+        return {i: sorted(result.files) for i in range(slot_count)} if spec.slots else {}
+    world = _sharded_world(spec, slot_count, trial_slots)
+    return {i: [info.key for info in select_for_rank(result.infos, i, world, "sharded")] for i in range(world)}
+
+
+def check_sharding(spec: DatasetSpec, slot_count: int, trial_slots: int | None) -> None:
+    """Refuse a sharded dataset the hook cannot split, before downloading anything."""
+    if spec.distribution == "sharded":
+        _sharded_world(spec, slot_count, trial_slots)
+
+
+def _sharded_world(spec: DatasetSpec, slot_count: int, trial_slots: int | None) -> int:
+    """The world size to shard over: the whole trial, which must be in this container."""
     world = trial_slots or slot_count
     if slot_count == 0 or world != slot_count:
         raise UsageError(
             f"{spec.source}: 'sharded' in a startup hook needs the whole trial in this container "
             f"(slots_per_trial={trial_slots}, DET_SLOT_IDS has {slot_count})",
             "no rank exists yet in a startup hook; run `lading sync --distribution sharded` from the entrypoint")
-    return {i: [info.key for info in select_for_rank(result.infos, i, world, "sharded")] for i in range(world)}
-
-
-def check_sharding(spec: DatasetSpec, slot_count: int, trial_slots: int | None) -> None:
-    """Refuse a sharded dataset the hook cannot split, before downloading anything."""
-    if spec.distribution == "sharded" and (slot_count == 0 or (trial_slots or slot_count) != slot_count):
-        views_for(spec, StageResult(spec.source, Path(spec.dest), 0), slot_count, trial_slots)
+    return world
 
 
 def dest_path(spec: DatasetSpec) -> str:
