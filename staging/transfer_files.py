@@ -14,6 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from staging.errors import AccessDenied, LadingError
+
 PART_SUFFIX = ".lading-part"
 SIDECAR_SUFFIX = ".lading-part.json"
 
@@ -57,6 +59,17 @@ def publish(tmp: Path, dest: Path, fd: int | None = None, durable: bool = False)
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def as_lading_error(error: BaseException, dest: Path) -> LadingError:
+    """Local I/O errors become one-line project errors; store errors pass through."""
+    if isinstance(error, LadingError):
+        return error
+    if isinstance(error, PermissionError):
+        return AccessDenied(f"cannot write {error.filename or dest}: permission denied")
+    if isinstance(error, OSError):
+        return LadingError(f"cannot write {error.filename or dest}: {error.strerror or error}")
+    return LadingError(f"{dest}: {error}")
 
 
 class DirectoryMaker:

@@ -16,11 +16,11 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from staging.errors import AccessDenied, LadingError
+from staging.errors import LadingError
 from staging.retry import DEFAULT_POLICY, with_retries
 from staging.stores.base import Store
 from staging.transfer import TransferEvents, TransferItem, TransferOptions, TransferResult
-from staging.transfer_files import DirectoryMaker, publish, remove_temporaries, temporary_path
+from staging.transfer_files import DirectoryMaker, as_lading_error, publish, remove_temporaries, temporary_path
 from staging.transfer_large import LargeContext, LargeDownload
 from staging.transfer_readers import Reader, open_reader
 from staging.transfer_verify import IntegrityError, Verifier
@@ -178,7 +178,7 @@ class _Engine:
         self.events.on_done(result)
 
     def _fail(self, item: TransferItem, error: BaseException) -> None:
-        self._finish(TransferResult(item.info.key, item.dest, False, 0, _as_lading(error, item.dest)))
+        self._finish(TransferResult(item.info.key, item.dest, False, 0, as_lading_error(error, item.dest)))
 
     def _start_large(self, item: TransferItem) -> None:
         """Prepare the temporary and queue the missing parts."""
@@ -233,15 +233,4 @@ class _Engine:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
-
-
-def _as_lading(error: BaseException, dest: Path) -> LadingError:
-    """Local I/O errors become one-line project errors; store errors pass through."""
-    if isinstance(error, LadingError):
-        return error
-    if isinstance(error, PermissionError):
-        return AccessDenied(f"cannot write {error.filename or dest}: permission denied")
-    if isinstance(error, OSError):
-        return LadingError(f"cannot write {error.filename or dest}: {error.strerror or error}")
-    return LadingError(f"{dest}: {error}")
 

@@ -22,7 +22,7 @@ from typing import Callable
 from staging.errors import LadingError, ObjectChanged, TransientError
 from staging.retry import with_retries
 from staging.transfer import TransferItem, TransferOptions, TransferResult
-from staging.transfer_files import ResumeRecord, publish, remove_temporaries, sidecar_path, temporary_path
+from staging.transfer_files import ResumeRecord, as_lading_error, publish, remove_temporaries, sidecar_path, temporary_path
 from staging.transfer_readers import Reader
 from staging.transfer_verify import IntegrityError, Verifier
 
@@ -242,15 +242,10 @@ class LargeDownload:
             return  # cancelled: keep the temporary and sidecar for the next run
         if not isinstance(error, OSError) and not _resumable(error):
             remove_temporaries(self.item.dest)
-        self.ctx.finish(TransferResult(self.info.key, self.item.dest, False, 0, _as_lading(error)))
+        self.ctx.finish(TransferResult(self.info.key, self.item.dest, False, 0, as_lading_error(error, self.item.dest)))
 
 
 def _resumable(error: LadingError) -> bool:
     """Keep the parts on disk unless the object changed or its content failed verification."""
     return not isinstance(error, (ObjectChanged, IntegrityError))
 
-
-def _as_lading(error: BaseException) -> LadingError:
-    if isinstance(error, LadingError):
-        return error
-    return LadingError(f"cannot write {error.filename or 'file'}: {getattr(error, 'strerror', None) or error}")
