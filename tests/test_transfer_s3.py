@@ -337,18 +337,26 @@ class TLSFront:
                 continue
             self.handshakes += 1
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
 
     @staticmethod
-    def _pump(src, dst) -> None:
+    def _pump(client, upstream) -> None:
+        """Relay both ways from ONE thread: an SSLSocket read and written by two threads at
+        once can interleave raw TLS records into the plaintext (seen as a flaky body)."""
+        import select
+
         try:
-            while data := src.recv(65536):
-                dst.sendall(data)
+            while True:
+                ready = [client] if client.pending() else select.select([client, upstream], [], [])[0]
+                for src in ready:
+                    data = src.recv(65536)
+                    if not data:
+                        return
+                    (upstream if src is client else client).sendall(data)
         except OSError:
             pass
         finally:
-            for sock in (src, dst):
+            for sock in (client, upstream):
                 try:
                     sock.close()
                 except OSError:
