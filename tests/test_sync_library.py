@@ -138,3 +138,17 @@ def test_delete_never_follows_symlinks_or_tampered_records(tmp_path):
     assert (outside / "victim").read_bytes() == b"precious"
     assert summary.failed == [] and (dest / "b").read_bytes() == b"2"
     assert "a/x" not in SyncState.load(dest).entries
+
+
+def test_snapshot_write_failure_is_one_line_and_leaves_no_temporary(tmp_path):
+    import pytest
+
+    from staging.errors import LadingError
+
+    (tmp_path / STATE_NAME).mkdir()  # the rename onto it fails
+    state = SyncState(tmp_path)
+    state.record(Entry("a", 1, "v1", 5, 1))
+    with pytest.raises(LadingError, match="cannot write"):
+        state.save()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([STATE_NAME, JOURNAL_NAME])
+    assert set(SyncState.load(tmp_path).entries) == {"a"}  # still in the journal

@@ -106,12 +106,16 @@ def _place(entry: Path, cache_state: SyncState, item: TransferItem) -> TransferR
         tmp = item.dest.with_name(f".{item.dest.name}.lading-link-{os.getpid()}")
         tmp.unlink(missing_ok=True)
         try:
-            os.link(source, tmp)
-        except OSError as err:
-            if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-                raise
-            shutil.copyfile(source, tmp)  # another filesystem (or no hard links there): copy
-        os.replace(tmp, item.dest)
+            try:
+                os.link(source, tmp)
+            except OSError as err:
+                if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                    raise
+                shutil.copyfile(source, tmp)  # another filesystem (or no hard links there): copy
+            os.replace(tmp, item.dest)
+        except OSError:
+            tmp.unlink(missing_ok=True)  # e.g. a copy cut short by a full disk
+            raise
     except LadingError as err:
         return TransferResult(key, item.dest, False, error=err)
     except OSError as err:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable
 
-from staging.errors import UnsafeKey
+from staging.errors import AccessDenied, LadingError, UnsafeKey
 from staging.keys import key_parts
 
 STATE_NAME = ".lading-sync.json"
@@ -140,11 +140,16 @@ class SyncState:
             rows = [entry.to_row() for _, entry in sorted(self.entries.items())]
             payload = {"format": FORMAT, "source": self.source, "files": rows}
             tmp = self.dest / f"{STATE_NAME}.tmp-{os.getpid()}"
-            with open(tmp, "w", encoding="utf-8") as handle:
-                json.dump(payload, handle, separators=(",", ":"))
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.dest / STATE_NAME)
+            try:
+                with open(tmp, "w", encoding="utf-8") as handle:
+                    json.dump(payload, handle, separators=(",", ":"))
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                os.replace(tmp, self.dest / STATE_NAME)
+            except OSError as err:
+                tmp.unlink(missing_ok=True)  # the journal still holds every entry: nothing is lost
+                kind = AccessDenied if isinstance(err, PermissionError) else LadingError
+                raise kind(f"cannot write {self.dest / STATE_NAME}: {err.strerror or err}") from None
             if self._journal is not None:
                 self._journal.close()
                 self._journal = None
