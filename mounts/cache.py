@@ -14,6 +14,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
+from staging.stores import AccessDenied, UsageError
+
 log = logging.getLogger("lading.mount")
 
 ChunkId = tuple[int, int]
@@ -98,8 +100,14 @@ class DiskCache:
         self._files: OrderedDict[str, int] = OrderedDict()
         self._held = 0
         self._lock = threading.Lock()
-        root.mkdir(parents=True, exist_ok=True)
-        self._load()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            self._load()
+        except PermissionError as err:
+            raise AccessDenied(f"permission denied: cannot use {root} as the disk cache") from err
+        except OSError as err:
+            raise UsageError(f"cannot use {root} as the disk cache: {err.strerror or err}",
+                             "point the cache at a writable local directory") from err
 
     def _load(self) -> None:
         found: list[tuple[float, str, int]] = []

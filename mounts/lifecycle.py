@@ -109,6 +109,8 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     # FUSE callbacks wait for the GIL while fetch threads hold it; hand it over sooner.
     sys.setswitchinterval(SWITCH_INTERVAL)
     started = time.monotonic()
+    # Before listing, which can take minutes: a bad cache directory fails at once.
+    disk = DiskCache(options.cache_dir, options.cache_size) if options.cache_dir else None
     store = open_store(options.source, options.store)
     tree = build_tree(store, options.source, options.view, options.reader.concurrency)
     _return_listing_memory()
@@ -118,7 +120,6 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
         if count:
             examples = ", ".join(repr(k) for k in getattr(tree.hidden, reason))
             log.warning("%d %s key(s) hidden, e.g. %s", count, reason, examples)
-    disk = DiskCache(options.cache_dir, options.cache_size) if options.cache_dir else None
     stats = Stats()
     reader = Reader(store, options.reader, disk, stats)
     start_unmount_watchdog(options.mountpoint)

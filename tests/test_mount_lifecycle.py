@@ -98,6 +98,7 @@ def test_local_directory_source(tmp_path: Path) -> None:
 def test_bad_input_is_a_one_line_error_and_nothing_is_mounted(bucket, tmp_path: Path) -> None:
     target = tmp_path / "mnt"
     target.mkdir()
+    (tmp_path / "file").write_text("not a directory")
     cases = [
         (["mount", f"s3://{BUCKET}", str(tmp_path / "missing")], 3, "does not exist"),
         (["mount", "s3://no-such-bucket-here", str(target), "--timeout", "2"], 3, "no-such-bucket-here"),
@@ -105,6 +106,8 @@ def test_bad_input_is_a_one_line_error_and_nothing_is_mounted(bucket, tmp_path: 
         (["mount", f"s3://{BUCKET}", str(target), "--max-memory", "12Q"], 2, "invalid size"),
         (["mount", f"s3://{BUCKET}", str(target), "--distribution", "sharded", "--rank", "3",
           "--world-size", "2"], 2, "rank"),
+        (["mount", f"s3://{BUCKET}", str(target), "--cache-dir", str(tmp_path / "file" / "cache")], 2,
+         "as the disk cache"),
         (["unmount", str(target)], 3, "not a mount point"),
     ]
     for args, code, text in cases:
