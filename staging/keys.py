@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Iterable
 
 from staging.errors import UnsafeKey
@@ -47,8 +47,3 @@ def find_collisions(keys: Iterable[str]) -> list[tuple[str, str]]:
                 collisions.append((key[:cut], key))
             cut = key.find("/", cut + 1)
     return collisions
-
-
-def posix_key(path: PurePosixPath) -> str:
-    """A relative POSIX path as a key."""
-    return path.as_posix()
