@@ -51,9 +51,22 @@ def check_mountpoint(path: Path) -> None:
         raise errors.UsageError(f"{path} is already a mount point", f"lading unmount {path}")
 
 
+def _check_log_file(path: Path) -> None:
+    """Refuse a log file that cannot be appended to (the daemon could not say why it failed)."""
+    try:
+        with open(path, "a"):
+            pass
+    except PermissionError as err:
+        raise errors.AccessDenied(f"permission denied: cannot write the log file {path}") from err
+    except OSError as err:
+        raise errors.UsageError(f"cannot write the log file {path}: {err.strerror or err}") from err
+
+
 def mount(options: MountOptions, on_ready: Callable[[MountReady], None] | None = None) -> MountReady:
     """Mount and return once ready (daemon), or serve until unmounted (foreground)."""
     check_mountpoint(options.mountpoint)
+    if options.log_file is not None:
+        _check_log_file(options.log_file)
     from mounts.fuse_lib import load_mfusepy
 
     load_mfusepy()  # fail here, in the caller, when libfuse is missing

@@ -108,6 +108,9 @@ def test_bad_input_is_a_one_line_error_and_nothing_is_mounted(bucket, tmp_path: 
           "--world-size", "2"], 2, "rank"),
         (["mount", f"s3://{BUCKET}", str(target), "--cache-dir", str(tmp_path / "file" / "cache")], 2,
          "as the disk cache"),
+        (["mount", f"s3://{BUCKET}", str(target), "--log-file", str(tmp_path / "file" / "log")], 2, "log file"),
+        (["mount", f"s3://{BUCKET}", str(target), "-f", "--log-file", str(tmp_path / "file" / "log")], 2,
+         "log file"),
         (["unmount", str(target)], 3, "not a mount point"),
     ]
     for args, code, text in cases:
