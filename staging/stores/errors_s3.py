@@ -68,13 +68,21 @@ def translate(err: BaseException, what: str) -> BaseException:
 
 def _from_client_error(err: BaseException, what: str) -> LadingError:
     code, status = client_error_code(err)
-    message = getattr(err, "response", {}).get("Error", {}).get("Message") or code or str(status)
-    if code in _CHANGED or status == 412:
+    message = getattr(err, "response", {}).get("Error", {}).get("Message") or ""
+    return from_response(code, status, message, what)
+
+
+def from_response(code: str, status: int, message: str, what: str) -> LadingError:
+    """An S3 error response (error ``code`` from its XML body, HTTP ``status``) as a project
+    error; shared by the boto3 path and the lean path (:mod:`staging.stores.s3_fast`)."""
+    message = message or code or str(status)
+    if code in _CHANGED or status in (304, 412):
         return ObjectChanged(f"{what} changed (precondition failed: the ETag no longer matches)",
                              "the object was replaced while lading read it; run again")
     if code in _NOT_FOUND or status == 404:
-        kind = "bucket" if code == "NoSuchBucket" else "object"
-        return NotFound(f"{kind} not found: {what}" + (f" ({message})" if code == "NoSuchBucket" else ""))
+        if code == "NoSuchBucket":
+            return NotFound(f"no such bucket: {what} ({message})")
+        return NotFound(f"object not found: {what}")
     if code in _DENIED or status in (401, 403):
         return AccessDenied(f"access denied to {what}: {message}", CREDENTIALS_HINT)
     if code in _THROTTLED or status in (429, 503):

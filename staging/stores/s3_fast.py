@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 from urllib.parse import quote, urlsplit
 
-from staging.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
+from staging.errors import AccessDenied, LadingError, TransientError, UsageError
 from staging.retry import with_retries
 from staging.stores.base import ObjectInfo, StoreConfig
+from staging.stores.errors_s3 import from_response
 from staging.stores.s3 import S3Store, root_prefix
 from staging.stores.s3_listing import md5_of_etag, next_token, parse_listing
 from staging.stores.s3_sign import Credentials, Signer
@@ -64,30 +65,16 @@ def _resolve_endpoint(endpoint_url: str, bucket: str, region: str) -> _Endpoint:
     return _Endpoint(parts.scheme, host, "/" + quote(bucket, safe=""))
 
 
-def _error_code(body: bytes) -> str:
-    try:
-        return ET.fromstring(body).findtext("Code") or ""
-    except ET.ParseError:
-        return ""
-
-
 def _error_for_status(status: int, body: bytes, what: str) -> LadingError:
-    """The one place HTTP error responses become project errors."""
-    code = _error_code(body)
-    if status in (304, 412) or code == "PreconditionFailed":
-        return ObjectChanged(f"{what} changed while it was being read (ETag no longer matches)")
-    if status == 404:
-        if code == "NoSuchBucket":
-            return NotFound(f"no such bucket: {what}")
-        return NotFound(f"not found: {what}")
-    if status in (429, 503) or code in ("SlowDown", "Throttling", "RequestLimitExceeded"):
-        return Throttled(f"throttled by the server on {what} ({status} {code})".rstrip())
-    if status in (401, 403) or code in ("ExpiredToken", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
-        return AccessDenied(f"access denied: {what} ({code or status})",
-                            "check the credentials, --profile, or try --no-sign-request for a public bucket")
-    if status >= 500 or code in ("RequestTimeout", "InternalError"):
-        return TransientError(f"server error {status} {code} on {what}".rstrip())
-    return LadingError(f"unexpected response {status} {code} on {what}".rstrip())
+    """The one place HTTP error responses become project errors (mapped like boto3's)."""
+    code = message = ""
+    try:
+        root = ET.fromstring(body) if body else None
+    except ET.ParseError:
+        root = None
+    if root is not None:
+        code, message = root.findtext("Code") or "", root.findtext("Message") or ""
+    return from_response(code, status, message, what)
 
 
 def _error_for_exception(err: BaseException, what: str) -> LadingError:
