@@ -28,13 +28,12 @@ from typing import Callable
 
 from staging.context import CheckReport
 from staging.context.detignore import DETIGNORE
-from staging.context.remedy import detignore_line
+from staging.context.remedy import detignore_line, is_environment
 from staging.context.warnings import CACHE_DIRS
 from staging.errors import LadingError, NotFound, ProblemFound, UsageError
 from staging.hooks.script import HOOK_NAME, HookEntry, updated_text, write_hook
 from staging.stores import ObjectInfo, Store, StoreURI, parse_uri
 
-_NOT_RESTORED = CACHE_DIRS | {".venv", "venv", "env"}
 _MD5_CHUNK = 1 << 20
 
 
@@ -134,7 +133,7 @@ def _item(report: CheckReport, path: str, det_bytes: int, base: StoreURI) -> Fix
         files = tuple((f, s) for f, s in zip(walked.files, walked.sizes) if f.startswith(prefix))
     else:
         files = tuple((f, s) for f, s in zip(walked.files, walked.sizes) if f == path)
-    restore = not (is_dir and posixpath.basename(path).lower() in _NOT_RESTORED)
+    restore = not (is_dir and (posixpath.basename(path).lower() in CACHE_DIRS or is_environment(report, path)))
     uri = str(StoreURI(base.scheme, base.bucket, base.join(path) + ("/" if is_dir else "")))
     return FixItem(path, is_dir, det_bytes, files, uri, restore)
 

@@ -126,3 +126,20 @@ def test_usage_errors_and_a_context_that_fits(lading, context):
     assert lading("check", str(context), "--limit", LIMIT, "--yes").returncode == 2
     fits = lading("check", str(context), "--fix", "--bucket", "s3://whatever-bucket/x")
     assert fits.returncode == 0 and "nothing to fix" in fits.stdout
+
+
+def test_python_environments_are_ignored_not_uploaded(tmp_path):
+    """A conda env or a virtualenv under any name (pyvenv.cfg) is rebuilt, never sent to the bucket."""
+    from staging.context import check_context, parse_size
+    from staging.contextfix import plan_fix
+
+    root = tmp_path / "model"
+    for env in (".conda", "myenv"):
+        (root / env / "lib").mkdir(parents=True)
+        (root / env / "lib" / "big.so").write_bytes(os.urandom(110_000))  # each alone is over the limit
+    (root / "myenv" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (root / "model_def.py").write_text("class Trial:\n    pass\n")
+    report = check_context(str(root), limit=parse_size(LIMIT))
+    plan = plan_fix(report, str(tmp_path / "bucket"))
+    assert {item.path: item.restore for item in plan.items} == {".conda": False, "myenv": False}
+    assert plan.hook_entries() == []

@@ -58,11 +58,12 @@ def plan_remedy(report: CheckReport) -> Remedy:
         paths=[(c.path, c.det_bytes) for c in chosen],
         total_after=total_after,
         fits_after=total_after <= report.limit_bytes,
-        hook_paths=[c.path for c in chosen if c.tier == 0 and not _is_environment(report, c.path)],
+        hook_paths=[c.path for c in chosen if c.tier == 0 and not is_environment(report, c.path)],
     )
 
 
-def _is_environment(report: CheckReport, path: str) -> bool:
+def is_environment(report: CheckReport, path: str) -> bool:
+    """Whether ``path`` is a Python environment (by name, or a virtualenv the walk recognised)."""
     return path in {w.path for w in report.warnings if w.kind == "virtualenv"} or \
         posixpath.basename(path) in VENV_NAMES
 
@@ -77,11 +78,11 @@ def detignore_line(rel: str, is_dir: bool) -> str:
 
 def _candidates(report: CheckReport) -> list[_Candidate]:
     include_names = {root.name for root in report.roots if root.name}
-    mostly_data = _mostly_data_dirs(report)
+    first = _mostly_data_dirs(report) | {w.path for w in report.warnings if w.kind == "virtualenv"}
     found = []
     for path, stat in report.dirs.items():
         if path and path not in include_names and stat.det_bytes > 0:
-            tier = 0 if is_data_like_dir(posixpath.basename(path)) or path in mostly_data else 2
+            tier = 0 if is_data_like_dir(posixpath.basename(path)) or path in first else 2
             found.append(_Candidate(tier, stat.det_bytes, path, True))
     for path, size in report.largest_files(_FILE_CANDIDATES):
         if path in include_names or size == 0:
