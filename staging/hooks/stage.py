@@ -168,11 +168,14 @@ def _read_marker(path: Path, source: str) -> list | None:
 def _write_marker(path: Path, source: str, row: list | None) -> None:
     """Write the marker atomically (temporary file, fsync, rename)."""
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as handle:
-        json.dump({"format": MARKER_FORMAT, "source": source, "object": row}, handle, separators=(",", ":"))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as handle:
+            json.dump({"format": MARKER_FORMAT, "source": source, "object": row}, handle, separators=(",", ":"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only still there when the write failed
 
 
 _ERRORS: dict[int, type[LadingError]] = {3: NotFound, 4: AccessDenied, 5: TransientError}
@@ -236,8 +239,11 @@ def _update_view_record(base: Path, keys: list[str]) -> int:
             removed += 1
     base.mkdir(parents=True, exist_ok=True)
     tmp = record.with_name(f"{record.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(keys, separators=(",", ":")))
-    os.replace(tmp, record)
+    try:
+        tmp.write_text(json.dumps(keys, separators=(",", ":")))
+        os.replace(tmp, record)
+    finally:
+        tmp.unlink(missing_ok=True)  # only still there when the write failed
     return removed
 
 
