@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
+from staging.context.explain import name_in_roots
 from staging.context.walk import Root
 from staging.context.warnings import ContextWarning
 from staging.errors import AccessDenied, NotFound, UsageError
@@ -48,7 +48,7 @@ def config_warnings(path: str, config: dict[str, Any], roots: Sequence[Root],
                     uploaded: set[str]) -> list[ContextWarning]:
     """Warn when the config itself is uploaded and when ``bind_mounts`` breaks det's schema."""
     found = []
-    name = _upload_name(path, roots)
+    name = name_in_roots(path, roots)
     if name is not None and name in uploaded:
         found.append(ContextWarning("config_in_context", name,
                                     "the experiment config is inside the context, so it is uploaded "
@@ -87,13 +87,3 @@ def bind_mount_problems(value: Any) -> list[str]:
             problems.append(f"{where}: propagation must be a string")
     return problems
 
-
-def _upload_name(path: str, roots: Sequence[Root]) -> str | None:
-    absolute = os.path.abspath(path)  # the link itself, if it is one: det uploads it by that name
-    absolute = os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
-    for root in roots:
-        if root.is_file and absolute == root.path:
-            return root.name
-        if absolute.startswith(root.path.rstrip("/") + "/"):
-            return root.prefix + os.path.relpath(absolute, root.path).replace(os.sep, "/")
-    return None

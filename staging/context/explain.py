@@ -41,16 +41,26 @@ def upload_name(roots: Sequence[Root], given: str) -> str:
     if not os.path.isabs(given) and (os.path.lexists(os.path.join(context.path, cleaned))
                                      or cleaned.split("/")[0] in {r.name for r in roots[1:]}):
         return os.path.normpath(cleaned).replace(os.sep, "/")
-    absolute = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(given))),
-                            os.path.basename(os.path.abspath(given)))
+    inside = name_in_roots(given, roots)
+    if inside is not None:
+        return inside
+    if os.path.isabs(given):
+        raise UsageError(f"--explain path '{given}' is outside the context and the includes")
+    return os.path.normpath(cleaned).replace(os.sep, "/")
+
+
+def name_in_roots(path: str, roots: Sequence[Root]) -> str | None:
+    """det's upload name for a local ``path`` inside one of ``roots`` (None when outside them).
+
+    Links in the last component are not followed: det uploads a link by its own name."""
+    absolute = os.path.abspath(path)
+    absolute = os.path.join(os.path.realpath(os.path.dirname(absolute)), os.path.basename(absolute))
     for root in roots:
         if absolute == root.path:
             return root.name or "."
         if absolute.startswith(root.path.rstrip("/") + "/"):
             return root.prefix + os.path.relpath(absolute, root.path).replace(os.sep, "/")
-    if os.path.isabs(given):
-        raise UsageError(f"--explain path '{given}' is outside the context and the includes")
-    return os.path.normpath(cleaned).replace(os.sep, "/")
+    return None
 
 
 def explain(roots: Sequence[Root], specs: Sequence[IgnoreSpec], name: str) -> Explanation:
