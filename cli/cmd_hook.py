@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import click
 
 from cli.context import AppState, store_config
+from cli.progress import Throttle, human, line_interval
 from cli.store_options import pop_store_config, store_options
-from staging.context.sizes import format_size
 from staging.errors import UsageError
 from staging.stores.base import StoreConfig
 from staging.transfer import TransferResult
@@ -35,18 +35,14 @@ Schema (only data.datasets is read; the rest of data: is yours):
         slots: true                  # also {dest}-rank{i} hard-link views"""
 
 
-def _human(nbytes: float) -> str:
-    return format_size(int(nbytes))
-
-
 class LogProgress:
     """Progress for logs: a line when work starts, then one every ``interval`` seconds, no bars."""
 
-    def __init__(self, label: str, echo: Callable[[str], None], interval: float = 5.0) -> None:
-        self.label, self.echo, self.interval = label, echo, interval
+    def __init__(self, label: str, echo: Callable[[str], None], interval: float | None = None) -> None:
+        self.label, self.echo = label, echo
+        self.throttle = Throttle(line_interval() if interval is None else interval)
         self.files = self.done = 0
         self.total = self.nbytes = 0
-        self.started = self.last = time.monotonic()
         self._lock = threading.Lock()
 
     def on_wait(self, lock_path: Path) -> None:
@@ -60,20 +56,18 @@ class LogProgress:
             return
         self.files = len(plan.to_fetch) if plan is not None else 1
         self.total = plan.fetch_bytes if plan is not None else 0
-        self.started = self.last = time.monotonic()
+        self.throttle.restart()
         if self.files:
-            size = f", {_human(self.total)}" if plan is not None else ""
+            size = f", {human(self.total)}" if plan is not None else ""
             self.echo(f"lading: {self.label}: fetching {self.files} object(s){size}")
 
     def on_bytes(self, nbytes: int) -> None:
         """Count bytes; print a line when the interval has passed."""
         with self._lock:
             self.nbytes += nbytes
-            now = time.monotonic()
-            if now - self.last < self.interval:
+            if not self.throttle.due():
                 return
-            self.last = now
-            line = self._line(now)
+            line = self._line()
         self.echo(line)
 
     def on_done(self, result: TransferResult) -> None:
@@ -81,10 +75,10 @@ class LogProgress:
         with self._lock:
             self.done += 1
 
-    def _line(self, now: float) -> str:
-        rate = self.nbytes / max(now - self.started, 1e-6)
+    def _line(self) -> str:
+        rate = self.throttle.rate(self.nbytes)
         files = f"{self.done}/{self.files} files, " if self.done else ""
-        return f"lading: {self.label}: {files}{_human(self.nbytes)}/{_human(self.total)}, {_human(rate)}/s"
+        return f"lading: {self.label}: {files}{human(self.nbytes)}/{human(self.total)}, {human(rate)}/s"
 
 
 def _echo_for(state: AppState) -> Callable[[str], None]:
@@ -118,16 +112,16 @@ def _stage_one(state: AppState, config: StoreConfig, source: str, dest: str,
     result = staged.result
     if not json_out and not state.quiet:
         click.echo(_summary_line(progress.label, result.fetched, result.fetched_bytes, result.unchanged,
-                                 result.removed, time.monotonic() - progress.started))
+                                 result.removed, time.monotonic() - progress.throttle.started))
     return result.to_json() | {"view_links": linked}
 
 
 def _summary_line(label: str, fetched: int, nbytes: int, unchanged: int, removed: int, seconds: float) -> str:
     if fetched == 0 and removed == 0:
         return f"lading: {label}: up to date ({unchanged} object(s) already staged, nothing downloaded)"
-    rate = _human(nbytes / max(seconds, 1e-6))
+    rate = human(nbytes / max(seconds, 1e-6))
     extra = f", {removed} removed" if removed else ""
-    return (f"lading: {label}: {fetched} fetched ({_human(nbytes)} in {seconds:.1f}s, {rate}/s), "
+    return (f"lading: {label}: {fetched} fetched ({human(nbytes)} in {seconds:.1f}s, {rate}/s), "
             f"{unchanged} unchanged{extra}")
 
 
@@ -320,7 +314,7 @@ def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json:
     quiet = bool(state and state.quiet)
     if report.fits:
         click.echo(json.dumps({"fits": True, "plan": None}) if as_json else
-                   f"fits ({format_size(report.total_bytes)} of {format_size(report.limit_bytes)}): nothing to fix")
+                   f"fits ({human(report.total_bytes)} of {human(report.limit_bytes)}): nothing to fix")
         return 0
     plan = plan_fix(report, bucket)
     if not yes:
@@ -335,28 +329,28 @@ def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json:
         click.echo(json.dumps({"fits": after.fits, "applied": True, "plan": plan.to_json(),
                                "result": result.to_json(), "total_bytes": after.total_bytes}, indent=2))
     elif not quiet:
-        click.echo(f"uploaded {result.uploaded} file(s) ({format_size(result.uploaded_bytes)}), "
+        click.echo(f"uploaded {result.uploaded} file(s) ({human(result.uploaded_bytes)}), "
                    f"{result.already_there} already in {plan.bucket}; all verified")
         click.echo(f"{plan.context / '.detignore'}: +{len(result.detignore_added)} line(s); "
                    f"startup-hook.sh: {'updated' if result.hook_changed else 'already up to date'}")
         verdict = "fits" if after.fits else "STILL OVER"
-        click.echo(f"now: {verdict}, {format_size(after.total_bytes)} of {format_size(after.limit_bytes)}; "
+        click.echo(f"now: {verdict}, {human(after.total_bytes)} of {human(after.limit_bytes)}; "
                    "your files are untouched (only ignored); the hook downloads them when the task starts")
     return 0 if after.fits else 1
 
 
 def _render_fix_plan(plan: "FixPlan") -> str:
-    lines = [f"over the limit: {format_size(plan.total_before)} of {format_size(plan.limit_bytes)}. "
+    lines = [f"over the limit: {human(plan.total_before)} of {human(plan.limit_bytes)}. "
              f"Plan (dry run; add --yes to apply):"]
     for item in plan.items:
         name = item.path + ("/" if item.is_dir else "")
         where = f"upload {len(item.files)} file(s) to {item.uri}" if item.restore else \
             "ignore only (a cache or virtualenv: rebuilt, not restored)"
-        lines.append(f"  {format_size(item.det_bytes):>10}  {name}: {where}")
+        lines.append(f"  {human(item.det_bytes):>10}  {name}: {where}")
     lines.append(f"then add to {plan.context / '.detignore'}: " + " ".join(plan.detignore_lines))
     for entry in plan.hook_entries():
         lines.append(f"and to {plan.context / 'startup-hook.sh'}: lading fetch {entry.source} {entry.dest}")
     verdict = "fits" if plan.fits_after else "STILL OVER"
-    lines.append(f"after: {format_size(plan.total_after)} ({verdict}); uploads are verified before any "
+    lines.append(f"after: {human(plan.total_after)} ({verdict}); uploads are verified before any "
                  "file in the context changes, and no file is deleted")
     return "\n".join(lines)

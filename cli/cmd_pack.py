@@ -5,12 +5,12 @@ from __future__ import annotations
 import gc
 import json
 import sys
-import time
 from typing import Any
 
 import click
 
 from cli.context import AppState
+from cli.progress import Throttle, byte_bar, human, line_interval
 from cli.store_options import pop_store_config, store_options
 from staging.context.sizes import format_size, parse_size
 from staging.errors import UsageError
@@ -45,10 +45,7 @@ class _Bar:
     """PackEvents drawing a tqdm bar of input bytes on stderr."""
 
     def __init__(self, total: int) -> None:
-        from tqdm import tqdm
-
-        self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="packing",
-                        file=sys.stderr, leave=False, dynamic_ncols=True)
+        self.bar = byte_bar(total, "packing")
 
     def on_bytes(self, nbytes: int) -> None:
         """Advance the bar."""
@@ -74,22 +71,19 @@ class _PlainConsole:
 class _LogLines:
     """PackEvents for logs (stderr not a terminal): a progress line every few seconds."""
 
-    def __init__(self, total: int, interval: float = 5.0) -> None:
-        self.total, self.interval = total, interval
+    def __init__(self, total: int, interval: float | None = None) -> None:
+        self.total = total
+        self.throttle = Throttle(line_interval() if interval is None else interval)
         self.done = 0
         self.shards = 0
-        self.started = self.last = time.monotonic()
 
     def on_bytes(self, nbytes: int) -> None:
         """Count bytes; maybe print a line."""
         self.done += nbytes
-        now = time.monotonic()
-        if now - self.last >= self.interval:
-            self.last = now
-            rate = self.done / max(now - self.started, 1e-9)
+        if self.throttle.due():
             click.echo(f"lading pack: {format_size(self.done)} of {format_size(self.total)} "
                        f"({100 * self.done / max(self.total, 1):.0f}%), {self.shards} shard(s) done, "
-                       f"{format_size(int(rate))}/s", err=True)
+                       f"{human(self.throttle.rate(self.done))}/s", err=True)
 
     def on_shard(self, name: str, nbytes: int) -> None:
         """Count shards."""
