@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from staging.errors import AccessDenied, LadingError
+from staging.atomic import write_atomically
 
 PART_SUFFIX = ".lading-part"
 SIDECAR_SUFFIX = ".lading-part.json"
@@ -104,11 +105,9 @@ class ResumeRecord:
 
     def save(self, path: Path) -> None:
         """Write atomically (temporary name, then rename)."""
-        tmp = path.with_name(path.name + ".tmp")
         payload = {"key": self.key, "version": self.version, "size": self.size,
                    "part_size": self.part_size, "done": sorted(self.done)}
-        tmp.write_text(json.dumps(payload))
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(payload), tmp=path.with_name(path.name + ".tmp"))
 
     @classmethod
     def load(cls, path: Path) -> ResumeRecord | None:

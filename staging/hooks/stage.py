@@ -33,6 +33,7 @@ from staging.sync.locks import exclusive_lock
 from staging.sync.plan import SyncPlan, SyncRequest, select_objects
 from staging.sync.run import sync_into
 from staging.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
+from staging.atomic import write_atomically
 
 MARKER_FORMAT = 1
 
@@ -166,16 +167,9 @@ def _read_marker(path: Path, source: str) -> list | None:
 
 
 def _write_marker(path: Path, source: str, row: list | None) -> None:
-    """Write the marker atomically (temporary file, fsync, rename)."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as handle:
-            json.dump({"format": MARKER_FORMAT, "source": source, "object": row}, handle, separators=(",", ":"))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)  # only still there when the write failed
+    """Write the marker atomically and durably."""
+    marker = {"format": MARKER_FORMAT, "source": source, "object": row}
+    write_atomically(path, json.dumps(marker, separators=(",", ":")), durable=True)
 
 
 _ERRORS: dict[int, type[LadingError]] = {3: NotFound, 4: AccessDenied, 5: TransientError}
@@ -238,12 +232,7 @@ def _update_view_record(base: Path, keys: list[str]) -> int:
             base.joinpath(*key.split("/")).unlink(missing_ok=True)
             removed += 1
     base.mkdir(parents=True, exist_ok=True)
-    tmp = record.with_name(f"{record.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(keys, separators=(",", ":")))
-        os.replace(tmp, record)
-    finally:
-        tmp.unlink(missing_ok=True)  # only still there when the write failed
+    write_atomically(record, json.dumps(keys, separators=(",", ":")))
     return removed
 
 

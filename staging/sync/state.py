@@ -24,6 +24,7 @@ from typing import IO, Iterable
 
 from staging.errors import AccessDenied, LadingError, UnsafeKey
 from staging.keys import key_parts
+from staging.atomic import write_atomically
 
 STATE_NAME = ".lading-sync.json"
 JOURNAL_NAME = ".lading-sync.journal"
@@ -139,15 +140,9 @@ class SyncState:
                 return
             rows = [entry.to_row() for _, entry in sorted(self.entries.items())]
             payload = {"format": FORMAT, "source": self.source, "files": rows}
-            tmp = self.dest / f"{STATE_NAME}.tmp-{os.getpid()}"
             try:
-                with open(tmp, "w", encoding="utf-8") as handle:
-                    json.dump(payload, handle, separators=(",", ":"))
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, self.dest / STATE_NAME)
-            except OSError as err:
-                tmp.unlink(missing_ok=True)  # the journal still holds every entry: nothing is lost
+                write_atomically(self.dest / STATE_NAME, json.dumps(payload, separators=(",", ":")), durable=True)
+            except OSError as err:  # the journal still holds every entry: nothing is lost
                 kind = AccessDenied if isinstance(err, PermissionError) else LadingError
                 raise kind(f"cannot write {self.dest / STATE_NAME}: {err.strerror or err}") from None
             if self._journal is not None:
