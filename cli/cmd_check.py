@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
 
 from cli.context import AppState
+from cli.store_options import pop_store_config, store_options
 from staging.context import CheckReport, check_context, format_size, parse_size
 
 if TYPE_CHECKING:
@@ -62,10 +63,11 @@ Exit codes: 0 fits, 1 over the limit, 2 usage error, 3 not found,
               "add them to .detignore and to startup-hook.sh (a dry run unless --yes).")
 @click.option("--bucket", metavar="URI", help="Where --fix uploads: s3://bucket/prefix, gs://..., or a path.")
 @click.option("--yes", is_flag=True, help="With --fix: apply (upload and verify first, then edit the context).")
+@store_options
 @click.pass_obj
 def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], top: int,
           explain_path: str | None, limit_text: str, as_json: bool, config_path: str | None,
-          quiet: bool, fix: bool = False, bucket: str | None = None, yes: bool = False) -> int:
+          quiet: bool, fix: bool = False, bucket: str | None = None, yes: bool = False, **store: Any) -> int:
     """Will det accept CONTEXT_DIR?"""
     limit = parse_size(limit_text)
     with _progress(enabled=sys.stderr.isatty() and not quiet) as progress:
@@ -76,7 +78,7 @@ def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], t
 
         if not fix:
             raise click.UsageError("--bucket and --yes go with --fix")
-        return run_check_fix(report, bucket, yes, as_json, state)
+        return run_check_fix(report, bucket, yes, as_json, state, pop_store_config(store))
     if as_json:
         sys.stdout.write(report.to_json(top) + "\n")
     else:

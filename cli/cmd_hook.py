@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import click
 
-from cli.context import AppState, store_config
+from cli.context import AppState
 from cli.progress import Throttle, human, line_interval
 from cli.store_options import pop_store_config, store_options
 from staging.errors import UsageError
@@ -303,7 +303,8 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
     return 1 if problems else 0
 
 
-def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json: bool, state: AppState | None) -> int:
+def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json: bool, state: AppState | None,
+                  config: StoreConfig) -> int:
     """`lading check --fix --bucket URI [--yes]`: print the plan, or apply it and check again."""
     from staging.context import check_context
     from staging.contextfix import apply_fix, plan_fix
@@ -323,7 +324,7 @@ def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json:
         return 1
     progress = LogProgress(f"upload to {plan.bucket}", _echo_for(AppState(quiet=quiet or as_json)))
     progress.total = plan.upload_bytes
-    result = apply_fix(plan, open_store(plan.bucket, store_config()), progress.on_bytes)
+    result = apply_fix(plan, open_store(plan.bucket, config), progress.on_bytes)
     after = check_context(str(plan.context), limit=report.limit_bytes, remedies=False)
     if as_json:
         click.echo(json.dumps({"fits": after.fits, "applied": True, "plan": plan.to_json(),

@@ -143,3 +143,13 @@ def test_python_environments_are_ignored_not_uploaded(tmp_path):
     plan = plan_fix(report, str(tmp_path / "bucket"))
     assert {item.path: item.restore for item in plan.items} == {".conda": False, "myenv": False}
     assert plan.hook_entries() == []
+
+
+def test_endpoint_flag_reaches_the_upload(s3, s3_env, lading, context):
+    """--endpoint-url on `check --fix` is used for the upload, like on every bucket command."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:1"}  # unreachable: only the flag can succeed
+    args = ("check", str(context), "--limit", LIMIT, "--fix", "--bucket", f"s3://{BUCKET}/ctx", "--yes")
+    result = lading(*args, "--endpoint-url", s3_env["AWS_ENDPOINT_URL"], env=env)
+    assert result.returncode == 0, result.stderr
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])]
+    assert any(key.startswith("ctx/") for key in keys)
