@@ -253,3 +253,11 @@ def test_symlinked_dir_and_broken_link_warnings_in_json(lading, small_ctx, tmp_p
                                                                   ("broken_symlink", "dangling")}
     assert "linked" in [d["path"] for d in doc["directories"]]
     assert all(not f["path"].startswith("linked/") for f in doc["files"])
+
+
+def test_unreadable_config_is_a_one_line_error(lading, small_ctx):
+    # /proc/self/mem opens but cannot be read from offset 0: an I/O error, not a missing file.
+    result = lading("check", str(small_ctx), "--config", "/proc/self/mem")
+    assert result.returncode == 1
+    assert "cannot read config file" in result.stderr and "internal error" not in result.stderr
+    assert "Traceback" not in result.stderr

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from staging.context.explain import name_in_roots
 from staging.context.walk import Root
 from staging.context.warnings import ContextWarning
-from staging.errors import AccessDenied, NotFound, UsageError
+from staging.errors import AccessDenied, LadingError, NotFound, UsageError
 
 #: det's expconf schema for one bind mount (schemas/expconf/v0/bind-mount.json).
 _BIND_MOUNT_KEYS = {"host_path", "container_path", "read_only", "propagation"}
@@ -24,6 +24,8 @@ def load_config(path: str) -> dict[str, Any]:
         raise AccessDenied(f"cannot read config file '{path}': permission denied") from err
     except IsADirectoryError as err:
         raise UsageError(f"config '{path}' is a directory, not a YAML file") from err
+    except OSError as err:
+        raise LadingError(f"cannot read config file '{path}': {err.strerror or err}") from err
     return parse_config(text, f"config '{path}'")
 
 
