@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from staging.context import check_context, stat_sizes  # noqa: E402
+from lading.context import check_context, stat_sizes  # noqa: E402
 
 GNU_TIME = os.path.exists("/usr/bin/time")
 

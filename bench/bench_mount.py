@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 REPO = Path(__file__).resolve().parent.parent
-LADING = [sys.executable, "-m", "cli"]
+LADING = [sys.executable, "-m", "lading"]
 BUCKET = "lading-bench-mount"
 BIG = "seq/1GiB.bin"
 BIG_SIZE = 1 << 30

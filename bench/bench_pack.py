@@ -145,9 +145,9 @@ def start_moto() -> tuple[str, object]:
 def bench_read(endpoint: str | None, files: int) -> dict:
     import boto3
 
-    from staging.datasets import ShardDataset, StoreDataset
-    from staging.pack import PackOptions, plan_pack, run_pack
-    from staging.stores import StoreConfig, open_store
+    from lading.datasets import ShardDataset, StoreDataset
+    from lading.pack import PackOptions, plan_pack, run_pack
+    from lading.stores import StoreConfig, open_store
 
     server = None
     backend = "rgw"

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
 
-from cli.context import AppState
-from cli.store_options import pop_store_config, store_options
-from staging.context import CheckReport, check_context, format_size, parse_size
+from lading.cli.context import AppState
+from lading.cli.store_options import pop_store_config, store_options
+from lading.context import CheckReport, check_context, format_size, parse_size
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -74,7 +74,7 @@ def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], t
         report = check_context(context_dir, includes, limit=limit, config_path=config_path,
                                explain_path=explain_path, progress=progress)
     if fix or bucket or yes:  # `check --fix` lives with the startup-hook code (cli/cmd_hook.py)
-        from cli.cmd_hook import run_check_fix
+        from lading.cli.cmd_hook import run_check_fix
 
         if not fix:
             raise click.UsageError("--bucket and --yes go with --fix")

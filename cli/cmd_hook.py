@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import click
 
-from cli.context import AppState
-from cli.progress import Throttle, human, line_interval
-from cli.store_options import pop_store_config, store_options
-from staging.errors import UsageError
-from staging.stores.base import StoreConfig
-from staging.transfer import TransferResult
+from lading.cli.context import AppState
+from lading.cli.progress import Throttle, human, line_interval
+from lading.cli.store_options import pop_store_config, store_options
+from lading.core.errors import UsageError
+from lading.stores.base import StoreConfig
+from lading.transfer import TransferResult
 
 if TYPE_CHECKING:
-    from staging.context import CheckReport
-    from staging.contextfix import FixPlan
-    from staging.hooks.stage import StageResult
-    from staging.sync.plan import SyncPlan
+    from lading.context import CheckReport
+    from lading.context.fix import FixPlan
+    from lading.hooks.stage import StageResult
+    from lading.sync.plan import SyncPlan
 
 SCHEMA_HELP = """\b
 Schema (only data.datasets is read; the rest of data: is yours):
@@ -102,8 +102,8 @@ def _slot_count(env: Mapping[str, str]) -> int:
 def _stage_one(state: AppState, config: StoreConfig, source: str, dest: str,
                views: Callable[[StageResult], dict[int, list[str]]], json_out: bool = False) -> dict:
     """Stage SOURCE at DEST once per node, build the per-slot views, print a summary line."""
-    from staging.hooks.fetch import stage_source
-    from staging.hooks.stage import build_views, raise_for_failures
+    from lading.hooks.fetch import stage_source
+    from lading.hooks.stage import build_views, raise_for_failures
 
     progress = LogProgress(f"{source} -> {dest}", _echo_for(state))
     staged = stage_source(source, dest, config, events=progress)
@@ -153,8 +153,8 @@ def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
     fails the task with a clear message when lading is missing or a download fails. DEST must
     be absolute; --slots reads DET_SLOT_IDS when the hook runs.
     """
-    from staging.hooks.script import HOOK_NAME, HookEntry, updated_text, write_hook
-    from staging.stores import parse_uri
+    from lading.hooks.script import HOOK_NAME, HookEntry, updated_text, write_hook
+    from lading.stores import parse_uri
 
     if len(args) > 3:
         raise UsageError("too many arguments", "lading hook init [CONTEXT_DIR] [SOURCE DEST]")
@@ -199,7 +199,7 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool, **options
     finds nothing changed, and downloads and rewrites nothing. Output is one line per step and
     a progress line every few seconds (made for task logs).
     """
-    from staging.hooks.run import check_sharding, datasets_from_config, dest_path, slots_per_trial, views_for
+    from lading.hooks.run import check_sharding, datasets_from_config, dest_path, slots_per_trial, views_for
 
     connection = pop_store_config(options)
     config, origin = _load_experiment_config(config_file, os.environ)
@@ -221,7 +221,7 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool, **options
 
 
 def _load_experiment_config(config_file: str | None, env: Mapping[str, str]) -> tuple[Mapping, str]:
-    from staging.context.config import load_config, parse_config
+    from lading.context.config import load_config, parse_config
 
     if config_file is not None:
         return load_config(str(config_file)), config_file
@@ -282,7 +282,7 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
 
     Exit 0: no problem; 1: problems found (listed); 2: unreadable config; 3: missing file.
     """
-    from staging.detconfig import render_snippet, suggest_bind_mount, validate_bind_mounts
+    from lading.context.bindmounts import render_snippet, suggest_bind_mount, validate_bind_mounts
 
     if suggest:
         click.echo(render_snippet([suggest_bind_mount(path) for path in suggest]), nl=False)
@@ -306,9 +306,9 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
 def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json: bool, state: AppState | None,
                   config: StoreConfig) -> int:
     """`lading check --fix --bucket URI [--yes]`: print the plan, or apply it and check again."""
-    from staging.context import check_context
-    from staging.contextfix import apply_fix, plan_fix
-    from staging.stores import open_store
+    from lading.context import check_context
+    from lading.context.fix import apply_fix, plan_fix
+    from lading.stores import open_store
 
     if not bucket:
         raise UsageError("--fix needs --bucket URI (where the large paths go)", "e.g. --bucket s3://my-bucket/model-data")

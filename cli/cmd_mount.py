@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.context import AppState
-from cli.store_options import pop_store_config, store_options
-from staging.errors import UsageError
+from lading.cli.context import AppState
+from lading.cli.store_options import pop_store_config, store_options
+from lading.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from mounts.listing import ViewSpec
-    from mounts.lifecycle import MountReady
+    from lading.mounts.listing import ViewSpec
+    from lading.mounts.lifecycle import MountReady
 
 MOUNT_EPILOG = """\b
 Examples:
@@ -35,7 +35,7 @@ and logged. Zero-byte "dir/" marker objects only create directories.
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     if value is None:
         return None
-    from staging.context.sizes import parse_size
+    from lading.context.sizes import parse_size
 
     try:
         return parse_size(value)
@@ -83,11 +83,11 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
     """
     from dataclasses import replace
 
-    from mounts.lifecycle import MountOptions, default_max_memory, mount as do_mount
-    from mounts.reader import ReaderConfig
-    from staging.retry import RetryPolicy
-    from staging.stores import parse_uri
-    from staging.topology import detect_topology
+    from lading.mounts.lifecycle import MountOptions, default_max_memory, mount as do_mount
+    from lading.mounts.reader import ReaderConfig
+    from lading.core.retry import RetryPolicy
+    from lading.stores import parse_uri
+    from lading.selection.topology import detect_topology
 
     parse_uri(uri)
     topology = detect_topology(os.environ, {"rank": rank, "world_size": world_size})
@@ -139,7 +139,7 @@ def _report(state: AppState, json_out: bool, uri: str, ready: MountReady, shard:
 @click.pass_obj
 def unmount(state: AppState, mountpoint: Path, lazy: bool) -> int:
     """Unmount a lading mount (same as fusermount3 -u MOUNTPOINT)."""
-    from mounts.lifecycle import unmount as do_unmount
+    from lading.mounts.lifecycle import unmount as do_unmount
 
     do_unmount(mountpoint.absolute(), lazy=lazy)
     if not state.quiet:
@@ -152,9 +152,9 @@ def _view(source: str, manifest: Path | None, rank: int, world_size: int, distri
     """The mount's selection, by the same manifest and sharding rules as ``lading sync``."""
     from functools import partial
 
-    from mounts.listing import ViewSpec
-    from staging.manifest import keys_under, load_manifest
-    from staging.sharding import select_for_rank
+    from lading.mounts.listing import ViewSpec
+    from lading.selection.manifest import keys_under, load_manifest
+    from lading.selection.sharding import select_for_rank
 
     keys = tuple(keys_under(load_manifest(manifest), source)) if manifest else None
     select = None

@@ -9,11 +9,11 @@ from typing import Any
 
 import click
 
-from cli.context import AppState
-from cli.progress import Throttle, byte_bar, human, line_interval
-from cli.store_options import pop_store_config, store_options
-from staging.context.sizes import format_size, parse_size
-from staging.errors import UsageError
+from lading.cli.context import AppState
+from lading.cli.progress import Throttle, byte_bar, human, line_interval
+from lading.cli.store_options import pop_store_config, store_options
+from lading.context.sizes import format_size, parse_size
+from lading.core.errors import UsageError
 
 PACK_EPILOG = """\b
 Examples:
@@ -147,7 +147,7 @@ def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | N
     SOURCE and DEST are local directories or bucket prefixes (s3://bucket/prefix,
     gs://bucket/prefix).
     """
-    from staging.pack import PackOptions, default_name, plan_pack, run_pack
+    from lading.pack import PackOptions, default_name, plan_pack, run_pack
 
     config = pop_store_config(options)
     if seed is not None and not shuffle:

@@ -11,11 +11,11 @@ from typing import Any, Callable, Mapping
 
 import click
 
-from cli.context import AppState
-from cli.progress import DEFAULT_INTERVAL, Throttle, byte_bar, human, line_interval
-from cli.store_options import pop_store_config, store_options
-from staging.errors import UsageError
-from staging.topology import FIELDS, Topology, detect_topology
+from lading.cli.context import AppState
+from lading.cli.progress import DEFAULT_INTERVAL, Throttle, byte_bar, human, line_interval
+from lading.cli.store_options import pop_store_config, store_options
+from lading.core.errors import UsageError
+from lading.selection.topology import FIELDS, Topology, detect_topology
 
 DEFAULT_DEST = "/tmp/data-rank{rank}"
 PLACEHOLDERS = ("rank", "local_rank", "node_rank", "world_size")
@@ -272,10 +272,10 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
     {node_rank} and {world_size}. Files appear atomically and verified; keys that would
     escape DEST are refused.
     """
-    from staging.manifest import load_manifest
-    from staging.stores import open_store, parse_uri
-    from staging.sync import DEFAULT_CACHE_ROOT, SyncRequest, plan_only, run_sync, use_node_cache
-    from staging.transfer import TransferOptions
+    from lading.selection.manifest import load_manifest
+    from lading.stores import open_store, parse_uri
+    from lading.sync import DEFAULT_CACHE_ROOT, SyncRequest, plan_only, run_sync, use_node_cache
+    from lading.transfer import TransferOptions
 
     config = pop_store_config(options)
     topology = _resolve_topology(options)  # what is left: the topology flags

@@ -8,7 +8,7 @@ from typing import Callable, NoReturn
 
 import click
 
-from staging.errors import LadingError
+from lading.core.errors import LadingError
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1

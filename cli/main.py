@@ -8,21 +8,21 @@ import sys
 
 import click
 
-from cli.context import AppState
-from cli.errors import run_guarded
-from staging import __version__
+from lading.cli.context import AppState
+from lading.cli.errors import run_guarded
+from lading import __version__
 
 #: command name -> (module, attribute, one-line help). Loaded lazily so `lading --help` is fast.
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "check": ("cli.cmd_check", "check", "Will det accept this context directory? Offline, exact."),
-    "sync": ("cli.cmd_sync", "sync", "Copy a bucket into per-rank directories, incrementally."),
-    "topology": ("cli.cmd_sync", "topology", "Show the rank/world size detected from the launcher."),
-    "mount": ("cli.cmd_mount", "mount", "Mount a bucket read-only with lazy, prefetched reads."),
-    "unmount": ("cli.cmd_mount", "unmount", "Unmount a lading mount."),
-    "pack": ("cli.cmd_pack", "pack", "Pack many small files into WebDataset tar shards."),
-    "hook": ("cli.cmd_hook", "hook", "Startup-hook downloads for Determined (init, run)."),
-    "fetch": ("cli.cmd_hook", "fetch", "Download one object or prefix if missing or changed."),
-    "bind-mounts": ("cli.cmd_hook", "bind_mounts", "Validate an experiment config's bind_mounts."),
+    "check": ("lading.cli.cmd_check", "check", "Will det accept this context directory? Offline, exact."),
+    "sync": ("lading.cli.cmd_sync", "sync", "Copy a bucket into per-rank directories, incrementally."),
+    "topology": ("lading.cli.cmd_sync", "topology", "Show the rank/world size detected from the launcher."),
+    "mount": ("lading.cli.cmd_mount", "mount", "Mount a bucket read-only with lazy, prefetched reads."),
+    "unmount": ("lading.cli.cmd_mount", "unmount", "Unmount a lading mount."),
+    "pack": ("lading.cli.cmd_pack", "pack", "Pack many small files into WebDataset tar shards."),
+    "hook": ("lading.cli.cmd_hook", "hook", "Startup-hook downloads for Determined (init, run)."),
+    "fetch": ("lading.cli.cmd_hook", "fetch", "Download one object or prefix if missing or changed."),
+    "bind-mounts": ("lading.cli.cmd_hook", "bind_mounts", "Validate an experiment config's bind_mounts."),
 }
 
 EXIT_CODES_HELP = """\b

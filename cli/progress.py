@@ -11,8 +11,8 @@ import sys
 import time
 from typing import Any, Mapping
 
-from staging.context.sizes import format_size
-from staging.errors import UsageError
+from lading.context.sizes import format_size
+from lading.core.errors import UsageError
 
 #: Seconds between progress lines when stderr is not a terminal (``LADING_PROGRESS_SECONDS``).
 DEFAULT_INTERVAL = 5.0

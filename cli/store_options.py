@@ -17,8 +17,8 @@ from typing import Any, Callable, MutableMapping, TypeVar
 
 import click
 
-from cli.context import store_config
-from staging.stores.base import StoreConfig
+from lading.cli.context import store_config
+from lading.stores.base import StoreConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 

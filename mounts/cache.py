@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from staging.stores import AccessDenied, UsageError
+from lading.stores import AccessDenied, UsageError
 
 log = logging.getLogger("lading.mount")
 

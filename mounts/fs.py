@@ -17,9 +17,9 @@ import threading
 import time
 from typing import Any, Callable, TypeVar
 
-from mounts.reader import OpenFile, Reader
-from mounts.tree import Tree
-from staging.stores import AccessDenied, LadingError, NotFound
+from lading.mounts.reader import OpenFile, Reader
+from lading.mounts.tree import Tree
+from lading.stores import AccessDenied, LadingError, NotFound
 
 log = logging.getLogger("lading.mount")
 

@@ -10,7 +10,7 @@ import os
 from ctypes.util import find_library
 from types import ModuleType
 
-from staging.stores import ProblemFound
+from lading.stores import ProblemFound
 
 
 def load_mfusepy() -> ModuleType:

@@ -4,7 +4,7 @@
 detached (double fork); ``foreground=True`` serves in the calling process. The daemon creates
 its store client, thread pool and tree *after* forking, so no SDK state crosses a fork.
 
-The detached daemon's fork and report pipe live in :mod:`mounts.daemon`. libfuse's
+The detached daemon's fork and report pipe live in :mod:`lading.mounts.daemon`. libfuse's
 ``auto_unmount`` (a ``fusermount3`` helper watching the daemon) unmounts if the daemon dies;
 SIGTERM/SIGINT unmount cleanly (libfuse's handlers); SIGUSR1 logs the stats.
 """
@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from mounts.cache import DiskCache
-from mounts.daemon import spawn_daemon, start_unmount_watchdog
-from mounts.listing import build_tree
-from mounts.options import MountOptions, MountReady, default_max_memory
-from mounts.reader import Reader
-from mounts.stats import Stats
-from staging import stores as errors
-from staging.stores import open_store
+from lading.mounts.cache import DiskCache
+from lading.mounts.daemon import spawn_daemon, start_unmount_watchdog
+from lading.mounts.listing import build_tree
+from lading.mounts.options import MountOptions, MountReady, default_max_memory
+from lading.mounts.reader import Reader
+from lading.mounts.stats import Stats
+from lading import stores as errors
+from lading.stores import open_store
 
 log = logging.getLogger("lading.mount")
 
@@ -67,7 +67,7 @@ def mount(options: MountOptions, on_ready: Callable[[MountReady], None] | None =
     check_mountpoint(options.mountpoint)
     if options.log_file is not None:
         _check_log_file(options.log_file)
-    from mounts.fuse_lib import load_mfusepy
+    from lading.mounts.fuse_lib import load_mfusepy
 
     load_mfusepy()  # fail here, in the caller, when libfuse is missing
     if options.foreground:
@@ -115,8 +115,8 @@ def _configure_logging(options: MountOptions, to_stderr: bool) -> None:
 
 def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     """List, build the tree and the reader, and run FUSE until unmounted."""
-    from mounts.fs import make_fuse_class, make_operations
-    from mounts.fuse_lib import load_mfusepy
+    from lading.mounts.fs import make_fuse_class, make_operations
+    from lading.mounts.fuse_lib import load_mfusepy
 
     mfusepy = load_mfusepy()
     # FUSE callbacks wait for the GIL while fetch threads hold it; hand it over sooner.

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from mounts.tree import Tree
-from staging.stores import NotFound, ObjectInfo, Store
+from lading.mounts.tree import Tree
+from lading.stores import NotFound, ObjectInfo, Store
 
 
 @dataclass(frozen=True)

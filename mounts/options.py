@@ -6,9 +6,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mounts.listing import ViewSpec
-from mounts.reader import ReaderConfig
-from staging.stores.base import StoreConfig
+from lading.mounts.listing import ViewSpec
+from lading.mounts.reader import ReaderConfig
+from lading.stores.base import StoreConfig
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
-from mounts.cache import BufferPool, ChunkId, DiskCache, MemoryCache, chunk_prefix
-from mounts.source import range_streamer
-from mounts.stats import Stats
-from mounts.tree import FileEntry
-from staging.stores import DEFAULT_POLICY, LadingError, Store, TransientError
+from lading.mounts.cache import BufferPool, ChunkId, DiskCache, MemoryCache, chunk_prefix
+from lading.mounts.source import range_streamer
+from lading.mounts.stats import Stats
+from lading.mounts.tree import FileEntry
+from lading.stores import DEFAULT_POLICY, LadingError, Store, TransientError
 
 log = logging.getLogger("lading.mount")
 

@@ -1,9 +1,9 @@
 """Where the reader's bytes come from: the Store protocol, or S3's lean GET path when present.
 
 botocore costs milliseconds of CPU per request under the GIL, which caps small-file reads;
-:mod:`staging.stores.s3_fast` signs and sends the same version-guarded ranged GET for about a
+:mod:`lading.stores.s3.fast` signs and sends the same version-guarded ranged GET for about a
 tenth of that, and streams the body, so the reader can serve the first blocks of a large GET
-before its last byte arrives. Both raise :mod:`staging.errors` exceptions (ObjectChanged when
+before its last byte arrives. Both raise :mod:`lading.core.errors` exceptions (ObjectChanged when
 the object has a new version). One call is one attempt: the reader retries what is missing.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from staging.stores import Store, TransientError
+from lading.stores import Store, TransientError
 
 #: Told of each piece of the body once it is in place, in order: a view of the target buffer.
 Sink = Callable[[memoryview], None]
@@ -23,7 +23,7 @@ RangeStream = Callable[[str, int, int, str, memoryview, Sink], None]
 def range_streamer(store: Store) -> RangeStream:
     """The cheapest version-guarded, streaming ranged read this store offers."""
     if getattr(getattr(store, "uri", None), "scheme", None) == "s3":
-        from staging.stores.s3_fast import fast_client_for
+        from lading.stores.s3.fast import fast_client_for
 
         fast = fast_client_for(store)
         if fast is not None:

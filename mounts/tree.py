@@ -22,7 +22,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from staging.stores import ObjectInfo, UnsafeKey, key_parts
+from lading.stores import ObjectInfo, UnsafeKey, key_parts
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,7 @@ def run_lading(*args: str, env: dict[str, str] | None = None, cwd: Path | None =
     """Run the real CLI in a subprocess, as users do."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "lading", *args], capture_output=True, text=True,
                           env=full_env, cwd=cwd or REPO, input=input, timeout=timeout)
 
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from staging.atomic import write_atomically
+from lading.core.atomic import write_atomically
 
 
 def test_replaces_contents_and_sets_mode(tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import yaml
 
-from staging.detconfig import validate_bind_mounts
+from lading.context.bindmounts import validate_bind_mounts
 
 
 def _problems(entry: dict, exists=None) -> list[str]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from staging.context import parse_size
-from staging.errors import UsageError
+from lading.context import parse_size
+from lading.core.errors import UsageError
 
 
 def write(path: Path, content: bytes | str = b"x") -> Path:

@@ -9,9 +9,9 @@ from pathlib import Path
 import pathspec
 import pytest
 
-from staging.context import check_context
-from staging.context.detignore import DEFAULT_DETIGNORE, IgnoreSpec, compile_rules
-from staging.errors import UsageError
+from lading.context import check_context
+from lading.context.detignore import DEFAULT_DETIGNORE, IgnoreSpec, compile_rules
+from lading.core.errors import UsageError
 
 
 def make_tree(root: Path, files: dict[str, bytes | str], detignore: str | bytes | None = None) -> Path:

@@ -130,8 +130,8 @@ def test_usage_errors_and_a_context_that_fits(lading, context):
 
 def test_python_environments_are_ignored_not_uploaded(tmp_path):
     """A conda env or a virtualenv under any name (pyvenv.cfg) is rebuilt, never sent to the bucket."""
-    from staging.context import check_context, parse_size
-    from staging.contextfix import plan_fix
+    from lading.context import check_context, parse_size
+    from lading.context.fix import plan_fix
 
     root = tmp_path / "model"
     for env in (".conda", "myenv"):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from staging.context import check_context
-from staging.context import stat_sizes as sizes_module
+from lading.context import check_context
+from lading.context import stat_sizes as sizes_module
 
 
 def make_tree(root: Path, n_dirs: int = 30, per_dir: int = 20) -> Path:

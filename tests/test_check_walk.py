@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from staging.context import DET_LIMIT_BYTES, check_context, det_size
-from staging.errors import NotFound, UsageError
+from lading.context import DET_LIMIT_BYTES, check_context, det_size
+from lading.core.errors import NotFound, UsageError
 
 
 def write(path: Path, content: bytes | str = b"x") -> Path:
@@ -252,7 +252,7 @@ def test_never_reads_file_contents(tmp_path):
 
 
 def test_read_permission_check_follows_owner_group_other_bits(monkeypatch):
-    from staging.context.walk import _read_permission_check
+    from lading.context.walk import _read_permission_check
 
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(os, "getegid", lambda: 100)
@@ -284,9 +284,9 @@ def test_remedy_for_an_include_goes_to_the_includes_detignore(tmp_path):
 
 
 def test_explain_through_includes_and_symlinked_directories(tmp_path):
-    from staging.context.explain import explain, upload_name
-    from staging.context.detignore import IgnoreSpec
-    from staging.context.walk import resolve_roots
+    from lading.context.explain import explain, upload_name
+    from lading.context.detignore import IgnoreSpec
+    from lading.context.walk import resolve_roots
 
     write(tmp_path / "ctx" / "model.py")
     write(tmp_path / "elsewhere" / "inner.py")

@@ -1,6 +1,6 @@
 """The group-level contract: version, help, usage errors and the exit-code table."""
 
-from staging import __version__
+from lading import __version__
 
 
 def test_version(lading):

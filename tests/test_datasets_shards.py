@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from staging import datasets
-from staging.datasets import ShardDataset
-from staging.errors import UsageError
-from staging.pack import PackOptions, plan_pack, run_pack
+from lading import datasets
+from lading.datasets import ShardDataset
+from lading.core.errors import UsageError
+from lading.pack import PackOptions, plan_pack, run_pack
 
 NSAMPLES = 53
 
@@ -125,7 +125,7 @@ def test_pickles_and_has_no_torch_import_at_module_import(packed):
     dataset = ShardDataset(str(packed), shuffle_buffer=4, seed=2)
     clone = pickle.loads(pickle.dumps(dataset))
     assert [s["__key__"] for s in clone] == [s["__key__"] for s in dataset]
-    code = "import sys, staging.datasets; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import sys, lading.datasets; assert 'torch' not in sys.modules, 'torch imported'"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -149,7 +149,7 @@ def test_dataloader_with_workers(packed, workers, start):
 
 
 def test_damaged_shard_is_a_one_line_problem(tmp_path):
-    from staging.errors import ProblemFound
+    from lading.core.errors import ProblemFound
 
     bad = tmp_path / "bad-000000.tar"
     bad.write_bytes(b"definitely not a tar archive" * 50)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from staging.datasets import StoreDataset
-from staging.errors import NotFound
+from lading.datasets import StoreDataset
+from lading.core.errors import NotFound
 
 
 @pytest.fixture

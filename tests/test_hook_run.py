@@ -12,9 +12,9 @@ import boto3
 import pytest
 
 from proxies import FaultProxy
-from staging.hooks.script import HookEntry, updated_text
-from staging.hooks.stage import VIEW_RECORD
-from staging.sync.state import RESERVED_NAMES
+from lading.hooks.script import HookEntry, updated_text
+from lading.hooks.stage import VIEW_RECORD
+from lading.sync.state import RESERVED_NAMES
 
 BUCKET = "lading-hook"
 SECRET = "lading-secret-VALUE-4242"

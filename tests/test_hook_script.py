@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from staging.errors import UsageError
-from staging.hooks.script import BEGIN, END, HookEntry, updated_text
+from lading.core.errors import UsageError
+from lading.hooks.script import BEGIN, END, HookEntry, updated_text
 
 
 def test_same_entry_twice_gives_the_same_bytes():
@@ -96,7 +96,7 @@ def test_a_lone_uri_is_not_taken_for_a_context_dir(lading, tmp_path):
 
 
 def test_progress_for_logs_is_periodic_lines():
-    from cli.cmd_hook import LogProgress
+    from lading.cli.cmd_hook import LogProgress
 
     lines: list[str] = []
     progress = LogProgress("s3://b/p -> /tmp/d", lines.append, interval=0.0)

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from staging.errors import UnsafeKey, UsageError
-from staging.keys import find_collisions, safe_join
-from staging.stores.uri import parse_uri
+from lading.core.errors import UnsafeKey, UsageError
+from lading.core.keys import find_collisions, safe_join
+from lading.stores.uri import parse_uri
 
 
 @pytest.mark.parametrize("key", ["../x", "a/../../x", "/etc/passwd", "a//b", "a/./b", "", "a\x00b", "a\\..\\b", "a/"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from staging.errors import NotFound, UsageError
-from staging.manifest import keys_under, load_manifest, parse_manifest
+from lading.core.errors import NotFound, UsageError
+from lading.selection.manifest import keys_under, load_manifest, parse_manifest
 
 
 def test_manifest_file_json_relative_to_source():

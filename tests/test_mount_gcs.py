@@ -6,7 +6,7 @@ import os
 import random
 from pathlib import Path
 
-from staging.stores import StoreConfig, open_store
+from lading.stores import StoreConfig, open_store
 from test_mount_support import mounted
 
 

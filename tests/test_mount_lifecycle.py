@@ -67,7 +67,7 @@ def test_foreground_stays_attached_until_ctrl_c(bucket, tmp_path: Path) -> None:
     mountpoint.mkdir()
     env = {**os.environ, **bucket}
     log = tmp_path / "fg.log"
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "mount", f"s3://{BUCKET}", str(mountpoint), "--foreground",
+    proc = subprocess.Popen([sys.executable, "-m", "lading", "mount", f"s3://{BUCKET}", str(mountpoint), "--foreground",
                              "--log-file", str(log)],
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

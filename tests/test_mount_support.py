@@ -37,7 +37,7 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
     """Run ``lading`` in a subprocess."""
     full = dict(os.environ)
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "lading", *args], capture_output=True, text=True,
                           env=full, cwd=REPO, timeout=timeout)
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mounts.tree import Tree
+from lading.mounts.tree import Tree
 from proxies import FaultProxy
-from staging.sharding import select_for_rank
-from staging.stores.base import ObjectInfo
+from lading.selection.sharding import select_for_rank
+from lading.stores.base import ObjectInfo
 from test_mount_support import cli, mounted, put_objects
 
 BUCKET = "mount-view"

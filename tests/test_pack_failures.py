@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from staging.errors import ObjectChanged, ProblemFound, TransientError
-from staging.pack import PackOptions, plan_pack, run_pack, write_pack
-from staging.pack.sources import LocalSource
-from staging.pack.upload import LocalPublisher, StorePublisher
-from staging.stores.local import LocalStore
+from lading.core.errors import ObjectChanged, ProblemFound, TransientError
+from lading.pack import PackOptions, plan_pack, run_pack, write_pack
+from lading.pack.sources import LocalSource
+from lading.pack.upload import LocalPublisher, StorePublisher
+from lading.stores.local import LocalStore
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -104,7 +104,7 @@ def test_file_changed_after_listing_is_refused(tmp_path):
 KILLABLE = """
 import sys, threading
 from pathlib import Path
-from staging.pack import PackEvents, PackOptions, plan_pack, run_pack
+from lading.pack import PackEvents, PackOptions, plan_pack, run_pack
 
 source, dest, marker = sys.argv[1:4]
 
@@ -292,7 +292,7 @@ def test_bucket_pack_keeps_few_temporary_shards(tmp_path):
 
 
 def test_log_progress_lines(capsys):
-    from cli.cmd_pack import _LogLines
+    from lading.cli.cmd_pack import _LogLines
 
     lines = _LogLines(total=4 << 20, interval=0.0)
     lines.on_shard("ds-000000.tar", 1)

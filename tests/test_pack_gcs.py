@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from staging.datasets import ShardDataset
-from staging.pack import PackOptions, plan_pack, run_pack
-from staging.retry import RetryPolicy
-from staging.stores import StoreConfig, open_store
+from lading.datasets import ShardDataset
+from lading.pack import PackOptions, plan_pack, run_pack
+from lading.core.retry import RetryPolicy
+from lading.stores import StoreConfig, open_store
 
 
 def test_pack_into_gcs_and_stream_back(gcs_env, tmp_path):

@@ -6,9 +6,9 @@ import json
 import os
 from pathlib import Path
 
-from staging.pack import PackOptions, plan_pack, run_pack
-from staging.pack.reuse import index_keys, listing_mismatches, read_packed
-from staging.stores.local import LocalStore
+from lading.pack import PackOptions, plan_pack, run_pack
+from lading.pack.reuse import index_keys, listing_mismatches, read_packed
+from lading.stores.local import LocalStore
 
 
 def packed_bucket(tmp_path: Path, version: str = "v1") -> Path:

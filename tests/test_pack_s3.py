@@ -12,11 +12,11 @@ import boto3
 import pytest
 
 from proxies import FaultProxy
-from staging.datasets import ShardDataset, StoreDataset
-from staging.errors import TransientError
-from staging.pack import PackOptions, plan_pack, run_pack
-from staging.retry import RetryPolicy
-from staging.stores import StoreConfig
+from lading.datasets import ShardDataset, StoreDataset
+from lading.core.errors import TransientError
+from lading.pack import PackOptions, plan_pack, run_pack
+from lading.core.retry import RetryPolicy
+from lading.stores import StoreConfig
 
 BUCKET = "lading-pack"
 FAST_RETRY = RetryPolicy(attempts=2, base_delay=0.005, max_delay=0.01)

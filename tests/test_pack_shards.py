@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from staging.errors import ProblemFound, UnsafeKey, UsageError
-from staging.pack import PackOptions, plan_pack, run_pack
-from staging.pack.grouping import group_samples, split_name
-from staging.pack.plan import cut_balanced
-from staging.stores.base import ObjectInfo
+from lading.core.errors import ProblemFound, UnsafeKey, UsageError
+from lading.pack import PackOptions, plan_pack, run_pack
+from lading.pack.grouping import group_samples, split_name
+from lading.pack.plan import cut_balanced
+from lading.stores.base import ObjectInfo
 
 
 def make_tree(root: Path) -> dict[str, bytes]:
@@ -221,8 +221,8 @@ def test_grouping_sorts_samples_and_members():
 
 
 def test_local_listing_matches_local_store(tree, tmp_path):
-    from staging.pack.sources import list_local
-    from staging.stores.local import LocalStore
+    from lading.pack.sources import list_local
+    from lading.stores.local import LocalStore
 
     source, _ = tree
     (source / "link.txt").symlink_to(source / "train" / "s001.jpg")  # a link to a file counts
@@ -234,7 +234,7 @@ def test_local_listing_matches_local_store(tree, tmp_path):
 
 
 def test_shards_written_in_many_pieces_are_identical(tree, tmp_path, monkeypatch):
-    from staging.pack import execute
+    from lading.pack import execute
 
     source, files = tree
     pack(source, tmp_path / "whole", shard_size=256 << 10)
@@ -258,7 +258,7 @@ def test_name_that_is_not_utf8_is_refused(tmp_path, lading):
 
 
 def test_member_over_8_gib_gets_a_pax_size(tmp_path):
-    from staging.pack.tarformat import END_OF_ARCHIVE, member_header, padding
+    from lading.pack.tarformat import END_OF_ARCHIVE, member_header, padding
 
     size = (8 << 30) + 5  # more than the 11 octal digits of a ustar size field hold
     header = member_header("huge.bin", size)

@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from staging.pack.tarread import TarFormatError, iter_files
+from lading.pack.tarread import TarFormatError, iter_files
 
 NAMES = ["a.txt", "empty.bin", "dir/" + "n" * 120 + ".json", "x" * 130 + "/" + "y" * 110 + ".txt",
          "ünï/cødé.txt", "deep/" * 40 + "leaf.dat"]

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from staging.errors import ObjectChanged, ProblemFound
-from staging.pack import PackOptions, plan_pack, run_pack
-from staging.pack import execute, writer
-from staging.pack.execute import WriteTask, interleave, split_tasks, write_shards
-from staging.pack.grouping import group_samples
-from staging.pack.sources import LocalSource
-from staging.pack.tarformat import BLOCK, END_OF_ARCHIVE, RECORD, member_header
-from staging.pack.upload import LocalPublisher
-from staging.stores.base import ObjectInfo
+from lading.core.errors import ObjectChanged, ProblemFound
+from lading.pack import PackOptions, plan_pack, run_pack
+from lading.pack import execute, writer
+from lading.pack.execute import WriteTask, interleave, split_tasks, write_shards
+from lading.pack.grouping import group_samples
+from lading.pack.sources import LocalSource
+from lading.pack.tarformat import BLOCK, END_OF_ARCHIVE, RECORD, member_header
+from lading.pack.upload import LocalPublisher
+from lading.stores.base import ObjectInfo
 
 
 def make_source(root: Path, count: int = 60) -> None:
@@ -174,8 +174,8 @@ def test_three_members_two_in_one_field_are_refused():
 
 
 def test_listing_falls_back_entry_by_entry_when_a_stat_fails(tmp_path, monkeypatch):
-    from staging.pack import sources
-    from staging.stores.local import LocalStore
+    from lading.pack import sources
+    from lading.stores.local import LocalStore
 
     source = tmp_path / "src"
     make_source(source, 9)

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from staging.errors import UsageError
-from staging.sharding import assign_ranks, select_for_rank
-from staging.stores.base import ObjectInfo
+from lading.core.errors import UsageError
+from lading.selection.sharding import assign_ranks, select_for_rank
+from lading.stores.base import ObjectInfo
 
 
 def objects(n: int, seed: int = 0) -> list[ObjectInfo]:

@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from cli.context import store_config
-from staging.errors import UsageError
+from lading.cli.context import store_config
+from lading.core.errors import UsageError
 
 BASE = {"AWS_ACCESS_KEY_ID": "AKIDEXAMPLE", "AWS_SECRET_ACCESS_KEY": "s3cr3t", "AWS_REGION": "eu-west-1"}
 
@@ -46,8 +46,8 @@ def test_lean_listing_with_env_keys_never_imports_botocore(s3_env):
         client.put_object(Bucket="lean", Key=f"p/{i}.bin", Body=b"x" * i)
     code = (
         "import sys\n"
-        "from cli.context import store_config\n"
-        "from staging.stores import open_store\n"
+        "from lading.cli.context import store_config\n"
+        "from lading.stores import open_store\n"
         "store = open_store('s3://lean/p', store_config())\n"
         "print(sorted((o.key, o.size) for o in store.list()))\n"
         "print('botocore' in sys.modules)\n"

@@ -20,10 +20,10 @@ import google_crc32c
 import pytest
 
 from proxies import FaultProxy
-from staging.errors import AccessDenied, NotFound, ObjectChanged, Throttled, TransientError
-from staging.retry import RetryPolicy
-from staging.stores import StoreConfig, open_store, parse_uri
-from staging.stores.gcs import GCSStore
+from lading.core.errors import AccessDenied, NotFound, ObjectChanged, Throttled, TransientError
+from lading.core.retry import RetryPolicy
+from lading.stores import StoreConfig, open_store, parse_uri
+from lading.stores.gcs.store import GCSStore
 
 FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.005, max_delay=0.02)
 

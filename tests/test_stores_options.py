@@ -8,7 +8,7 @@ import sys
 import click
 from click.testing import CliRunner
 
-from cli.store_options import STORE_OPTION_NAMES, pop_store_config, store_options
+from lading.cli.store_options import STORE_OPTION_NAMES, pop_store_config, store_options
 
 
 @click.command()
@@ -38,7 +38,7 @@ def test_help_names_the_environment_variables():
 
 
 def test_opening_stores_imports_no_sdk():
-    code = ("import sys; from staging.stores import open_store, StoreConfig;"
+    code = ("import sys; from lading.stores import open_store, StoreConfig;"
             "open_store('s3://bucket/x', StoreConfig()); open_store('gs://bucket/x', StoreConfig());"
             "print(sorted(m for m in ('boto3', 'botocore', 'google.cloud.storage') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -14,10 +14,10 @@ import pytest
 
 from proxies import FaultProxy
 from servers import Server, free_port, wait_http
-from staging.errors import AccessDenied, NotFound, ObjectChanged, Throttled, TransientError
-from staging.retry import RetryPolicy
-from staging.stores import StoreConfig, open_store, parse_uri
-from staging.stores.s3 import S3Store
+from lading.core.errors import AccessDenied, NotFound, ObjectChanged, Throttled, TransientError
+from lading.core.retry import RetryPolicy
+from lading.stores import StoreConfig, open_store, parse_uri
+from lading.stores.s3.store import S3Store
 
 FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.005, max_delay=0.02)
 BUCKET = "lading-test"
@@ -378,7 +378,7 @@ def test_servers_that_ignore_range_still_give_the_right_bytes(s3, endpoint, tmp_
 
 
 def test_timestamp_parser_formats():
-    from staging.stores.s3 import parse_timestamp
+    from lading.stores.s3.store import parse_timestamp
 
     assert parse_timestamp("2026-11-21T00:46:57.123Z").timestamp() == 1795222017.123
     assert parse_timestamp("Sat, 21 Nov 2026 00:46:57 GMT").timestamp() == 1795222017.0

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from staging.errors import UnsafeKey
-from staging.stores.base import ObjectInfo
-from staging.stores.local import LocalStore
-from staging.sync import SyncRequest, plan_only, run_sync, use_node_cache
-from staging.sync.nodecache import cache_entry_name
-from staging.sync.plan import matches_filters, select_objects
-from staging.sync.state import JOURNAL_NAME, STATE_NAME, Entry, SyncState
+from lading.core.errors import UnsafeKey
+from lading.stores.base import ObjectInfo
+from lading.stores.local import LocalStore
+from lading.sync import SyncRequest, plan_only, run_sync, use_node_cache
+from lading.sync.nodecache import cache_entry_name
+from lading.sync.plan import matches_filters, select_objects
+from lading.sync.state import JOURNAL_NAME, STATE_NAME, Entry, SyncState
 from sync_fixtures import read_tree
 
 
@@ -143,7 +143,7 @@ def test_delete_never_follows_symlinks_or_tampered_records(tmp_path):
 def test_snapshot_write_failure_is_one_line_and_leaves_no_temporary(tmp_path):
     import pytest
 
-    from staging.errors import LadingError
+    from lading.core.errors import LadingError
 
     (tmp_path / STATE_NAME).mkdir()  # the rename onto it fails
     state = SyncState(tmp_path)

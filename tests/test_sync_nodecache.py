@@ -28,7 +28,7 @@ def dataset(s3_env):
 
 def start_rank(rank: int, world: int, dest: str, cache: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
     full_env = {**os.environ, **env}
-    args = [sys.executable, "-m", "cli", "sync", SOURCE, dest, "--rank", str(rank), "--local-rank", str(rank),
+    args = [sys.executable, "-m", "lading", "sync", SOURCE, dest, "--rank", str(rank), "--local-rank", str(rank),
             "--world-size", str(world), "--local-world-size", str(world), "--cache-dir", str(cache), "--json", *extra]
     return subprocess.Popen(args, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from staging.errors import UsageError
-from staging.topology import detect_topology
+from lading.core.errors import UsageError
+from lading.selection.topology import detect_topology
 
 LAUNCHER_ENVS = {
     "torchrun": ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"},

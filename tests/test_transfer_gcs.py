@@ -16,12 +16,12 @@ import google_crc32c
 import pytest
 
 from proxies import FaultProxy
-from staging.retry import RetryPolicy
-from staging.stores import StoreConfig, open_store
-from staging.stores.base import ObjectInfo
-from staging.transfer import TransferItem, TransferOptions, fetch_all
-from staging.transfer_files import is_temporary
-from staging.transfer_verify import IntegrityError
+from lading.core.retry import RetryPolicy
+from lading.stores import StoreConfig, open_store
+from lading.stores.base import ObjectInfo
+from lading.transfer import TransferItem, TransferOptions, fetch_all
+from lading.transfer.files import is_temporary
+from lading.transfer.verify import IntegrityError
 
 FAST_RETRY = RetryPolicy(attempts=6, base_delay=0.002, max_delay=0.01)
 SMALL_PARTS = TransferOptions(workers=4, part_size=4096, multipart_threshold=8192)

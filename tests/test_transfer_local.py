@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from staging.errors import ObjectChanged, TransientError
-from staging.retry import RetryPolicy
-from staging.stores.base import ObjectInfo
-from staging.stores.local import LocalStore
-from staging.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
-from staging.transfer_files import ResumeRecord, is_temporary, sidecar_path, temporary_path
-from staging.transfer_verify import IntegrityError
+from lading.core.errors import ObjectChanged, TransientError
+from lading.core.retry import RetryPolicy
+from lading.stores.base import ObjectInfo
+from lading.stores.local import LocalStore
+from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
+from lading.transfer.files import ResumeRecord, is_temporary, sidecar_path, temporary_path
+from lading.transfer.verify import IntegrityError
 
 NO_RETRY = RetryPolicy(attempts=1)
 TINY = TransferOptions(workers=4, part_size=1000, multipart_threshold=3000, retry=NO_RETRY)
@@ -315,8 +315,8 @@ def test_sidecar_is_plain_json_naming_the_version(tmp_path):
 
 
 def test_parts_wait_for_the_checksum_to_catch_up_within_the_lead(tmp_path):
-    from staging.transfer_large import LargeContext, LargeDownload
-    from staging.transfer_readers import StoreReader
+    from lading.transfer.large import LargeContext, LargeDownload
+    from lading.transfer.readers import StoreReader
 
     data = os.urandom(6000)  # 6 parts
     store = _make_source(tmp_path / "src", {"big": data})
@@ -346,8 +346,8 @@ def test_parts_wait_for_the_checksum_to_catch_up_within_the_lead(tmp_path):
 
 
 def test_without_a_checksum_parts_are_not_held_back(tmp_path):
-    from staging.transfer_large import LargeContext, LargeDownload
-    from staging.transfer_readers import StoreReader
+    from lading.transfer.large import LargeContext, LargeDownload
+    from lading.transfer.readers import StoreReader
 
     store = _make_source(tmp_path / "src", {"big": os.urandom(6000)})
     [item] = _items(store, tmp_path / "dest")  # no MD5 listed: nothing to hash

@@ -13,17 +13,17 @@ import boto3
 import pytest
 
 from proxies import FaultProxy
-from staging.errors import AccessDenied, LadingError, NotFound, ObjectChanged, TransientError, UsageError
-from staging.retry import RetryPolicy
-from staging.stores import StoreConfig, open_store, parse_uri
-from staging.stores.base import ObjectInfo
-from staging.stores.s3 import S3Store
-from staging.stores.s3_fast import FastS3Client, FastS3Store
-from staging.stores.s3_sign import Signer
-from staging.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
-from staging.transfer_files import ResumeRecord, is_temporary, sidecar_path
-from staging.transfer_readers import StreamingReader, open_reader
-from staging.transfer_verify import IntegrityError
+from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, TransientError, UsageError
+from lading.core.retry import RetryPolicy
+from lading.stores import StoreConfig, open_store, parse_uri
+from lading.stores.base import ObjectInfo
+from lading.stores.s3.store import S3Store
+from lading.stores.s3.fast import FastS3Client, FastS3Store
+from lading.stores.s3.sign import Signer
+from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
+from lading.transfer.files import ResumeRecord, is_temporary, sidecar_path
+from lading.transfer.readers import StreamingReader, open_reader
+from lading.transfer.verify import IntegrityError
 
 BUCKET = "transfer-test"
 FAST_RETRY = RetryPolicy(attempts=6, base_delay=0.002, max_delay=0.01)
@@ -400,7 +400,7 @@ def test_lean_path_over_tls_trusts_the_configured_ca_bundle(s3, s3_env, tmp_path
 
 
 def test_endpoint_addressing_rules():
-    from staging.stores.s3_fast import _resolve_endpoint
+    from lading.stores.s3.fast import _resolve_endpoint
 
     aws = _resolve_endpoint("https://s3.eu-west-1.amazonaws.com", "my-bucket", "eu-west-1")
     assert (aws.scheme, aws.host, aws.path_prefix) == ("https", "my-bucket.s3.eu-west-1.amazonaws.com", "")

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from staging.stores.s3_wire import Connection, Pool, WireError
+from lading.stores.s3.wire import Connection, Pool, WireError
 
 
 class ScriptedServer:
@@ -120,7 +120,7 @@ def test_idle_connection_closed_by_server_is_detected_on_reuse(server_factory):
     pool.put(first)
     reused = pool.get()
     assert reused is first
-    from staging.stores.s3_wire import ClosedBeforeResponse
+    from lading.stores.s3.wire import ClosedBeforeResponse
 
     with pytest.raises((ClosedBeforeResponse, ConnectionError)):  # EOF or RST, by timing
         _get(reused)  # the server closed it after the first answer

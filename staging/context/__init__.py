@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 from typing import Callable, Sequence
 
-from staging.context.config import config_warnings, load_config
-from staging.context.detignore import IgnoreSpec
-from staging.context.explain import Explanation, explain, upload_name
-from staging.context.report import CheckReport, DirStat, Remedy, directory_stats
-from staging.context.sizes import DET_LIMIT_BYTES, det_size, format_size, parse_size
-from staging.context.walk import WalkResult, resolve_roots, walk_roots
-from staging.context.warnings import ContextWarning, content_warnings, walk_warnings
+from lading.context.config import config_warnings, load_config
+from lading.context.detignore import IgnoreSpec
+from lading.context.explain import Explanation, explain, upload_name
+from lading.context.report import CheckReport, DirStat, Remedy, directory_stats
+from lading.context.sizes import DET_LIMIT_BYTES, det_size, format_size, parse_size
+from lading.context.walk import WalkResult, resolve_roots, walk_roots
+from lading.context.warnings import ContextWarning, content_warnings, walk_warnings
 
 __all__ = [
     "CheckReport", "ContextWarning", "DET_LIMIT_BYTES", "DirStat", "Explanation", "Remedy",
@@ -45,7 +45,7 @@ def check_context(context_dir: str, includes: Sequence[str] = (), *, limit: int 
     if config is not None and config_path is not None:
         report.warnings += config_warnings(config_path, config, roots, _uploaded_set(walked, config_path))
     if remedies and not report.fits:
-        from staging.context.remedy import plan_remedy
+        from lading.context.remedy import plan_remedy
 
         report.remedy = plan_remedy(report)
     if explain_path is not None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from staging.context.explain import name_in_roots
-from staging.context.walk import Root
-from staging.context.warnings import ContextWarning
-from staging.errors import AccessDenied, LadingError, NotFound, UsageError
+from lading.context.explain import name_in_roots
+from lading.context.walk import Root
+from lading.context.warnings import ContextWarning
+from lading.core.errors import AccessDenied, LadingError, NotFound, UsageError
 
 #: det's expconf schema for one bind mount (schemas/expconf/v0/bind-mount.json).
 _BIND_MOUNT_KEYS = {"host_path", "container_path", "read_only", "propagation"}

@@ -16,7 +16,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from staging.errors import AccessDenied, UsageError
+from lading.core.errors import AccessDenied, UsageError
 
 #: determined.common.constants.DEFAULT_DETIGNORE (det 0.38), in order.
 DEFAULT_DETIGNORE: tuple[str, ...] = (

@@ -7,9 +7,9 @@ import stat
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from staging.context.detignore import DETIGNORE, IgnoreSpec, Rule
-from staging.context.walk import Root
-from staging.errors import UsageError
+from lading.context.detignore import DETIGNORE, IgnoreSpec, Rule
+from lading.context.walk import Root
+from lading.core.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from staging.context.detignore import DETIGNORE, IgnoreSpec
-from staging.context.report import CheckReport, Remedy
-from staging.context.sizes import det_size
-from staging.context.walk import Root, walk_roots
-from staging.context.warnings import VENV_NAMES, is_data_like_dir
+from lading.context.detignore import DETIGNORE, IgnoreSpec
+from lading.context.report import CheckReport, Remedy
+from lading.context.sizes import det_size
+from lading.context.walk import Root, walk_roots
+from lading.context.warnings import VENV_NAMES, is_data_like_dir
 
 DATA_SUFFIXES = (
     ".bin", ".pt", ".pth", ".ckpt", ".safetensors", ".h5", ".hdf5", ".npy", ".npz", ".parquet",

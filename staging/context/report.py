@@ -6,8 +6,8 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
-from staging.context.walk import DirTotals, Root, WalkResult
-from staging.context.warnings import ContextWarning
+from lading.context.walk import DirTotals, Root, WalkResult
+from lading.context.warnings import ContextWarning
 
 
 @dataclass(frozen=True)

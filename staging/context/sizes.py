@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from staging.errors import UsageError
+from lading.core.errors import UsageError
 
 #: det's MAX_CONTEXT_SIZE: the 96 MiB transport limit (128 MiB message, base64 6/8) less 1 MiB.
 DET_LIMIT_BYTES = 99_614_720

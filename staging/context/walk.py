@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from staging.context.detignore import DETIGNORE, IgnoreSpec
-from staging.context.stat_sizes import NOT_REGULAR, Readable, stat_sizes
-from staging.errors import AccessDenied, NotFound, UsageError
+from lading.context.detignore import DETIGNORE, IgnoreSpec
+from lading.context.stat_sizes import NOT_REGULAR, Readable, stat_sizes
+from lading.core.errors import AccessDenied, NotFound, UsageError
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from staging.context.sizes import format_size
-from staging.context.walk import Root, WalkResult
+from lading.context.sizes import format_size
+from lading.context.walk import Root, WalkResult
 
 CACHE_DIRS = frozenset({".cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox", "node_modules",
                         ".ipynb_checkpoints", ".hypothesis"})

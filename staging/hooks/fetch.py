@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from staging.errors import NotFound
-from staging.hooks.stage import QuietStageEvents, StageEvents, StageResult, stage_object, stage_prefix
-from staging.stores import Store, StoreConfig, StoreURI, open_store, parse_uri
-from staging.stores.base import ObjectInfo
-from staging.transfer import TransferOptions
+from lading.core.errors import NotFound
+from lading.hooks.stage import QuietStageEvents, StageEvents, StageResult, stage_object, stage_prefix
+from lading.stores import Store, StoreConfig, StoreURI, open_store, parse_uri
+from lading.stores.base import ObjectInfo
+from lading.transfer import TransferOptions
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ Schema (the rest of ``data:`` is yours; lading reads only ``data.datasets``)::
 - ``replicated``: every slot sees everything. With ``slots: true`` each slot ``i`` of
   ``DET_SLOT_IDS`` (by position, which is the slot's ``LOCAL_RANK``) gets ``{dest}-rank{i}``,
   a tree of hard links to ``dest`` (no extra space, no second download).
-- ``sharded``: :mod:`staging.sharding`'s rule (keys sorted, key ``k`` to rank
+- ``sharded``: :mod:`lading.selection.sharding`'s rule (keys sorted, key ``k`` to rank
   ``k mod world_size``); rank ``i`` sees its shard in ``{dest}-rank{i}``. A startup hook runs before any rank exists, so this needs the
   whole trial in this container (``resources.slots_per_trial`` equal to the container's slot
   count); otherwise it is refused: use ``lading sync --distribution sharded`` in the entrypoint.
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from staging.errors import UsageError
-from staging.hooks.stage import StageResult
-from staging.sharding import select_for_rank
+from lading.core.errors import UsageError
+from lading.hooks.stage import StageResult
+from lading.selection.sharding import select_for_rank
 
 DISTRIBUTIONS = ("replicated", "sharded")
 _FIELDS = {"source", "dest", "distribution", "slots"}

@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from staging.errors import AccessDenied, LadingError, NotFound, ProblemFound, TransientError
-from staging.stores.base import ObjectInfo, Store
-from staging.sync.apply import FailedKey, store_fetcher
-from staging.sync.locks import exclusive_lock
-from staging.sync.plan import SyncPlan, SyncRequest, select_objects
-from staging.sync.run import sync_into
-from staging.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
-from staging.atomic import write_atomically
+from lading.core.errors import AccessDenied, LadingError, NotFound, ProblemFound, TransientError
+from lading.stores.base import ObjectInfo, Store
+from lading.sync.apply import FailedKey, store_fetcher
+from lading.core.locks import exclusive_lock
+from lading.sync.plan import SyncPlan, SyncRequest, select_objects
+from lading.sync.into import sync_into
+from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
+from lading.core.atomic import write_atomically
 
 MARKER_FORMAT = 1
 

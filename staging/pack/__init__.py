@@ -10,16 +10,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from staging.errors import UsageError
-from staging.pack.execute import write_shards
-from staging.pack.grouping import group_samples
-from staging.pack.index import PublishedShard, build_index, build_manifest, dump
-from staging.pack.plan import PackOptions, PackPlan, plan_shards
-from staging.pack.sources import LocalSource, MemberSource, StoreSource, list_local
-from staging.pack.upload import LocalPublisher, Publisher, StorePublisher
-from staging.stores import open_store
-from staging.stores.base import StoreConfig
-from staging.stores.uri import StoreURI, parse_uri
+from lading.core.errors import UsageError
+from lading.pack.execute import write_shards
+from lading.pack.grouping import group_samples
+from lading.pack.index import PublishedShard, build_index, build_manifest, dump
+from lading.pack.plan import PackOptions, PackPlan, plan_shards
+from lading.pack.sources import LocalSource, MemberSource, StoreSource, list_local
+from lading.pack.upload import LocalPublisher, Publisher, StorePublisher
+from lading.stores import open_store
+from lading.stores.base import StoreConfig
+from lading.stores.uri import StoreURI, parse_uri
 
 __all__ = ["PackEvents", "PackOptions", "PackPlan", "PackResult", "default_name", "plan_pack", "run_pack",
            "write_pack"]
@@ -114,7 +114,7 @@ def _open_publisher(uri: StoreURI, plan: PackPlan, config: StoreConfig) -> Publi
 
 
 def _write_all_shards(plan: PackPlan, source: MemberSource, publisher: Publisher, events: PackEvents) -> None:
-    """Write every shard (see :mod:`staging.pack.execute`); commit each to the publisher in order."""
+    """Write every shard (see :mod:`lading.pack.execute`); commit each to the publisher in order."""
     paths = [publisher.shard_path(shard) for shard in plan.shards]
 
     def done(number: int) -> None:
@@ -130,7 +130,7 @@ def _write_all_shards(plan: PackPlan, source: MemberSource, publisher: Publisher
 def run_pack(plan: PackPlan, source: str, dest: str, config: StoreConfig | None = None,
              events: PackEvents | None = None) -> PackResult:
     """Write the planned shards, then publish manifest and index. Nothing is indexed on failure."""
-    config = config or StoreConfig()
+    config = config or StoreConfig.from_env()
     dest_uri = parse_uri(dest)
     member_source = _open_source(parse_uri(source), config)
     try:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from staging.errors import AccessDenied, LadingError, ProblemFound
-from staging.pack.plan import PackPlan, ShardPlan
-from staging.pack.sources import LocalSource, MemberSource
-from staging.pack.writer import ShardWriter, drop_spare_buffers
+from lading.core.errors import AccessDenied, LadingError, ProblemFound
+from lading.pack.plan import PackPlan, ShardPlan
+from lading.pack.sources import LocalSource, MemberSource
+from lading.pack.writer import ShardWriter, drop_spare_buffers
 
 TASK_BYTES = 16 << 20
 _PR_SET_PDEATHSIG = 1

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Iterable, NamedTuple
 
-from staging.errors import ProblemFound, UsageError
-from staging.keys import find_collisions, key_parts
-from staging.stores.base import ObjectInfo
+from lading.core.errors import ProblemFound, UsageError
+from lading.core.keys import find_collisions, key_parts
+from lading.stores.base import ObjectInfo
 
 #: Sample-dict fields WebDataset readers fill in themselves; an extension may not shadow them.
 _RESERVED_PREFIX = "__"

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from staging.errors import ProblemFound
-from staging.pack.plan import PackPlan
+from lading.core.errors import ProblemFound
+from lading.pack.plan import PackPlan
 
 INDEX_KIND = "wids-shard-index-v1"
 

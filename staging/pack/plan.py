@@ -11,9 +11,9 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from staging.errors import UsageError
-from staging.pack.grouping import Sample
-from staging.pack.tarformat import BLOCK, archive_size, member_size
+from lading.core.errors import UsageError
+from lading.pack.grouping import Sample
+from lading.pack.tarformat import BLOCK, archive_size, member_size
 
 _PLAIN_SIZE_LIMIT = 8 ** 11  # sizes from here on need a pax record (see tarformat)
 

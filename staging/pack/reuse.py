@@ -1,5 +1,5 @@
 """Packed datasets in a listing: the content check ``lading sync`` makes before it reuses a
-node-local copy (:mod:`staging.sync.packed`).
+node-local copy (:mod:`lading.sync.packed`).
 
 A packed dataset's index records its name, its version and each shard's ETag and size as
 uploaded. The bucket's listing must still show exactly those: a shard replaced since the pack,
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from staging.errors import LadingError
-from staging.pack.index import INDEX_KIND, parse_index
-from staging.stores.base import ObjectInfo
+from lading.core.errors import LadingError
+from lading.pack.index import INDEX_KIND, parse_index
+from lading.stores.base import ObjectInfo
 
 INDEX_SUFFIX = ".index.json"
 

@@ -11,10 +11,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Protocol
 
-from staging.errors import AccessDenied, NotFound, ObjectChanged, TransientError, UsageError
-from staging.pack.grouping import Member
-from staging.pack.writer import SMALL_FILE, ShardWriter
-from staging.stores.base import Store
+from lading.core.errors import AccessDenied, NotFound, ObjectChanged, TransientError, UsageError
+from lading.pack.grouping import Member
+from lading.pack.writer import SMALL_FILE, ShardWriter
+from lading.stores.base import Store
 
 
 class MemberSource(Protocol):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from staging.pack.tarformat import BLOCK
+from lading.pack.tarformat import BLOCK
 
 _ZERO_BLOCK = bytes(BLOCK)
 _FILE_TYPES = (b"0", b"\0", b"7")

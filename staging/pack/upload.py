@@ -16,10 +16,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Protocol
 
-from staging.errors import AccessDenied, LadingError, ProblemFound, UsageError
-from staging.pack.index import PublishedShard
-from staging.pack.plan import PackPlan, ShardPlan
-from staging.stores.base import ObjectInfo, Store
+from lading.core.errors import AccessDenied, LadingError, ProblemFound, UsageError
+from lading.pack.index import PublishedShard
+from lading.pack.plan import PackPlan, ShardPlan
+from lading.stores.base import ObjectInfo, Store
 
 
 class Publisher(Protocol):

@@ -12,8 +12,8 @@ import errno
 import os
 from typing import Callable
 
-from staging.errors import ObjectChanged
-from staging.pack.tarformat import BLOCK, END_OF_ARCHIVE, PLAIN_CHECKSUM_BASE, PLAIN_HEADER, RECORD, member_header
+from lading.core.errors import ObjectChanged
+from lading.pack.tarformat import BLOCK, END_OF_ARCHIVE, PLAIN_CHECKSUM_BASE, PLAIN_HEADER, RECORD, member_header
 
 _BUFFER_SIZE = 8 << 20
 _ZEROS = bytes(BLOCK)

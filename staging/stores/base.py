@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, runtime_checkable
 
-from staging.retry import DEFAULT_POLICY, RetryPolicy
+from lading.stores.config import StoreConfig
 
 #: Called with a number of bytes just transferred.
 ProgressCallback = Callable[[int], None]
@@ -27,26 +27,6 @@ class ObjectInfo:
     mtime: float = 0.0
     md5: str | None = None  # hex digest, when the store knows it (single-part ETag, GCS md5Hash)
     crc32c: str | None = None  # base64 of the big-endian CRC32C, as GCS reports it
-
-
-@dataclass(frozen=True)
-class StoreConfig:
-    """Connection settings, resolved once at the edge (flag > environment > config > default)."""
-
-    endpoint_url: str | None = None
-    profile: str | None = None
-    region: str | None = None
-    no_sign_request: bool = False
-    gcs_anonymous: bool = False  # set when STORAGE_EMULATOR_HOST is in use
-    gcs_endpoint: str | None = None  # the emulator's URL, when set
-    timeout: float = 60.0
-    max_pool_connections: int = 64
-    retry: RetryPolicy = field(default=DEFAULT_POLICY)
-    # Keys from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN] when no profile was
-    # asked for: what botocore's chain would pick first anyway. With these, an explicit
-    # endpoint and a region, the lean S3 path never imports botocore (a no-op sync is ~40% faster).
-    env_credentials: tuple[str, str, str | None] | None = field(default=None, repr=False)
-    ca_bundle: str | None = None
 
 
 @runtime_checkable

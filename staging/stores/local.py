@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from staging.errors import AccessDenied, NotFound, ObjectChanged, TransientError
-from staging.keys import safe_join
-from staging.stores.base import ObjectInfo, ProgressCallback
+from lading.core.errors import AccessDenied, NotFound, ObjectChanged, TransientError
+from lading.core.keys import safe_join
+from lading.stores.base import ObjectInfo, ProgressCallback
 
 _CHUNK = 1 << 20
 

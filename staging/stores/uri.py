@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from staging.errors import UsageError
+from lading.core.errors import UsageError
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
 SCHEMES = ("s3", "gs", "file")
@@ -70,3 +70,8 @@ def parse_uri(text: str) -> StoreURI:
         raise UsageError(f"invalid bucket name {bucket!r} in {text!r}",
                          "bucket names are 3-222 characters of a-z, 0-9, '.', '-' and '_'")
     return StoreURI(scheme, bucket, prefix)
+
+
+def root_prefix(prefix: str) -> str:
+    """The key prefix a URI's path names: empty (whole bucket) or ending in ``/``."""
+    return prefix if not prefix or prefix.endswith("/") else prefix + "/"

@@ -11,10 +11,10 @@ Public API (also used by ``lading hook``):
 - :class:`SyncEvents` -- progress callbacks.
 """
 
-from staging.sync.apply import FailedKey, NoSyncEvents, SyncEvents, SyncSummary
-from staging.sync.nodecache import DEFAULT_CACHE_ROOT, use_node_cache
-from staging.sync.plan import SyncPlan, SyncRequest
-from staging.sync.run import plan_only, run_sync
+from lading.sync.apply import FailedKey, NoSyncEvents, SyncEvents, SyncSummary
+from lading.sync.nodecache import DEFAULT_CACHE_ROOT, use_node_cache
+from lading.sync.plan import SyncPlan, SyncRequest
+from lading.sync.run import plan_only, run_sync
 
 __all__ = ["DEFAULT_CACHE_ROOT", "FailedKey", "NoSyncEvents", "SyncEvents", "SyncPlan", "SyncRequest",
            "SyncSummary", "plan_only", "run_sync", "use_node_cache"]

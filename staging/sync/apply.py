@@ -3,7 +3,7 @@
 Order: first ``--delete`` removals (only files lading tracks in the state record, so files the
 user or the training job put into DEST are never touched), then the fetches through
 :func:`staging.transfer.fetch_all` (or another fetcher with the same signature, e.g. the node
-cache's hard-linker). Each completed file is journaled at once (:mod:`staging.sync.state`), so a
+cache's hard-linker). Each completed file is journaled at once (:mod:`lading.sync.state`), so a
 sync killed mid-way resumes where it stopped. Nothing is written outside DEST: parent
 directories are created one level at a time and an existing symlink or file in their place
 fails that key.
@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
-from staging.errors import LadingError, UnsafeKey
-from staging.stores.base import ObjectInfo, Store
-from staging.sync.plan import SyncPlan
-from staging.sync.state import Entry, SyncState
-from staging.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
+from lading.core.errors import LadingError, UnsafeKey
+from lading.stores.base import ObjectInfo, Store
+from lading.sync.plan import SyncPlan
+from lading.sync.state import Entry, SyncState
+from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
 
 #: ``fetcher(items, options, events) -> results``: how the bytes get there.
 Fetcher = Callable[[list[TransferItem], TransferOptions, "SyncEvents"], list[TransferResult]]

@@ -14,7 +14,7 @@ shard (so ranks with different shards never share an entry). Each rank:
    rename), with DEST's own state record.
 
 A packed dataset (``lading pack`` output) gets a content check on top
-(:mod:`staging.sync.packed`): a current copy is reused with no GET, a listing that disagrees
+(:mod:`lading.sync.packed`): a current copy is reused with no GET, a listing that disagrees
 with the dataset's index stops the sync before DEST is touched.
 
 Files in DEST share their inode with the cache entry and the other ranks' DESTs: treat them as
@@ -32,19 +32,16 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from staging.errors import LadingError
-from staging.stores.base import Store
-from staging.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
-from staging.sync.locks import exclusive_lock
-from staging.sync.plan import Selection, SyncRequest, plan_sync
-from staging.sync.run import make_directory, sync_into
-from staging.sync.state import SyncState
-from staging.transfer import TransferItem, TransferOptions, TransferResult
-
-if TYPE_CHECKING:
-    from staging.pack.reuse import PackedDataset
+from lading.core.errors import LadingError
+from lading.pack.reuse import PackedDataset
+from lading.stores.base import Store
+from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
+from lading.core.locks import exclusive_lock
+from lading.sync.plan import Selection, SyncRequest, plan_sync
+from lading.sync.into import make_directory, sync_into
+from lading.sync.state import SyncState
+from lading.transfer import TransferItem, TransferOptions, TransferResult
 
 DEFAULT_CACHE_ROOT = Path("/tmp/lading-cache")
 
@@ -126,12 +123,12 @@ def _place(entry: Path, cache_state: SyncState, item: TransferItem) -> TransferR
 def _fill_entry(
     store: Store, selection: Selection, request: SyncRequest, entry: Path, options: TransferOptions,
     events: SyncEvents,
-) -> tuple[SyncSummary, list["PackedDataset"]]:
+) -> tuple[SyncSummary, list[PackedDataset]]:
     """Sync the source into the cache ``entry`` (the caller holds its lock), unless the packed
     datasets in it are reusable as they are (then no GET, and they are returned). Raises
     :class:`~staging.errors.ProblemFound` when a listing disagrees with its dataset's index."""
     # Imported here: staging.pack is only needed when a sync goes through the cache.
-    from staging.sync.packed import cached_datasets, packed_index_keys, refuse_mismatched, reusable_datasets
+    from lading.sync.packed import cached_datasets, packed_index_keys, refuse_mismatched, reusable_datasets
 
     cache_request = replace(request, dest=entry, delete=True)
     indexes = packed_index_keys(selection, request)

@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from staging.errors import ProblemFound
-from staging.pack.reuse import PackedDataset, index_keys, listing_mismatches, read_packed
-from staging.stores.base import ObjectInfo
-from staging.sync.plan import Selection, SyncPlan, SyncRequest
+from lading.core.errors import ProblemFound
+from lading.pack.reuse import PackedDataset, index_keys, listing_mismatches, read_packed
+from lading.stores.base import ObjectInfo
+from lading.sync.plan import Selection, SyncPlan, SyncRequest
 
 _SHOWN_MISMATCHES = 3
 

@@ -5,9 +5,9 @@ Two steps, both pure with respect to DEST (nothing is written):
 1. :func:`select_objects` lists the source (streaming pages) or stats the manifest's keys, keeps
    keys matching the ``--include``/``--exclude`` globs, skips directory markers (zero-byte keys
    ending in ``/``), refuses unsafe keys for the whole selection (so every rank agrees), then
-   applies the sharding rule of :mod:`staging.sharding`.
+   applies the sharding rule of :mod:`lading.selection.sharding`.
 2. :func:`plan_sync` compares the selection with the destination's state record
-   (:mod:`staging.sync.state`) and the files on disk.
+   (:mod:`lading.sync.state`) and the files on disk.
 
 The :class:`SyncPlan` is what ``--dry-run`` and ``--json`` show.
 """
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from staging.errors import UnsafeKey, UsageError
-from staging.keys import find_collisions, key_parts
-from staging.manifest import Manifest, keys_under
-from staging.sharding import BALANCES, DISTRIBUTIONS, select_for_rank
-from staging.stores.base import ObjectInfo, Store
-from staging.sync.state import RESERVED_NAMES, SyncState
+from lading.core.errors import UnsafeKey, UsageError
+from lading.core.keys import find_collisions, key_parts
+from lading.selection.manifest import Manifest, keys_under
+from lading.selection.sharding import BALANCES, DISTRIBUTIONS, select_for_rank
+from lading.stores.base import ObjectInfo, Store
+from lading.sync.state import RESERVED_NAMES, SyncState
 
 _SHOWN_UNSAFE = 5
 

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-from staging.errors import TransientError
+from lading.core.errors import TransientError
 
 T = TypeVar("T")
 

@@ -1,10 +1,10 @@
-"""The transfer engine behind :func:`staging.transfer.fetch_all`.
+"""The transfer engine: :func:`fetch_all` fetches a batch of objects into final paths, safely.
 
 ``workers`` threads pull jobs from the item iterator themselves: a whole-object download for
-a small object, or the parts of a large one (:mod:`staging.transfer_large`), of which at most
+a small object, or the parts of a large one (:mod:`lading.transfer.large`), of which at most
 ``part_concurrency`` run at once. Items are consumed lazily, so memory holds one result per
 item and nothing per pending item. Per-request CPU limits small-object throughput, so S3 goes
-through the lean signed path of :mod:`staging.stores.s3_fast` when the store has one.
+through the lean signed path of :mod:`lading.stores.s3.fast` when the store has one.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from staging.errors import LadingError
-from staging.retry import DEFAULT_POLICY, with_retries
-from staging.stores.base import Store
-from staging.transfer import TransferEvents, TransferItem, TransferOptions, TransferResult
-from staging.transfer_files import DirectoryMaker, as_lading_error, publish, remove_temporaries, temporary_path
-from staging.transfer_large import LargeContext, LargeDownload
-from staging.transfer_readers import Reader, open_reader
-from staging.transfer_verify import IntegrityError, Verifier
+from lading.core.errors import LadingError
+from lading.core.retry import DEFAULT_POLICY, with_retries
+from lading.stores.base import Store
+from lading.transfer.types import NoEvents, TransferEvents, TransferItem, TransferOptions, TransferResult
+from lading.transfer.files import DirectoryMaker, as_lading_error, publish, remove_temporaries, temporary_path
+from lading.transfer.large import LargeContext, LargeDownload
+from lading.transfer.readers import Reader, open_reader
+from lading.transfer.verify import IntegrityError, Verifier
 
 #: How long an interrupted transfer waits for running requests before giving up on them.
 _CANCEL_GRACE = 1.0
@@ -35,9 +35,16 @@ class Cancelled(BaseException):
     """Raised inside workers once the transfer is interrupted (not an error of the item)."""
 
 
-def fetch_all(store: Store, items: Iterable[TransferItem], options: TransferOptions,
-              events: TransferEvents) -> list[TransferResult]:
-    """Fetch every item; see :mod:`staging.transfer` for the contract."""
+def fetch_all(
+    store: Store,
+    items: Iterable[TransferItem],
+    options: TransferOptions = TransferOptions(),
+    events: TransferEvents = NoEvents(),
+) -> list[TransferResult]:
+    """Fetch every item; return one result per item, in completion order.
+
+    See :mod:`lading.transfer` for the contract.
+    """
     policy = options.retry or getattr(getattr(store, "config", None), "retry", None) or DEFAULT_POLICY
     reader = open_reader(store, options.fast_path, policy)
     try:

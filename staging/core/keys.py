@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable
 
-from staging.errors import UnsafeKey
+from lading.core.errors import UnsafeKey
 
 
 def key_parts(key: str) -> tuple[str, ...]:

@@ -1,16 +1,4 @@
-"""The transfer engine's interface: fetch a batch of objects into final paths, safely.
-
-Contract (used by sync, hook, fetch and pack):
-- each file is written under a temporary name in its destination directory and renamed into
-  place only when complete and verified (size; MD5 for single-part S3 ETags; CRC32C or MD5
-  for GCS), so no partial file is ever visible under its final name;
-- large objects are fetched as parallel ranged reads guarded by ``ObjectInfo.version``;
-- transient failures are retried (``StoreConfig.retry``); a failed item is reported in its
-  ``TransferResult`` and never aborts the others, except for KeyboardInterrupt;
-- progress and completion are reported through ``TransferEvents`` callbacks only.
-
-The implementation lives in ``staging.transfer_impl`` (imported lazily by :func:`fetch_all`).
-"""
+"""The transfer engine's data types: items, options, results and progress callbacks."""
 
 from __future__ import annotations
 
@@ -18,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
 
-from staging.errors import LadingError
-from staging.retry import RetryPolicy
-from staging.stores.base import ObjectInfo, Store
+from lading.core.errors import LadingError
+from lading.core.retry import RetryPolicy
+from lading.stores.base import ObjectInfo
 
 
 @dataclass(frozen=True)
@@ -49,7 +37,7 @@ class TransferOptions:
     ``verify`` checks checksums (the size is always checked). ``durable`` fsyncs each file and
     its directory before and after the rename (survives power loss, costs a disk flush per
     file; an interrupted or killed process is safe either way). ``fast_path`` allows the lean
-    S3 GET path (:mod:`staging.stores.s3_fast`). ``retry`` overrides the store's retry policy.
+    S3 GET path (:mod:`lading.stores.s3.fast`). ``retry`` overrides the store's retry policy.
     ``part_concurrency`` caps ranged reads in flight (beyond ~16 streams a server's per-object
     throughput drops; measured in bench/RESULTS.md), idle workers take small objects meanwhile.
     """
@@ -85,14 +73,3 @@ class NoEvents:
     def on_done(self, result: TransferResult) -> None:
         """Ignore."""
 
-
-def fetch_all(
-    store: Store,
-    items: Iterable[TransferItem],
-    options: TransferOptions = TransferOptions(),
-    events: TransferEvents = NoEvents(),
-) -> list[TransferResult]:
-    """Fetch every item; return one result per item, in completion order."""
-    from staging.transfer_impl import fetch_all as implementation
-
-    return implementation(store, items, options, events)

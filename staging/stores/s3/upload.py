@@ -8,12 +8,25 @@ import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Callable, Protocol
 
-from staging.stores.base import ProgressCallback
+from lading.stores.base import ProgressCallback
 
-if TYPE_CHECKING:
-    from staging.stores.s3 import S3Store
+
+
+class UploadTarget(Protocol):
+    """What an upload needs of the S3 store (implemented by ``S3Store``)."""
+
+    bucket: str
+    root: str
+    part_size: int
+    upload_workers: int
+
+    def _where(self, key: str) -> str: ...
+
+    def _call(self, where: str, operation: Callable[[Any], Any]) -> Any: ...
+
+    def _attempt(self, where: str, operation: Callable[[Any], Any]) -> Any: ...
 
 _MIN_PART = 5 << 20
 _MAX_PARTS = 10_000
@@ -22,7 +35,7 @@ _MAX_PARTS = 10_000
 class MultipartUpload:
     """CreateMultipartUpload, parallel UploadPart (each retried), Complete; Abort on failure."""
 
-    def __init__(self, store: "S3Store", src: Path, key: str, size: int,
+    def __init__(self, store: UploadTarget, src: Path, key: str, size: int,
                  progress: ProgressCallback | None) -> None:
         self.store, self.src, self.key, self.size, self.progress = store, src, key, size, progress
         self.part_size = max(store.part_size, _MIN_PART, math.ceil(size / _MAX_PARTS))

@@ -25,12 +25,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterator, Sequence
 
-from staging.errors import NotFound, ProblemFound, UsageError
-from staging.pack.index import parse_index
-from staging.pack.tarread import TarFormatError, iter_files
-from staging.stores import open_store
-from staging.stores.base import ObjectInfo, Store, StoreConfig
-from staging.stores.uri import StoreURI, parse_uri
+from lading.core.errors import NotFound, ProblemFound, UsageError
+from lading.pack.index import parse_index
+from lading.pack.tarread import TarFormatError, iter_files
+from lading.stores import open_store
+from lading.stores.base import ObjectInfo, Store, StoreConfig
+from lading.stores.uri import StoreURI, parse_uri
 
 Sample = dict[str, Any]
 _CHUNK = 8 << 20
@@ -95,7 +95,7 @@ class StoreDataset:
     def __init__(self, uri: str, *, transform: Callable[[bytes, str], Any] | None = None,
                  config: StoreConfig | None = None, prefetch: int = 8, suffixes: Sequence[str] = ()) -> None:
         self.uri = uri
-        self.config = config or StoreConfig()
+        self.config = config or StoreConfig.from_env()
         self.transform = transform
         self.prefetch = prefetch
         self.objects: list[ObjectInfo] = sorted(
@@ -205,7 +205,7 @@ class ShardSpan:
 def load_index(index_uri: str, config: StoreConfig | None = None) -> list[ShardRef]:
     """The shards a ``NAME.index.json`` lists, with their URIs resolved next to the index."""
     uri = parse_uri(index_uri)
-    store, name = _store_for(uri, config or StoreConfig())
+    store, name = _store_for(uri, config or StoreConfig.from_env())
     info = store.stat(name)
     document = parse_index(store.read_range(name, 0, info.size, info.version), index_uri)
     parent = str(uri.split_name()[0]).rstrip("/")
@@ -341,7 +341,7 @@ class ShardDataset:
     def __init__(self, source: str | Sequence[str], *, rank: int | None = None, world_size: int | None = None,
                  shuffle_buffer: int = 0, seed: int = 0, randomize_shard_order: bool = False,
                  transform: Callable[[Sample], Any] | None = None, config: StoreConfig | None = None) -> None:
-        self.config = config or StoreConfig()
+        self.config = config or StoreConfig.from_env()
         if isinstance(source, str):
             self.shards = load_index(source, self.config) if source.endswith(".json") else [ShardRef(source)]
         else:

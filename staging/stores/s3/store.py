@@ -24,13 +24,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
-from staging.errors import ObjectChanged, TransientError
-from staging.retry import with_retries
-from staging.stores.base import ObjectInfo, ProgressCallback, StoreConfig
-from staging.stores.errors_s3 import client_error_code, translate
-from staging.stores.lazy import LazyClient, translated
-from staging.stores.s3_listing import md5_of_etag
-from staging.stores.uri import StoreURI
+from lading.core.errors import ObjectChanged, TransientError
+from lading.core.retry import with_retries
+from lading.stores.base import ObjectInfo, ProgressCallback, StoreConfig
+from lading.stores.s3.errors import client_error_code, translate
+from lading.stores.lazy import LazyClient, translated
+from lading.stores.s3.listing import md5_of_etag
+from lading.stores.uri import StoreURI, root_prefix
+from lading.stores.s3.upload import MultipartUpload
 
 T = TypeVar("T")
 _READ_CHUNK = 1 << 20
@@ -52,11 +53,6 @@ def parse_timestamp(value: str) -> datetime:
         from botocore.utils import parse_timestamp as slow_parse
 
         return slow_parse(value)
-
-
-def root_prefix(prefix: str) -> str:
-    """The key prefix a URI's path names: empty (whole bucket) or ending in ``/``."""
-    return prefix if not prefix or prefix.endswith("/") else prefix + "/"
 
 
 class S3Store:
@@ -219,8 +215,6 @@ class S3Store:
             if progress is not None:
                 progress(size)
         else:
-            from staging.stores.s3_upload import MultipartUpload
-
             MultipartUpload(self, src, key, size, progress).run()
         return self.stat(key)
 

@@ -9,7 +9,7 @@ about a tenth of the CPU per request.
 Endpoint, region, addressing and credentials are still resolved once by boto3's own chain
 (a client is built only when no endpoint is given), so ``--profile``, ``AWS_ENDPOINT_URL``, instance roles and
 ``--no-sign-request`` behave exactly as with :class:`~staging.stores.s3.S3Store`. Errors are
-translated into :mod:`staging.errors` in one place, :func:`_error_for_status` /
+translated into :mod:`lading.core.errors` in one place, :func:`_error_for_status` /
 :func:`_error_for_exception`.
 """
 
@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, NamedTuple
 from urllib.parse import quote, urlsplit
 
-from staging.errors import AccessDenied, LadingError, TransientError, UsageError
-from staging.retry import with_retries
-from staging.stores.base import ObjectInfo, StoreConfig
-from staging.stores.errors_s3 import from_response
-from staging.stores.s3 import S3Store, root_prefix
-from staging.stores.s3_listing import md5_of_etag, next_token, parse_listing
-from staging.stores.s3_sign import Credentials, Signer
-from staging.stores.s3_wire import ClosedBeforeResponse, Connection, Head, Pool, WireError
-from staging.stores.uri import StoreURI
+from lading.core.errors import AccessDenied, LadingError, TransientError, UsageError
+from lading.core.retry import with_retries
+from lading.stores.base import ObjectInfo, StoreConfig
+from lading.stores.s3.errors import from_response
+from lading.stores.s3.store import S3Store
+from lading.stores.s3.listing import md5_of_etag, next_token, parse_listing
+from lading.stores.s3.sign import Credentials, Signer
+from lading.stores.s3.wire import ClosedBeforeResponse, Connection, Head, Pool, WireError
+from lading.stores.uri import StoreURI, root_prefix
 
 #: Receives each chunk of a response body, in order. The view is only valid during the call
 #: (connections reuse their buffers): copy what must outlive it.

@@ -8,7 +8,7 @@ from __future__ import annotations
 import http.client
 import socket
 
-from staging.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
+from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
 
 CREDENTIALS_HINT = ("check Google credentials (GOOGLE_APPLICATION_CREDENTIALS or "
                     "`gcloud auth application-default login`)")

@@ -1,5 +1,5 @@
 """Experiment-config ``bind_mounts`` for ``lading bind-mounts``: det's schema (the check from
-:mod:`staging.context.config`, shared with ``lading check --config``), plus what det leaves to
+:mod:`lading.context.config`, shared with ``lading check --config``), plus what det leaves to
 the agent: valid propagation values, and "does the host path exist here?".
 
 det's schema (``schemas/expconf/v0/bind-mount.json`` in determined 0.38), per entry:
@@ -18,8 +18,8 @@ from typing import Callable, Mapping
 
 import yaml
 
-from staging.context import config as context_config
-from staging.errors import NotFound
+from lading.context import config as context_config
+from lading.core.errors import NotFound
 
 PROPAGATIONS = ("private", "rprivate", "shared", "rshared", "slave", "rslave")
 

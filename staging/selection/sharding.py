@@ -16,8 +16,8 @@ from __future__ import annotations
 import heapq
 from typing import Sequence, TypeVar
 
-from staging.errors import UsageError
-from staging.stores.base import ObjectInfo
+from lading.core.errors import UsageError
+from lading.stores.base import ObjectInfo
 
 DISTRIBUTIONS = ("replicated", "sharded")
 BALANCES = ("count", "bytes")

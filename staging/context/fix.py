@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from staging.context import CheckReport
-from staging.context.detignore import DETIGNORE
-from staging.context.remedy import detignore_line, is_environment
-from staging.context.warnings import CACHE_DIRS
-from staging.errors import LadingError, NotFound, ProblemFound, UsageError
-from staging.hooks.script import HOOK_NAME, HookEntry, updated_text, write_hook
-from staging.stores import ObjectInfo, Store, StoreURI, parse_uri
+from lading.context import CheckReport
+from lading.context.detignore import DETIGNORE
+from lading.context.remedy import detignore_line, is_environment
+from lading.context.warnings import CACHE_DIRS
+from lading.core.errors import LadingError, NotFound, ProblemFound, UsageError
+from lading.hooks.script import HOOK_NAME, HookEntry, updated_text, write_hook
+from lading.stores import ObjectInfo, Store, StoreURI, parse_uri
 
 _MD5_CHUNK = 1 << 20
 

@@ -1,6 +1,6 @@
 """Google Cloud Storage as a Store, through google-cloud-storage.
 
-The prefix rule is the same as for S3 (see :mod:`staging.stores.s3`): ``gs://b/data`` and
+The prefix rule is the same as for S3 (see :mod:`lading.stores.s3.store`): ``gs://b/data`` and
 ``gs://b/data/`` list the objects under ``data/``, relative to it; zero-byte folder markers
 (``.../``) are skipped.
 
@@ -22,13 +22,13 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
-from staging.errors import NotFound, TransientError
-from staging.retry import with_retries
-from staging.stores.base import ObjectInfo, ProgressCallback, StoreConfig
-from staging.stores.errors_gcs import status_of, translate
-from staging.stores.lazy import LazyClient, translated
-from staging.stores.s3 import root_prefix
-from staging.stores.uri import StoreURI
+from lading.core.errors import NotFound, TransientError
+from lading.core.retry import with_retries
+from lading.stores.base import ObjectInfo, ProgressCallback, StoreConfig
+from lading.stores.gcs.errors import status_of, translate
+from lading.stores.lazy import LazyClient, translated
+from lading.stores.uri import StoreURI, root_prefix
+from lading.stores.gcs.upload import ResumableUpload
 
 T = TypeVar("T")
 _LIST_FIELDS = "items(name,size,generation,updated,md5Hash,crc32c),nextPageToken"
@@ -203,8 +203,6 @@ class GCSStore:
         """
         size = os.path.getsize(src)
         if size > self.resumable_threshold:
-            from staging.stores.gcs_upload import ResumableUpload
-
             ResumableUpload(self, src, key, size, progress).run()
             return self.stat(key)
 

@@ -11,8 +11,8 @@ import html
 import re
 from typing import Iterator
 
-from staging.errors import TransientError
-from staging.stores.base import ObjectInfo
+from lading.core.errors import TransientError
+from lading.stores.base import ObjectInfo
 
 _MD5_HEX = re.compile(r"[0-9a-fA-F]{32}")
 _CONTENTS = re.compile(rb"<Contents>(.*?)</Contents>", re.S)

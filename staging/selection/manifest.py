@@ -21,8 +21,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from staging.errors import NotFound, UsageError
-from staging.stores.uri import StoreURI, parse_uri
+from lading.core.errors import NotFound, UsageError
+from lading.stores.uri import StoreURI, parse_uri
 
 
 @dataclass(frozen=True)

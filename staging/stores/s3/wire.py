@@ -1,4 +1,4 @@
-"""Minimal HTTP/1.1 client connections for the lean S3 path (:mod:`staging.stores.s3_fast`).
+"""Minimal HTTP/1.1 client connections for the lean S3 path (:mod:`lading.stores.s3.fast`).
 
 ``http.client`` parses every response's headers with the ``email`` package and wraps the
 socket in buffered file objects: about a third of the CPU of a small GET. This module does

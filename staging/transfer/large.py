@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from staging.errors import LadingError, ObjectChanged, TransientError
-from staging.retry import with_retries
-from staging.transfer import TransferItem, TransferOptions, TransferResult
-from staging.transfer_files import ResumeRecord, as_lading_error, publish, remove_temporaries, sidecar_path, temporary_path
-from staging.transfer_readers import Reader
-from staging.transfer_verify import IntegrityError, Verifier
+from lading.core.errors import LadingError, ObjectChanged, TransientError
+from lading.core.retry import with_retries
+from lading.transfer.types import TransferItem, TransferOptions, TransferResult
+from lading.transfer.files import ResumeRecord, as_lading_error, publish, remove_temporaries, sidecar_path, temporary_path
+from lading.transfer.readers import Reader
+from lading.transfer.verify import IntegrityError, Verifier
 
 _SAVE_INTERVAL = 1.0
 

@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from staging.errors import UsageError
+from lading.core.errors import UsageError
 
 FIELDS = ("rank", "world_size", "local_rank", "local_world_size", "node_rank")
 

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 from typing import Callable, Protocol
 
-from staging.retry import RetryPolicy
-from staging.stores.base import ObjectInfo, Store
-from staging.transfer_verify import Verifier
+from lading.core.retry import RetryPolicy
+from lading.stores.base import ObjectInfo, Store
+from lading.transfer.verify import Verifier
 
 #: Receives each chunk of content in order (raises to abort).
 Sink = Callable[[memoryview], None]
@@ -49,7 +49,7 @@ def _version(info: ObjectInfo) -> str | None:
 
 
 class StreamingReader:
-    """Reads through a store's lean GET path (see :mod:`staging.stores.s3_fast`)."""
+    """Reads through a store's lean GET path (see :mod:`lading.stores.s3.fast`)."""
 
     def __init__(self, client: object, retry_policy: RetryPolicy) -> None:
         self._client = client
@@ -138,7 +138,7 @@ class StoreReader:
 def open_reader(store: Store, use_fast_path: bool, retry_policy: RetryPolicy) -> Reader:
     """The lean reader when the store offers one (and it is allowed), else the Store protocol."""
     if use_fast_path:
-        from staging.stores.s3_fast import fast_client_for
+        from lading.stores.s3.fast import fast_client_for
 
         client = fast_client_for(store)
         if client is not None:

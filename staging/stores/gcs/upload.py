@@ -14,12 +14,23 @@ from __future__ import annotations
 import base64
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable, Protocol
 
-from staging.stores.base import ProgressCallback
+from lading.stores.base import ProgressCallback
 
-if TYPE_CHECKING:
-    from staging.stores.gcs import GCSStore
+
+
+class UploadTarget(Protocol):
+    """What an upload needs of the GCS store (implemented by ``GCSStore``)."""
+
+    root: str
+    chunk_size: int
+
+    def _where(self, key: str) -> str: ...
+
+    def _call(self, where: str, operation: Callable[[Any], Any]) -> Any: ...
+
+    def _timeout(self) -> Any: ...
 
 _HASH_CHUNK = 1 << 20
 
@@ -27,7 +38,7 @@ _HASH_CHUNK = 1 << 20
 class ResumableUpload:
     """One upload of ``src`` to ``key``; :meth:`run` drives it through the store's retries."""
 
-    def __init__(self, store: "GCSStore", src: Path, key: str, size: int,
+    def __init__(self, store: UploadTarget, src: Path, key: str, size: int,
                  progress: ProgressCallback | None) -> None:
         self.store, self.src, self.key, self.size, self.progress = store, src, key, size, progress
         self.where = store._where(key)

@@ -1,6 +1,6 @@
 """The project's exceptions. Each carries the exit code and a hint the CLI shows.
 
-Exit codes (documented in the README, mapped in exactly one place: ``cli.errors``):
+Exit codes (documented in the README, mapped in exactly one place: ``lading.cli.errors``):
 0 success, 1 problem found, 2 usage, 3 not found, 4 permission/credentials,
 5 transient failure after retries, 130 interrupted.
 """

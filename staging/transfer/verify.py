@@ -12,8 +12,8 @@ import hashlib
 import os
 from typing import Protocol
 
-from staging.errors import ProblemFound
-from staging.stores.base import ObjectInfo
+from lading.core.errors import ProblemFound
+from lading.stores.base import ObjectInfo
 
 _READ_CHUNK = 1 << 20
 

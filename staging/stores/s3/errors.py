@@ -1,4 +1,4 @@
-"""The one place botocore / urllib3 errors become :mod:`staging.errors` exceptions.
+"""The one place botocore / urllib3 errors become :mod:`lading.core.errors` exceptions.
 
 botocore is imported lazily (inside :func:`translate`), so importing this module is cheap.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import http.client
 import socket
 
-from staging.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
+from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
 
 _NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchUpload", "404"}
 _DENIED = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
@@ -74,7 +74,7 @@ def _from_client_error(err: BaseException, what: str) -> LadingError:
 
 def from_response(code: str, status: int, message: str, what: str) -> LadingError:
     """An S3 error response (error ``code`` from its XML body, HTTP ``status``) as a project
-    error; shared by the boto3 path and the lean path (:mod:`staging.stores.s3_fast`)."""
+    error; shared by the boto3 path and the lean path (:mod:`lading.stores.s3.fast`)."""
     message = message or code or str(status)
     if code in _CHANGED or status in (304, 412):
         return ObjectChanged(f"{what} changed (precondition failed: the ETag no longer matches)",

@@ -1,0 +1,5 @@
+"""``python -m lading``: the command line."""
+
+from lading.cli.main import main
+
+main()

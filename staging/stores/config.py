@@ -1,0 +1,89 @@
+"""Connection settings for every store, resolved once: flag > environment > default."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from lading.core.errors import UsageError
+from lading.core.retry import DEFAULT_POLICY, RetryPolicy
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Connection settings, resolved once at the edge (flag > environment > config > default)."""
+
+    endpoint_url: str | None = None
+    profile: str | None = None
+    region: str | None = None
+    no_sign_request: bool = False
+    gcs_anonymous: bool = False  # set when STORAGE_EMULATOR_HOST is in use
+    gcs_endpoint: str | None = None  # the emulator's URL, when set
+    timeout: float = 60.0
+    max_pool_connections: int = 64
+    retry: RetryPolicy = field(default=DEFAULT_POLICY)
+    # Keys from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY[/AWS_SESSION_TOKEN] when no profile was
+    # asked for: what botocore's chain would pick first anyway. With these, an explicit
+    # endpoint and a region, the lean S3 path never imports botocore (a no-op sync is ~40% faster).
+    env_credentials: tuple[str, str, str | None] | None = field(default=None, repr=False)
+    ca_bundle: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **flags: Any) -> "StoreConfig":
+        """Settings from the environment (``AWS_ENDPOINT_URL``, ``STORAGE_EMULATOR_HOST``,
+        ``LADING_TIMEOUT``, ``LADING_RETRIES``, ...), with ``flags`` on top."""
+        return resolve_store_config(env=os.environ if env is None else env, **flags)
+
+
+def resolve_store_config(
+    endpoint_url: str | None = None,
+    profile: str | None = None,
+    no_sign_request: bool = False,
+    region: str | None = None,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> StoreConfig:
+    """Resolve connection settings once: flag (the arguments) > environment > default.
+
+    This is what :meth:`StoreConfig.from_env` and :func:`lading.stores.open_store` (without a
+    ``config``) use, so training code gets the CLI's behaviour from the same variables.
+
+    A profile comes from ``--profile`` only: botocore reads ``AWS_PROFILE`` itself, and passing
+    it explicitly would change its precedence over ``AWS_ACCESS_KEY_ID``.
+    """
+    env = os.environ if env is None else env
+    endpoint = endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+    emulator = env.get("STORAGE_EMULATOR_HOST") or None
+    if emulator and not emulator.startswith("http"):
+        emulator = f"http://{emulator}"
+    return StoreConfig(
+        endpoint_url=endpoint,
+        profile=profile or None,
+        region=region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or None,
+        no_sign_request=no_sign_request,
+        gcs_anonymous=bool(emulator),
+        gcs_endpoint=emulator,
+        timeout=timeout if timeout is not None else _number(env, "LADING_TIMEOUT", "60", float),
+        retry=RetryPolicy(attempts=_number(env, "LADING_RETRIES", "6", int)),
+        env_credentials=None if profile or no_sign_request else _env_credentials(env),
+        ca_bundle=env.get("AWS_CA_BUNDLE") or None,
+    )
+
+
+def _env_credentials(env: Mapping[str, str]) -> tuple[str, str, str | None] | None:
+    key, secret = env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY")
+    if not key or not secret or env.get("AWS_PROFILE"):
+        return None  # leave the full chain (profiles, SSO, instance roles) to botocore
+    return key, secret, env.get("AWS_SESSION_TOKEN") or None
+
+
+def _number(env: Mapping[str, str], name: str, default: str, kind: type) -> Any:
+    text = env.get(name, default)
+    try:
+        value = kind(text)
+    except ValueError:
+        raise UsageError(f"{name}={text!r} is not a number") from None
+    if value <= 0:
+        raise UsageError(f"{name}={text!r} must be positive")
+    return value

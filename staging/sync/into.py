@@ -1,0 +1,65 @@
+"""Sync a selection into one DEST under DEST's lock: the step shared by plain and node-cache syncs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lading.core.errors import AccessDenied, UsageError
+from lading.core.locks import exclusive_lock
+from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, apply_plan, sweep_temporaries
+from lading.sync.plan import Selection, SyncRequest, plan_sync
+from lading.sync.state import JOURNAL_NAME, LOCK_NAME, SyncState
+from lading.transfer import TransferOptions
+
+#: Substrings of temporary names a killed run may leave in DEST (ours and the transfer engine's).
+TEMP_MARKERS: tuple[str, ...] = (".lading-link-", ".lading-part")
+
+
+def sync_into(
+    fetcher: Fetcher,
+    selection: Selection,
+    request: SyncRequest,
+    options: TransferOptions = TransferOptions(),
+    events: SyncEvents = NoSyncEvents(),
+    phase: str = "download",
+    skip_keys: frozenset[str] = frozenset(),
+) -> SyncSummary:
+    """Plan and apply ``selection`` into ``request.dest`` under DEST's lock.
+
+    ``skip_keys`` are left out of the fetches (but still count as selected, so ``--delete`` keeps
+    their old copies). A previous run killed mid-way left its journal: its stray temporaries are
+    swept once this run's fetches are done.
+    """
+    dest = Path(request.dest)
+    make_directory(dest, "DEST")
+    with exclusive_lock(dest / LOCK_NAME):
+        interrupted = (dest / JOURNAL_NAME).exists()
+        state = SyncState.load(dest)
+        state.source = request.source
+        plan = plan_sync(selection, request, state)
+        if skip_keys:
+            plan.to_fetch = [item for item in plan.to_fetch if item.info.key not in skip_keys]
+        if plan.to_fetch:
+            state.begin()
+        try:
+            summary = apply_plan(plan, state, fetcher, options, events, phase)
+        finally:
+            state.close()
+        if interrupted:
+            # After the fetches, so a large download can resume from its parts first; what is
+            # left belongs to no live download, except failed keys' parts, kept for the next run.
+            keep = {dest.joinpath(*failed.key.split("/")) for failed in summary.failed}
+            sweep_temporaries(dest, TEMP_MARKERS, keep)
+        return summary
+
+
+def make_directory(path: Path, what: str) -> None:
+    """``mkdir -p`` with one-line errors: a file in the way is a usage error, EACCES access denied."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(f"{what} {path} exists and is not a directory") from None
+    except PermissionError:
+        raise AccessDenied(f"cannot create {what} {path}: permission denied") from None
+    except OSError as err:
+        raise UsageError(f"cannot create {what} {path}: {err.strerror or err}") from None
