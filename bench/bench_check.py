@@ -163,7 +163,7 @@ def main() -> None:
         ("check_context(), stats split with a forked child", "library_forked"),
         ("det read_v1_context (process: python + import + call)", "det"),
     ]
-    print(f"\n| what | best wall s | median wall s | best CPU s | peak RSS MiB |\n"
+    print("\n| what | best wall s | median wall s | best CPU s | peak RSS MiB |\n"
           "| --- | ---: | ---: | ---: | ---: |")
     for label, name in rows:
         memory = f"{rss[name] / 1024:.0f}" if rss[name] else "-"

@@ -144,7 +144,6 @@ def start_moto() -> tuple[str, object]:
 
 def bench_read(endpoint: str | None, files: int) -> dict:
     import boto3
-
     from lading.datasets import ShardDataset, StoreDataset
     from lading.pack import PackOptions, plan_pack, run_pack
     from lading.stores import StoreConfig, open_store

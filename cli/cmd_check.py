@@ -8,7 +8,6 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
-
 from lading.cli.context import AppState
 from lading.cli.store_options import pop_store_config, store_options
 from lading.context import CheckReport, check_context, format_size, parse_size
@@ -72,7 +71,7 @@ def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], t
     limit = parse_size(limit_text)
     with _progress(enabled=sys.stderr.isatty() and not quiet) as progress:
         report = check_context(context_dir, includes, limit=limit, config_path=config_path,
-                               explain_path=explain_path, progress=progress)
+                               explain_path=explain_path, progress=progress, fork=True)
     if fix or bucket or yes:  # `check --fix` lives with the startup-hook code (cli/cmd_hook.py)
         from lading.cli.cmd_hook import run_check_fix
 

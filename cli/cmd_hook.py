@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import click
-
 from lading.cli.context import AppState
 from lading.cli.progress import Throttle, human, line_interval
 from lading.cli.store_options import pop_store_config, store_options
 from lading.core.errors import UsageError
-from lading.stores.base import StoreConfig
+from lading.stores.config import StoreConfig
 from lading.transfer import TransferResult
 
 if TYPE_CHECKING:

@@ -8,14 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-
 from lading.cli.context import AppState
 from lading.cli.store_options import pop_store_config, store_options
 from lading.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from lading.mounts.listing import ViewSpec
     from lading.mounts.lifecycle import MountReady
+    from lading.mounts.listing import ViewSpec
 
 MOUNT_EPILOG = """\b
 Examples:
@@ -83,11 +82,12 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
     """
     from dataclasses import replace
 
-    from lading.mounts.lifecycle import MountOptions, default_max_memory, mount as do_mount
-    from lading.mounts.reader import ReaderConfig
     from lading.core.retry import RetryPolicy
-    from lading.stores import parse_uri
+    from lading.mounts.lifecycle import MountOptions, default_max_memory
+    from lading.mounts.lifecycle import mount as do_mount
+    from lading.mounts.reader import ReaderConfig
     from lading.selection.topology import detect_topology
+    from lading.stores import parse_uri
 
     parse_uri(uri)
     topology = detect_topology(os.environ, {"rank": rank, "world_size": world_size})

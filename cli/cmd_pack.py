@@ -8,7 +8,6 @@ import sys
 from typing import Any
 
 import click
-
 from lading.cli.context import AppState
 from lading.cli.progress import Throttle, byte_bar, human, line_interval
 from lading.cli.store_options import pop_store_config, store_options

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import click
-
 from lading.cli.context import AppState
 from lading.cli.progress import DEFAULT_INTERVAL, Throttle, byte_bar, human, line_interval
 from lading.cli.store_options import pop_store_config, store_options
@@ -235,10 +234,9 @@ def _report_failures(summary: Any) -> int:
         click.echo(f"  {failed.key}: {failed.error}", err=True)
     if len(summary.failed) > 50:
         click.echo(f"  ... and {len(summary.failed) - 50} more (--json lists them all)", err=True)
-    codes = {failed.exit_code for failed in summary.failed}
-    if summary.files == 0 and summary.skipped == 0 and len(codes) == 1:
-        return codes.pop()  # nothing worked, for one reason (e.g. access denied): say which
-    return 1
+    from lading.core.errors import exit_code_for_failures
+
+    return exit_code_for_failures((failed.exit_code for failed in summary.failed), summary.files + summary.skipped)
 
 
 @click.command(epilog=SYNC_EPILOG)

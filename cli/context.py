@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lading.stores.base import StoreConfig
+from lading.stores.config import StoreConfig
 
 
 @dataclass

@@ -7,7 +7,6 @@ import traceback
 from typing import Callable, NoReturn
 
 import click
-
 from lading.core.errors import LadingError
 
 EXIT_OK = 0

@@ -7,10 +7,9 @@ import os
 import sys
 
 import click
-
+from lading import __version__
 from lading.cli.context import AppState
 from lading.cli.errors import run_guarded
-from lading import __version__
 
 #: command name -> (module, attribute, one-line help). Loaded lazily so `lading --help` is fast.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -65,6 +64,13 @@ def lading(ctx: click.Context, debug: bool, quiet: bool) -> None:
     lading mount s3://b/data /mnt lazy read-only FUSE view of a bucket
     """
     ctx.obj = AppState(debug=debug, quiet=quiet)
+    if debug:  # the library logs to the "lading" logger; show it with --debug
+        import logging
+
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("lading: %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger("lading").addHandler(handler)
+        logging.getLogger("lading").setLevel(logging.DEBUG)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,9 +16,8 @@ from __future__ import annotations
 from typing import Any, Callable, MutableMapping, TypeVar
 
 import click
-
 from lading.cli.context import store_config
-from lading.stores.base import StoreConfig
+from lading.stores.config import StoreConfig
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from lading.mounts.options import MountOptions, MountReady
 from lading import stores as errors
+from lading.mounts.options import MountOptions, MountReady
 
 log = logging.getLogger("lading.mount")
 

@@ -23,13 +23,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from lading import stores as errors
 from lading.mounts.cache import DiskCache
 from lading.mounts.daemon import spawn_daemon, start_unmount_watchdog
 from lading.mounts.listing import build_tree
 from lading.mounts.options import MountOptions, MountReady, default_max_memory
 from lading.mounts.reader import Reader
 from lading.mounts.stats import Stats
-from lading import stores as errors
 from lading.stores import open_store
 
 log = logging.getLogger("lading.mount")
@@ -105,12 +105,14 @@ def _configure_logging(options: MountOptions, to_stderr: bool) -> None:
     else:
         handler = logging.NullHandler()
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
+    # lading's own loggers and mfusepy's, never the root logger (a caller's logging stays theirs).
+    for name in ("lading", "fuse"):
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False
+        logger.setLevel(level)
     if not options.debug:
         logging.getLogger("fuse").setLevel(logging.WARNING)  # mfusepy logs every errno at DEBUG
-        logging.getLogger("botocore").setLevel(logging.WARNING)
 
 
 def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from lading.mounts.listing import ViewSpec
 from lading.mounts.reader import ReaderConfig
-from lading.stores.base import StoreConfig
+from lading.stores.config import StoreConfig
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from lading.context import check_context
 from lading.context import stat_sizes as sizes_module
 
@@ -23,8 +22,8 @@ def make_tree(root: Path, n_dirs: int = 30, per_dir: int = 20) -> Path:
     return root
 
 
-def snapshot(root: Path) -> tuple:
-    report = check_context(str(root))
+def snapshot(root: Path, fork: bool = True) -> tuple:
+    report = check_context(str(root), fork=fork)
     own = {key: (t.files, t.raw_bytes, t.det_bytes) for key, t in report.walked.own.items()}
     return sorted(zip(report.walked.files, report.walked.sizes)), own, sorted(report.walked.notes)
 
@@ -59,3 +58,13 @@ def test_a_child_that_dies_is_made_up_for(tmp_path, monkeypatch, counted_forks):
     monkeypatch.setattr(sizes_module, "PARALLEL_MIN_ENTRIES", 10)
     monkeypatch.setattr(sizes_module, "_write_all", lambda fd, data: os._exit(3))
     assert snapshot(root) == serial
+
+
+def test_the_library_forks_only_when_asked(tmp_path, monkeypatch, counted_forks):
+    root = make_tree(tmp_path / "ctx")
+    monkeypatch.setattr(sizes_module, "PARALLEL_MIN_ENTRIES", 10)
+    monkeypatch.setattr(sizes_module, "_can_fork", lambda: True)
+    serial = snapshot(root, fork=False)
+    assert not counted_forks, "check_context forked the caller's process without being asked"
+    assert snapshot(root, fork=True) == serial
+    assert len(counted_forks) == 1

@@ -27,17 +27,20 @@ __all__ = [
 
 def check_context(context_dir: str, includes: Sequence[str] = (), *, limit: int = DET_LIMIT_BYTES,
                   config_path: str | None = None, explain_path: str | None = None,
-                  remedies: bool = True, progress: Callable[[int], None] | None = None) -> CheckReport:
+                  remedies: bool = True, progress: Callable[[int], None] | None = None,
+                  fork: bool = False) -> CheckReport:
     """Walk the context (and includes) as det would, and build the report.
 
     Raises NotFound for a missing context, include or config; UsageError for a context that is
     a file, colliding include names, a bad .detignore pattern or a bad config; AccessDenied when
     the context cannot be listed. ``progress(files_so_far)`` is called after each directory.
+    ``fork`` lets big trees be stat'ed with a forked helper process (the CLI's choice; a library
+    caller's process is never forked unless it asks).
     """
     roots = resolve_roots(context_dir, includes)
     config = load_config(config_path) if config_path is not None else None
     specs = [IgnoreSpec([]) if root.is_file else IgnoreSpec.for_root(root.path) for root in roots]
-    walked = walk_roots(roots, specs, progress)
+    walked = walk_roots(roots, specs, progress, fork)
     dirs = directory_stats(walked)
     det_bytes = {path: stat.det_bytes for path, stat in dirs.items()}
     report = CheckReport(roots=roots, limit_bytes=limit, walked=walked, dirs=dirs)

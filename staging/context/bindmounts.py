@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import yaml
-
 from lading.context import config as context_config
 from lading.core.errors import NotFound
 

@@ -139,7 +139,7 @@ def _item(report: CheckReport, path: str, det_bytes: int, base: StoreURI) -> Fix
 
 
 def _md5(path: Path) -> str:
-    digest = hashlib.md5()
+    digest = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as handle:
         while chunk := handle.read(_MD5_CHUNK):
             digest.update(chunk)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections import defaultdict
 import posixpath
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 

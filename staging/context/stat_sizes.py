@@ -21,12 +21,13 @@ _CHUNK = 2048
 Readable = Callable[[os.stat_result], bool]
 
 
-def stat_sizes(paths: Sequence[str], readable: Readable | None) -> list[int]:
+def stat_sizes(paths: Sequence[str], readable: Readable | None, fork: bool = False) -> list[int]:
     """Size of each path (following links), or a negative code: FAILED, NOT_REGULAR, NOT_READABLE.
 
     Paths rather than ``os.DirEntry`` objects: an entry caches its stat result, and a batch of
-    cached results costs memory for nothing."""
-    if len(paths) >= PARALLEL_MIN_ENTRIES and _can_fork():
+    cached results costs memory for nothing. ``fork`` allows a forked helper process: only a
+    caller that owns its process (the CLI) asks for it."""
+    if fork and len(paths) >= PARALLEL_MIN_ENTRIES and _can_fork():
         try:
             return _stat_in_two_processes(paths, readable)
         except OSError:

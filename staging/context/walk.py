@@ -79,13 +79,14 @@ def resolve_roots(context_dir: str, includes: Sequence[str] = ()) -> list[Root]:
 
 
 def walk_roots(roots: Sequence[Root], specs: Sequence[IgnoreSpec],
-               progress: Callable[[int], None] | None = None) -> WalkResult:
+               progress: Callable[[int], None] | None = None, fork: bool = False) -> WalkResult:
     """Walk every root with its spec; raise UsageError when top-level names collide (det does).
 
-    ``progress`` is called with the number of files found so far after each directory.
+    ``progress`` is called with the number of files found so far after each directory. With
+    ``fork``, big trees are stat'ed by this process and a forked child together (see stat_sizes).
     """
     result = WalkResult()
-    sizer = _Sizer(result, _read_permission_check(), progress)
+    sizer = _Sizer(result, _read_permission_check(), progress, fork)
     for root, spec in zip(roots, specs):
         if root.is_file:
             _add_file_root(root, result, sizer.readable)
@@ -114,8 +115,8 @@ class _Sizer:
     BATCH = 50_000  # bounds the memory held between the walk and the stats
 
     def __init__(self, result: WalkResult, readable: Readable | None,
-                 progress: Callable[[int], None] | None) -> None:
-        self.result, self.readable, self.progress = result, readable, progress
+                 progress: Callable[[int], None] | None, fork: bool) -> None:
+        self.result, self.readable, self.progress, self.fork = result, readable, progress, fork
         self.pending: list[_Pending] = []
         self.waiting = 0
 
@@ -131,7 +132,7 @@ class _Sizer:
     def flush(self) -> None:
         """Stat everything queued and record it, directory by directory."""
         result = self.result
-        codes = stat_sizes([source for p in self.pending for source in p.sources], self.readable)
+        codes = stat_sizes([source for p in self.pending for source in p.sources], self.readable, self.fork)
         offset = 0
         for pending in self.pending:
             chunk = codes[offset:offset + len(pending.sources)]

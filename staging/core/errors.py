@@ -7,6 +7,8 @@ Exit codes (documented in the README, mapped in exactly one place: ``lading.cli.
 
 from __future__ import annotations
 
+from typing import Iterable
+
 
 class LadingError(Exception):
     """Base class: a failure lading can explain in one line."""
@@ -63,3 +65,26 @@ class UnsafeKey(LadingError):
     """A key that would escape the destination or collide with another key."""
 
     exit_code = 1
+
+
+_BY_CODE: dict[int, type[LadingError]] = {1: ProblemFound, 2: UsageError, 3: NotFound, 4: AccessDenied,
+                                          5: TransientError}
+
+
+def exit_code_for_failures(codes: Iterable[int], succeeded: int) -> int:
+    """The one rule for commands with per-item failures (sync, fetch, hook run).
+
+    When nothing succeeded and every failure has the same cause (say, access denied), the exit
+    code is that cause's; otherwise it is 1: some items failed. No failure at all is 0.
+    """
+    distinct = set(codes)
+    if not distinct:
+        return 0
+    if succeeded == 0 and len(distinct) == 1:
+        return distinct.pop()
+    return ProblemFound.exit_code
+
+
+def error_for_exit_code(code: int) -> type[LadingError]:
+    """The exception class whose exit code is ``code`` (ProblemFound for anything unknown)."""
+    return _BY_CODE.get(code, ProblemFound)

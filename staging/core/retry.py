@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Callable, TypeVar
 from lading.core.errors import TransientError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ def with_retries(
         except TransientError as err:
             if attempt >= policy.attempts:
                 raise
+            log.info("retrying after a transient error (attempt %d of %d): %s", attempt, policy.attempts, err)
             if on_retry is not None:
                 on_retry(attempt, err)
             sleep(policy.delay(attempt))

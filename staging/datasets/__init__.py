@@ -29,7 +29,8 @@ from lading.core.errors import NotFound, ProblemFound, UsageError
 from lading.pack.index import parse_index
 from lading.pack.tarread import TarFormatError, iter_files
 from lading.stores import open_store
-from lading.stores.base import ObjectInfo, Store, StoreConfig
+from lading.stores.base import ObjectInfo, Store
+from lading.stores.config import StoreConfig
 from lading.stores.uri import StoreURI, parse_uri
 
 Sample = dict[str, Any]

@@ -26,14 +26,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from lading.core.errors import AccessDenied, LadingError, NotFound, ProblemFound, TransientError
+from lading.core.atomic import write_atomically
+from lading.core.errors import (
+    NotFound,
+    error_for_exit_code,
+    exit_code_for_failures,
+)
+from lading.core.locks import exclusive_lock
 from lading.stores.base import ObjectInfo, Store
 from lading.sync.apply import FailedKey, store_fetcher
-from lading.core.locks import exclusive_lock
-from lading.sync.plan import SyncPlan, SyncRequest, select_objects
 from lading.sync.into import sync_into
+from lading.sync.plan import SyncPlan, SyncRequest, select_objects
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
-from lading.core.atomic import write_atomically
 
 MARKER_FORMAT = 1
 
@@ -172,18 +176,17 @@ def _write_marker(path: Path, source: str, row: list | None) -> None:
     write_atomically(path, json.dumps(marker, separators=(",", ":")), durable=True)
 
 
-_ERRORS: dict[int, type[LadingError]] = {3: NotFound, 4: AccessDenied, 5: TransientError}
-
-
 def raise_for_failures(result: StageResult) -> None:
-    """Turn failed objects into one error naming them, with the first failure's exit code."""
+    """Turn failed objects into one error naming them; its exit code follows
+    :func:`~lading.core.errors.exit_code_for_failures`, like ``lading sync``'s."""
     if not result.failed:
         return
     first = result.failed[0]
     names = ", ".join(f.key for f in result.failed[:5]) + (" ..." if len(result.failed) > 5 else "")
     message = (f"{len(result.failed)} of {result.objects} object(s) from {result.source} failed "
                f"({names}): {first.error}")
-    raise _ERRORS.get(first.exit_code, ProblemFound)(message, "rerun: what already arrived is kept and skipped")
+    code = exit_code_for_failures((f.exit_code for f in result.failed), result.objects - len(result.failed))
+    raise error_for_exit_code(code)(message, "rerun: what already arrived is kept and skipped")
 
 
 def view_root(root: Path, index: int) -> Path:

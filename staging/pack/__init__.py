@@ -18,7 +18,7 @@ from lading.pack.plan import PackOptions, PackPlan, plan_shards
 from lading.pack.sources import LocalSource, MemberSource, StoreSource, list_local
 from lading.pack.upload import LocalPublisher, Publisher, StorePublisher
 from lading.stores import open_store
-from lading.stores.base import StoreConfig
+from lading.stores.config import StoreConfig
 from lading.stores.uri import StoreURI, parse_uri
 
 __all__ = ["PackEvents", "PackOptions", "PackPlan", "PackResult", "default_name", "plan_pack", "run_pack",

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 # The errors a Store raises, key validation and the retry policy are part of the protocol's
 # surface: re-exported so that mounts/ depends on staging.stores alone.
-from lading.core.errors import (AccessDenied, LadingError, NotFound, ObjectChanged, ProblemFound,
-                            Throttled, TransientError, UnsafeKey, UsageError)
+from lading.core.errors import (
+    AccessDenied,
+    LadingError,
+    NotFound,
+    ObjectChanged,
+    ProblemFound,
+    Throttled,
+    TransientError,
+    UnsafeKey,
+    UsageError,
+)
 from lading.core.keys import key_parts, safe_join
 from lading.core.retry import DEFAULT_POLICY, RetryPolicy, with_retries
-from lading.stores.base import ObjectInfo, ProgressCallback, Store, StoreConfig
+from lading.stores.base import ObjectInfo, ProgressCallback, Store
+from lading.stores.config import StoreConfig
 from lading.stores.uri import StoreURI, parse_uri
 
 __all__ = [

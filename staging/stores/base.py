@@ -6,8 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, runtime_checkable
 
-from lading.stores.config import StoreConfig
-
 #: Called with a number of bytes just transferred.
 ProgressCallback = Callable[[int], None]
 

@@ -11,6 +11,7 @@ fails that key.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat as stat_mode
 import threading
@@ -24,6 +25,8 @@ from lading.stores.base import ObjectInfo, Store
 from lading.sync.plan import SyncPlan
 from lading.sync.state import Entry, SyncState
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
+
+log = logging.getLogger(__name__)
 
 #: ``fetcher(items, options, events) -> results``: how the bytes get there.
 Fetcher = Callable[[list[TransferItem], TransferOptions, "SyncEvents"], list[TransferResult]]
@@ -282,6 +285,8 @@ def sweep_temporaries(dest: Path, markers: tuple[str, ...], keep: Iterable[Path]
                 try:
                     os.unlink(entry.path)
                     removed += 1
-                except OSError:
-                    pass
+                except OSError as err:
+                    log.debug("could not remove the leftover temporary %s: %s", entry.path, err)
+    if removed:
+        log.info("removed %d temporary file(s) left by an interrupted run under %s", removed, dest)
     return removed

@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -34,14 +35,16 @@ from dataclasses import replace
 from pathlib import Path
 
 from lading.core.errors import LadingError
+from lading.core.locks import exclusive_lock
 from lading.pack.reuse import PackedDataset
 from lading.stores.base import Store
 from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
-from lading.core.locks import exclusive_lock
-from lading.sync.plan import Selection, SyncRequest, plan_sync
 from lading.sync.into import make_directory, sync_into
+from lading.sync.plan import Selection, SyncRequest, plan_sync
 from lading.sync.state import SyncState
 from lading.transfer import TransferItem, TransferOptions, TransferResult
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CACHE_ROOT = Path("/tmp/lading-cache")
 
@@ -108,6 +111,7 @@ def _place(entry: Path, cache_state: SyncState, item: TransferItem) -> TransferR
             except OSError as err:
                 if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
                     raise
+                log.debug("%s: no hard link into %s (%s), copying", key, tmp.parent, err.strerror)
                 shutil.copyfile(source, tmp)  # another filesystem (or no hard links there): copy
             os.replace(tmp, item.dest)
         except OSError:

@@ -15,6 +15,7 @@ The :class:`SyncPlan` is what ``--dry-run`` and ``--json`` show.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import stat as stat_mode
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,8 @@ from lading.selection.manifest import Manifest, keys_under
 from lading.selection.sharding import BALANCES, DISTRIBUTIONS, select_for_rank
 from lading.stores.base import ObjectInfo, Store
 from lading.sync.state import RESERVED_NAMES, SyncState
+
+log = logging.getLogger(__name__)
 
 _SHOWN_UNSAFE = 5
 
@@ -183,6 +186,8 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
             unsafe.append(reason)
             continue
         kept.append(info)
+    if markers:
+        log.debug("%s: skipped %d directory marker(s) (zero-byte keys ending in /)", request.source, markers)
     if unsafe:
         _refuse(unsafe, request.source)
     collisions = find_collisions(info.key for info in kept)

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable
 
+from lading.core.atomic import write_atomically
 from lading.core.errors import AccessDenied, LadingError, UnsafeKey
 from lading.core.keys import key_parts
-from lading.core.atomic import write_atomically
 
 STATE_NAME = ".lading-sync.json"
 JOURNAL_NAME = ".lading-sync.journal"

@@ -19,10 +19,10 @@ from typing import Callable, Iterable, Iterator
 from lading.core.errors import LadingError
 from lading.core.retry import DEFAULT_POLICY, with_retries
 from lading.stores.base import Store
-from lading.transfer.types import NoEvents, TransferEvents, TransferItem, TransferOptions, TransferResult
 from lading.transfer.files import DirectoryMaker, as_lading_error, publish, remove_temporaries, temporary_path
 from lading.transfer.large import LargeContext, LargeDownload
 from lading.transfer.readers import Reader, open_reader
+from lading.transfer.types import NoEvents, TransferEvents, TransferItem, TransferOptions, TransferResult
 from lading.transfer.verify import IntegrityError, Verifier
 
 #: How long an interrupted transfer waits for running requests before giving up on them.

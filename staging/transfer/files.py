@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lading.core.errors import AccessDenied, LadingError
 from lading.core.atomic import write_atomically
+from lading.core.errors import AccessDenied, LadingError
 
 PART_SUFFIX = ".lading-part"
 SIDECAR_SUFFIX = ".lading-part.json"

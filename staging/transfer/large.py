@@ -16,14 +16,20 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from lading.core.errors import LadingError, ObjectChanged, TransientError
 from lading.core.retry import with_retries
-from lading.transfer.types import TransferItem, TransferOptions, TransferResult
-from lading.transfer.files import ResumeRecord, as_lading_error, publish, remove_temporaries, sidecar_path, temporary_path
+from lading.transfer.files import (
+    ResumeRecord,
+    as_lading_error,
+    publish,
+    remove_temporaries,
+    sidecar_path,
+    temporary_path,
+)
 from lading.transfer.readers import Reader
+from lading.transfer.types import TransferItem, TransferOptions, TransferResult
 from lading.transfer.verify import IntegrityError, Verifier
 
 _SAVE_INTERVAL = 1.0

@@ -24,11 +24,12 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 from lading.core.errors import NotFound, TransientError
 from lading.core.retry import with_retries
-from lading.stores.base import ObjectInfo, ProgressCallback, StoreConfig
+from lading.stores.base import ObjectInfo, ProgressCallback
+from lading.stores.config import StoreConfig
 from lading.stores.gcs.errors import status_of, translate
+from lading.stores.gcs.upload import ResumableUpload
 from lading.stores.lazy import LazyClient, translated
 from lading.stores.uri import StoreURI, root_prefix
-from lading.stores.gcs.upload import ResumableUpload
 
 T = TypeVar("T")
 _LIST_FIELDS = "items(name,size,generation,updated,md5Hash,crc32c),nextPageToken"

@@ -19,7 +19,6 @@ from typing import Any, Callable, Protocol
 from lading.stores.base import ProgressCallback
 
 
-
 class UploadTarget(Protocol):
     """What an upload needs of the GCS store (implemented by ``GCSStore``)."""
 

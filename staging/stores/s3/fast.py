@@ -26,11 +26,12 @@ from urllib.parse import quote, urlsplit
 
 from lading.core.errors import AccessDenied, LadingError, TransientError, UsageError
 from lading.core.retry import with_retries
-from lading.stores.base import ObjectInfo, StoreConfig
+from lading.stores.base import ObjectInfo
+from lading.stores.config import StoreConfig
 from lading.stores.s3.errors import from_response
-from lading.stores.s3.store import S3Store
 from lading.stores.s3.listing import md5_of_etag, next_token, parse_listing
 from lading.stores.s3.sign import Credentials, Signer
+from lading.stores.s3.store import S3Store
 from lading.stores.s3.wire import ClosedBeforeResponse, Connection, Head, Pool, WireError
 from lading.stores.uri import StoreURI, root_prefix
 

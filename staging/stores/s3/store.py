@@ -26,12 +26,13 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 from lading.core.errors import ObjectChanged, TransientError
 from lading.core.retry import with_retries
-from lading.stores.base import ObjectInfo, ProgressCallback, StoreConfig
-from lading.stores.s3.errors import client_error_code, translate
+from lading.stores.base import ObjectInfo, ProgressCallback
+from lading.stores.config import StoreConfig
 from lading.stores.lazy import LazyClient, translated
+from lading.stores.s3.errors import client_error_code, translate
 from lading.stores.s3.listing import md5_of_etag
-from lading.stores.uri import StoreURI, root_prefix
 from lading.stores.s3.upload import MultipartUpload
+from lading.stores.uri import StoreURI, root_prefix
 
 T = TypeVar("T")
 _READ_CHUNK = 1 << 20
@@ -316,7 +317,7 @@ def _total_size(response: dict[str, Any]) -> int:
 
 def md5_base64_of_file(path: Path) -> str:
     """Base64 MD5 of a file, as ``Content-MD5`` wants it."""
-    digest = hashlib.md5()
+    digest = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as handle:
         while chunk := handle.read(_READ_CHUNK):
             digest.update(chunk)

@@ -13,7 +13,6 @@ from typing import Any, Callable, Protocol
 from lading.stores.base import ProgressCallback
 
 
-
 class UploadTarget(Protocol):
     """What an upload needs of the S3 store (implemented by ``S3Store``)."""
 
@@ -63,7 +62,7 @@ class MultipartUpload:
         offset = (number - 1) * self.part_size
         with open(self.src, "rb") as handle:
             data = os.pread(handle.fileno(), self.part_size, offset)
-        digest = base64.b64encode(hashlib.md5(data).digest()).decode()
+        digest = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
         response = self.store._call(self.where, lambda client: client.upload_part(
             Bucket=self.store.bucket, Key=self.full_key, UploadId=upload_id, PartNumber=number,
             Body=data, ContentMD5=digest))
