@@ -1,4 +1,4 @@
-"""Session fixtures: real S3 (moto) and GCS (emulator) servers on 127.0.0.1."""
+"""Session fixtures: real S3 (moto, rclone serve s3) and GCS (fake-gcs-server) servers on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from servers import Server, reset_moto, start_gcs, start_moto  # noqa: E402
+from servers import Server, reset_moto, start_fake_gcs, start_moto, start_rclone_s3  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,16 +42,35 @@ def s3_env(moto_server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, st
 
 
 @pytest.fixture(scope="session")
+def rclone_server(server_logs: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One ``rclone serve s3`` for the session, over an empty directory. It is never reset: tests
+    create a bucket of their own through its S3 API (it caches directory listings)."""
+    server = start_rclone_s3(server_logs, tmp_path_factory.mktemp("rclone-s3"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def rclone_env(rclone_server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The AWS variables pointing at the rclone S3 server, set for this test."""
+    for name, value in rclone_server.env.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return dict(rclone_server.env)
+
+
+@pytest.fixture(scope="session")
 def gcs_server(server_logs: Path) -> Iterator[Server]:
-    """One GCS emulator for the session."""
-    server = start_gcs(server_logs)
+    """One fake-gcs-server (in memory) for the session; tests use buckets of their own."""
+    server = start_fake_gcs(server_logs)
     yield server
     server.stop()
 
 
 @pytest.fixture
 def gcs_env(gcs_server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """The emulator's variables set for this test."""
+    """fake-gcs-server's variables (``STORAGE_EMULATOR_HOST``) set for this test."""
     for name, value in gcs_server.env.items():
         monkeypatch.setenv(name, value)
     return dict(gcs_server.env)

@@ -1,4 +1,4 @@
-"""A counting, fault-injecting HTTP proxy for tests: put it between a client and moto / the GCS emulator.
+"""A counting, fault-injecting HTTP proxy for tests: put it between a client and a test server.
 
 Usage::
 
@@ -33,6 +33,8 @@ The API:
 
   * ``"slowdown"``: answer 503 with an S3 ``SlowDown`` XML error body (request never forwarded);
   * ``"429"``: answer 429 Too Many Requests with a JSON error body (GCS style);
+  * ``"403"``: answer 403 Forbidden with a JSON error body (GCS style), like a bucket the
+    credentials may not read (the test servers never refuse anyone);
   * ``"reset"``: read the request, then abort the connection with a TCP RST (never forwarded);
   * ``"truncate"``: forward, then send the status, headers and full Content-Length but only the
     first half of the body, and close the connection. Only responses with a body of 2 bytes or
@@ -62,7 +64,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-FAULT_KINDS = ("slowdown", "429", "reset", "truncate", "norange")
+FAULT_KINDS = ("slowdown", "429", "403", "reset", "truncate", "norange")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
                "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "expect"}
 _CHUNK = 256 * 1024
@@ -70,6 +72,7 @@ _SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDow
                   b"<Message>Please reduce your request rate.</Message>"
                   b"<RequestId>lading-fault-proxy</RequestId></Error>")
 _TOO_MANY_BODY = b'{"error": {"code": 429, "message": "rate limit exceeded (lading fault proxy)"}}'
+_FORBIDDEN_BODY = b'{"error": {"code": 403, "message": "forbidden (lading fault proxy)"}}'
 
 
 class Headers(dict):
@@ -263,6 +266,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._abort()
         elif fault == "slowdown":
             self._send_simple(503, _SLOWDOWN_BODY, "application/xml", reason="Slow Down")
+        elif fault == "403":
+            self._send_simple(403, _FORBIDDEN_BODY, "application/json", reason="Forbidden")
         else:
             self._send_simple(429, _TOO_MANY_BODY, "application/json", reason="Too Many Requests")
 
@@ -398,7 +403,7 @@ class FaultProxy:
         return None
 
     def _pre_fault(self, method: str, path: str) -> str | None:
-        return self._pick(method, path, ("slowdown", "429", "reset"))
+        return self._pick(method, path, ("slowdown", "429", "403", "reset"))
 
     def _post_fault(self, method: str, path: str) -> bool:
         return self._pick(method, path, ("truncate",)) is not None

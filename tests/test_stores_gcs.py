@@ -1,29 +1,26 @@
-"""GCSStore against the GCS emulator over HTTP, plus a small fake of the JSON API for the paths
-the emulator gets wrong (it returns one listing page only and ignores ifGenerationMatch).
+"""GCSStore against fake-gcs-server over HTTP; faults and request counts through FaultProxy.
 
-No SDK patching: the real google-cloud-storage client talks HTTP to both servers.
+No SDK patching: the real google-cloud-storage client talks HTTP to a real server. Where
+fake-gcs-server differs from GCS the tests say so: it ignores ``ifGenerationMatch`` on reads
+(it does send ``X-Goog-Generation``, which the store must compare: issue 10), and it finalises a
+resumable upload on a status query (``Content-Range: bytes */N``) instead of answering 308.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
-import threading
-import urllib.parse
-from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+import urllib.error
+import urllib.request
 
 import google_crc32c
 import pytest
-
-from proxies import FaultProxy
 from lading.core.errors import AccessDenied, NotFound, ObjectChanged, Throttled, TransientError
 from lading.core.retry import RetryPolicy
 from lading.stores import StoreConfig, open_store, parse_uri
 from lading.stores.gcs.store import GCSStore
+from proxies import FaultProxy
 
 FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.005, max_delay=0.02)
 
@@ -42,7 +39,7 @@ def _crc32c(data: bytes) -> str:
 
 @pytest.fixture
 def bucket(gcs_env, request):
-    """A fresh emulator bucket (named after the test) and a raw client bucket for setup."""
+    """A fresh fake-gcs-server bucket (named after the test) and a raw client bucket for setup."""
     name = "t-" + hashlib.md5(request.node.name.encode()).hexdigest()[:20]
     store = _store(gcs_env["STORAGE_EMULATOR_HOST"], f"gs://{name}")
     client = store._client.get()
@@ -82,14 +79,18 @@ def test_listing_prefixes_and_metadata(bucket, emulator):
     assert first.version == str(bucket.get_blob("data/a").generation) and first.mtime > 0
 
 
-def test_emulator_gap_one_listing_page_only(bucket, emulator):
-    """The emulator ignores maxResults (one page); pagination is covered by the fake below."""
-    for i in range(5):
-        _put(bucket, f"p/{i}", b"x")
+def test_pagination_follows_page_tokens(bucket, emulator):
+    for i in range(7):
+        _put(bucket, f"data/{i}", b"x" * i)
+    _put(bucket, "other/z", b"z")
     with FaultProxy(emulator) as proxy:
-        store = _store(proxy.url, f"gs://{bucket.name}/p", page_size=2)
-        assert [i.key for i in store.list()] == ["0", "1", "2", "3", "4"]
-        assert proxy.count("GET", path_prefix=f"/storage/v1/b/{bucket.name}/o") == 1  # the gap
+        store = _store(proxy.url, f"gs://{bucket.name}/data", page_size=3)
+        listed = [(i.key, i.size) for i in store.list()]
+        pages = [r.query for r in proxy.requests if r.path == f"/storage/v1/b/{bucket.name}/o"]
+    assert listed == [(str(i), i) for i in range(7)]
+    assert len(pages) == 3
+    assert "pageToken" not in pages[0] and all("pageToken=" in p for p in pages[1:])
+    assert all("maxResults=3" in p and "prefix=data%2F" in p for p in pages)
 
 
 def test_stat_ranges_and_missing(bucket, emulator):
@@ -200,202 +201,56 @@ def test_usable_after_fork(bucket, emulator):
     assert store.read_range("f", 7, 11) == b"read"
 
 
-# -- a fake of the GCS JSON API, for pagination and generation preconditions ------------------
+# -- generations: fake-gcs-server ignores ifGenerationMatch on reads --------------------------
 
 
-class FakeGCS:
-    """Serves ``/storage/v1/b/B/o`` (paged with maxResults/pageToken), object metadata and
-    ``/download/...`` media with ``Range`` and ``ifGenerationMatch`` (412 on mismatch), from
-    an in-memory dict. Bucket ``forbidden`` answers 403. Records each request's path?query.
-    Also resumable uploads: POST creates a session; PUT chunks and ``bytes */N`` status
-    queries answer 308 with ``Range`` only once something is committed (as real GCS does); the
-    final chunk's ``X-Goog-Hash: crc32c=`` is checked (400 on mismatch)."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, tuple[bytes, int]] = {}
-        self.requests: list[str] = []
-        self._generation = 1000
-        self.sessions: dict[str, tuple[str, bytearray]] = {}
-        self.hash_headers: list[str] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                fake.requests.append(self.path)
-                fake.serve(self)
-
-            def do_POST(self) -> None:
-                fake.requests.append("POST " + self.path)
-                fake.create_session(self)
-
-            def do_PUT(self) -> None:
-                fake.requests.append("PUT " + self.path)
-                fake.upload_chunk(self)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def put(self, name: str, data: bytes) -> str:
-        self._generation += 1
-        self.objects[name] = (data, self._generation)
-        return str(self._generation)
-
-    def _meta(self, name: str) -> dict:
-        data, generation = self.objects[name]
-        return {"kind": "storage#object", "bucket": "fake", "name": name, "size": str(len(data)),
-                "generation": str(generation), "metageneration": "1",
-                "updated": datetime(2026, 11, 21, tzinfo=timezone.utc).isoformat().replace("+00:00", "Z"),
-                "md5Hash": base64.b64encode(hashlib.md5(data).digest()).decode(), "crc32c": _crc32c(data)}
-
-    def serve(self, handler: BaseHTTPRequestHandler) -> None:
-        parsed = urllib.parse.urlsplit(handler.path)
-        query = dict(urllib.parse.parse_qsl(parsed.query))
-        parts = parsed.path.split("/")
-        if "/b/forbidden/" in parsed.path:
-            return self._json(handler, 403, {"error": {"code": 403, "message": "forbidden"}})
-        if parsed.path.startswith("/storage/v1/b/") and parsed.path.endswith("/o"):
-            return self._list(handler, query)
-        name = urllib.parse.unquote(parts[-1])
-        if name not in self.objects:
-            return self._json(handler, 404, {"error": {"code": 404, "message": "No such object"}})
-        data, generation = self.objects[name]
-        if "ifGenerationMatch" in query and query["ifGenerationMatch"] != str(generation):
-            return self._json(handler, 412, {"error": {"code": 412, "message": "Precondition Failed"}})
-        if parsed.path.startswith("/download/"):
-            return self._media(handler, data, generation)
-        return self._json(handler, 200, self._meta(name))
-
-    def create_session(self, handler: BaseHTTPRequestHandler) -> None:
-        body = json.loads(handler.rfile.read(int(handler.headers.get("Content-Length") or 0)) or b"{}")
-        upload_id = f"u{len(self.sessions)}"
-        self.sessions[upload_id] = (body["name"], bytearray())
-        handler.send_response(200)
-        handler.send_header("Location", f"http://{handler.headers['Host']}/upload/storage/v1/b/fake/o"
-                                        f"?uploadType=resumable&upload_id={upload_id}")
-        handler.send_header("Content-Length", "0")
-        handler.end_headers()
-
-    def upload_chunk(self, handler: BaseHTTPRequestHandler) -> None:
-        query = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(handler.path).query))
-        name, received = self.sessions[query["upload_id"]]
-        chunk = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
-        span, _, total = handler.headers["Content-Range"].removeprefix("bytes ").partition("/")
-        if span != "*":
-            first = int(span.split("-")[0])
-            if first != len(received):
-                return self._json(handler, 400, {"error": {"code": 400, "message": "bad offset"}})
-            received.extend(chunk)
-        if len(received) == int(total):
-            digest = handler.headers.get("X-Goog-Hash", "")
-            self.hash_headers.append(digest)
-            if digest and digest != f"crc32c={_crc32c(bytes(received))}":
-                return self._json(handler, 400, {"error": {"code": 400, "message": "crc32c mismatch"}})
-            self.put(name, bytes(received))
-            return self._json(handler, 200, self._meta(name))
-        handler.send_response(308)
-        if received:
-            handler.send_header("Range", f"bytes=0-{len(received) - 1}")
-        handler.send_header("Content-Length", "0")
-        handler.end_headers()
-
-    def _list(self, handler: BaseHTTPRequestHandler, query: dict) -> None:
-        names = sorted(n for n in self.objects if n.startswith(query.get("prefix", "")))
-        after = base64.urlsafe_b64decode(query["pageToken"]).decode() if "pageToken" in query else None
-        if after is not None:
-            names = [n for n in names if n > after]
-        size = int(query.get("maxResults", 1000))
-        page, rest = names[:size], names[size:]
-        body: dict = {"kind": "storage#objects", "items": [self._meta(n) for n in page]}
-        if rest:
-            body["nextPageToken"] = base64.urlsafe_b64encode(page[-1].encode()).decode()
-        self._json(handler, 200, body)
-
-    def _media(self, handler: BaseHTTPRequestHandler, data: bytes, generation: int) -> None:
-        start, end = 0, len(data) - 1
-        status = 200
-        spec = handler.headers.get("Range")
-        if spec:
-            first, _, last = spec.removeprefix("bytes=").partition("-")
-            start, end, status = int(first), min(int(last) if last else end, len(data) - 1), 206
-        chunk = data[start:end + 1]
-        handler.send_response(status)
-        handler.send_header("Content-Length", str(len(chunk)))
-        handler.send_header("x-goog-generation", str(generation))
-        if status == 206:
-            handler.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
-        handler.end_headers()
-        handler.wfile.write(chunk)
-
-    def _json(self, handler: BaseHTTPRequestHandler, status: int, body: dict) -> None:
-        payload = json.dumps(body).encode()
-        handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
-        handler.send_header("Content-Length", str(len(payload)))
-        handler.end_headers()
-        handler.wfile.write(payload)
-
-    def __enter__(self) -> "FakeGCS":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def test_fake_pagination_follows_page_tokens():
-    with FakeGCS() as fake:
-        for i in range(7):
-            fake.put(f"data/{i}", b"x" * i)
-        fake.put("other/z", b"z")
-        store = _store(fake.url, "gs://fake/data", page_size=3)
-        listed = [(i.key, i.size) for i in store.list()]
-        pages = [r for r in fake.requests if r.startswith("/storage/v1/b/fake/o?")]
-    assert listed == [(str(i), i) for i in range(7)]
-    assert len(pages) == 3
-    assert "pageToken" not in pages[0] and all("pageToken=" in p for p in pages[1:])
-    assert all("maxResults=3" in p and "prefix=data%2F" in p for p in pages)
-
-
-def test_fake_generation_precondition_gives_object_changed(tmp_path):
-    with FakeGCS() as fake:
-        old = fake.put("d/v", b"first version")
-        store = _store(fake.url, "gs://fake/d")
-        assert store.read_range("v", 0, 5, old) == b"first"
-        fake.put("d/v", b"second version")
-        with pytest.raises(ObjectChanged):
-            store.read_range("v", 0, 5, old)
-        with pytest.raises(ObjectChanged):
-            store.download("v", tmp_path / "v.tmp", version=old)
-        assert any(f"ifGenerationMatch={old}" in r for r in fake.requests)
-        store.download("v", tmp_path / "v.tmp")  # no version: pins the current generation
-        assert (tmp_path / "v.tmp").read_bytes() == b"second version"
-
-
-def test_emulator_gap_generation_precondition_is_ignored(bucket, emulator):
-    """The emulator serves new data for a stale generation; the fake above covers the 412 path."""
-    _put(bucket, "g/v", b"first")
-    store = _store(emulator, f"gs://{bucket.name}/g")
+@pytest.mark.xfail(strict=True, reason="issue 10: GCSStore does not compare the response's "
+                   "X-Goog-Generation with the pinned one; fake-gcs-server ignores ifGenerationMatch")
+def test_generation_precondition_gives_object_changed(bucket, emulator, tmp_path):
+    _put(bucket, "d/v", b"first version")
+    store = _store(emulator, f"gs://{bucket.name}/d")
     old = store.stat("v").version
+    assert store.read_range("v", 0, 5, old) == b"first"
+    _put(bucket, "d/v", b"second version")
+    with pytest.raises(ObjectChanged):
+        store.read_range("v", 0, 5, old)
+    with pytest.raises(ObjectChanged):
+        store.download("v", tmp_path / "v.tmp", version=old)
+    store.download("v", tmp_path / "v.tmp")  # no version: pins the current generation
+    assert (tmp_path / "v.tmp").read_bytes() == b"second version"
+
+
+def test_pinned_reads_ask_for_the_generation(bucket, emulator, tmp_path):
+    _put(bucket, "d/v", b"first version")
+    with FaultProxy(emulator) as proxy:
+        store = _store(proxy.url, f"gs://{bucket.name}/d")
+        old = store.stat("v").version
+        assert store.read_range("v", 0, 5, old) == b"first"
+        store.download("v", tmp_path / "v.tmp", version=old)
+        media = [r.query for r in proxy.requests if r.path.startswith("/download/")]
+    assert len(media) == 2 and all(f"ifGenerationMatch={old}" in q for q in media)
+
+
+def test_server_gap_generation_precondition_is_ignored(bucket, emulator):
+    """fake-gcs-server answers a stale ifGenerationMatch with 200 and the new bytes, but names the
+    generation it sent in X-Goog-Generation: what a client must compare (real GCS answers 412)."""
+    _put(bucket, "g/v", b"first")
+    old = bucket.get_blob("g/v").generation
     _put(bucket, "g/v", b"second")
-    assert store.stat("v").version != old
-    assert store.read_range("v", 0, 6, old) == b"second"  # a real GCS would answer 412
+    new = bucket.get_blob("g/v").generation
+    assert new != old
+    url = f"{emulator}/download/storage/v1/b/{bucket.name}/o/g%2Fv?alt=media&ifGenerationMatch={old}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        assert response.status == 200 and response.read() == b"second"
+        assert response.headers["X-Goog-Generation"] == str(new)
 
 
-def test_forbidden_is_access_denied():
-    with FakeGCS() as fake:
+def test_forbidden_is_access_denied(emulator):
+    with FaultProxy(emulator) as proxy:
+        proxy.add_fault("403", rate=1.0, path_prefix="/storage/v1/b/forbidden/")
         with pytest.raises(AccessDenied):
-            list(_store(fake.url, "gs://forbidden/x").list())
+            list(_store(proxy.url, "gs://forbidden/x").list())
+        assert proxy.injected["403"] == 1  # refused, never retried
 
 
 def test_small_upload_is_retried_and_progress_taken_back(bucket, emulator, tmp_path):
@@ -411,6 +266,13 @@ def test_small_upload_is_retried_and_progress_taken_back(bucket, emulator, tmp_p
     assert info.md5 == hashlib.md5(small.read_bytes()).hexdigest()
 
 
+STATUS_QUERY_GAP = pytest.mark.xfail(
+    strict=True, reason="fake-gcs-server gap: a resumable-upload status query (Content-Range: "
+    "bytes */N) finalises the upload with the bytes it has (200) instead of answering 308 with "
+    "the committed Range, so an upload cannot resume against it")
+
+
+@STATUS_QUERY_GAP
 def test_resumable_upload_resumes_from_the_committed_bytes(bucket, emulator, tmp_path):
     big = tmp_path / "big"
     big.write_bytes(os.urandom((2 << 20) + 5))
@@ -418,8 +280,7 @@ def test_resumable_upload_resumes_from_the_committed_bytes(bucket, emulator, tmp
     with FaultProxy(emulator) as proxy:
         store = _store(proxy.url, f"gs://{bucket.name}/r", resumable_threshold=1 << 20, chunk_size=chunk)
         uploads = f"/upload/storage/v1/b/{bucket.name}/o"
-        # Faults after the first chunk: the emulator wrongly answers a status query with
-        # "Range: bytes=0-0" (one byte) when nothing is committed; real GCS omits Range.
+        # Faults after the first chunk, so that something is committed when the store asks.
         proxy.add_fault("slowdown", first=1, after=1, method="PUT", path_prefix=uploads)
         proxy.add_fault("reset", first=1, after=1, method="PUT", path_prefix=uploads)
         progress: list[int] = []
@@ -448,28 +309,31 @@ def test_empty_object_round_trip(bucket, emulator, tmp_path):
     assert (tmp_path / "e.tmp").read_bytes() == b""
 
 
-def test_fake_resumable_upload_restarts_when_nothing_was_committed(tmp_path):
-    """Real GCS omits Range in a 308 when nothing is committed (the emulator says bytes=0-0)."""
+@STATUS_QUERY_GAP
+def test_resumable_upload_restarts_when_nothing_was_committed(bucket, emulator, tmp_path):
+    """Real GCS omits Range in a 308 when nothing is committed."""
     data = os.urandom((1 << 20) + 3)
     (tmp_path / "big").write_bytes(data)
-    with FakeGCS() as fake, FaultProxy(fake.url) as proxy:
-        store = _store(proxy.url, "gs://fake/up", resumable_threshold=512 << 10, chunk_size=256 << 10)
+    with FaultProxy(emulator) as proxy:
+        store = _store(proxy.url, f"gs://{bucket.name}/up", resumable_threshold=512 << 10,
+                       chunk_size=256 << 10)
         proxy.add_fault("reset", first=1, method="PUT")  # the very first chunk is lost
         progress: list[int] = []
         info = store.upload(tmp_path / "big", "big", progress=progress.append)
-        ranges = [r.headers.get("Content-Range") for r in proxy.requests if r.method == "PUT"]
+        puts = [r for r in proxy.requests if r.method == "PUT"]
+    ranges = [r.headers.get("Content-Range") for r in puts]
     total = len(data)
     assert ranges[:3] == [f"bytes 0-{(256 << 10) - 1}/{total}", f"bytes */{total}",
                           f"bytes 0-{(256 << 10) - 1}/{total}"]
     assert len(ranges) == 2 + 5  # five chunks, one lost, one status query
-    assert fake.objects["up/big"][0] == data and info.size == total == sum(progress)
-    assert fake.hash_headers == [f"crc32c={_crc32c(data)}"]
+    assert bucket.blob("up/big").download_as_bytes() == data and info.size == total == sum(progress)
+    assert [r.headers.get("X-Goog-Hash") for r in puts if "X-Goog-Hash" in r.headers] == \
+        [f"crc32c={_crc32c(data)}"]
 
 
-def test_no_sign_request_is_anonymous_on_gcs_too(monkeypatch, tmp_path):
+def test_no_sign_request_is_anonymous_on_gcs_too(bucket, emulator, monkeypatch, tmp_path):
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
-    with FakeGCS() as fake:
-        fake.put("pub/f", b"public")
-        config = StoreConfig(no_sign_request=True, gcs_endpoint=fake.url, retry=FAST_RETRY)
-        store = GCSStore(parse_uri("gs://fake/pub"), config)
-        assert store.read_range("f", 0, 6) == b"public"
+    _put(bucket, "pub/f", b"public")
+    config = StoreConfig(no_sign_request=True, gcs_endpoint=emulator, retry=FAST_RETRY)
+    store = GCSStore(parse_uri(f"gs://{bucket.name}/pub"), config)
+    assert store.read_range("f", 0, 6) == b"public"

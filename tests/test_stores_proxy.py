@@ -63,6 +63,12 @@ def test_429_fault(proxy):
     assert _request(proxy.url, "GET", "/proxy-bucket/obj")[0] == 429
 
 
+def test_403_fault(proxy):
+    proxy.add_fault("403", first=1)
+    assert _request(proxy.url, "GET", "/proxy-bucket/obj")[0] == 403
+    assert _request(proxy.url, "GET", "/proxy-bucket/obj")[0] == 200
+
+
 def test_reset_is_a_connection_error(proxy):
     proxy.add_fault("reset", first=1)
     with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):

@@ -1,9 +1,11 @@
-"""The transfer engine against the GCS emulator over HTTP: CRC32C verification, ranged
+"""The transfer engine against fake-gcs-server over HTTP: CRC32C verification, ranged
 downloads guarded by the generation, faults through the proxy.
 
-Emulator gap: it ignores ifGenerationMatch, so "object replaced mid-download" is covered for
-GCS only up to the store (tests/test_stores_gcs.py fakes that API); here the engine side of
-ObjectChanged is covered by the LocalStore and S3 tests, which share the code path.
+Server gap: fake-gcs-server ignores ifGenerationMatch, so "object replaced mid-download" is
+covered for GCS only up to the store (tests/test_stores_gcs.py and
+tests/test_store_conformance.py, xfail until the store compares X-Goog-Generation: issue 10);
+here the engine side of ObjectChanged is covered by the LocalStore and S3 tests, which share
+the code path.
 """
 
 from __future__ import annotations
