@@ -8,6 +8,7 @@ they belong to, so an interrupted run resumes instead of starting over.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lading.core.atomic import write_atomically
-from lading.core.errors import AccessDenied, LadingError
+from lading.core.errors import LadingError, local_error
 
 PART_SUFFIX = ".lading-part"
 SIDECAR_SUFFIX = ".lading-part.json"
@@ -66,8 +67,8 @@ def as_lading_error(error: BaseException, dest: Path) -> LadingError:
     """Local I/O errors become one-line project errors; store errors pass through."""
     if isinstance(error, LadingError):
         return error
-    if isinstance(error, PermissionError):
-        return AccessDenied(f"cannot write {error.filename or dest}: permission denied")
+    if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return local_error(error, f"write {error.filename or dest}")  # exit 4
     if isinstance(error, OSError):
         return LadingError(f"cannot write {error.filename or dest}: {error.strerror or error}")
     return LadingError(f"{dest}: {error}")
