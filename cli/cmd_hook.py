@@ -152,17 +152,10 @@ def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
     fails the task with a clear message when lading is missing or a download fails. DEST must
     be absolute; --slots reads DET_SLOT_IDS when the hook runs.
     """
-    from lading.hooks.script import HOOK_NAME, HookEntry, updated_text, write_hook
+    from lading.hooks.script import HOOK_NAME, HookEntry, read_hook, updated_text, write_hook
     from lading.stores import parse_uri
 
-    if len(args) > 3:
-        raise UsageError("too many arguments", "lading hook init [CONTEXT_DIR] [SOURCE DEST]")
-    if len(args) == 1 and "://" in args[0]:
-        raise UsageError(f"{args[0]} needs a DEST", "lading hook init [CONTEXT_DIR] SOURCE DEST")
-    context = Path(args[0] if len(args) in (1, 3) else ".")
-    pair = args[-2:] if len(args) >= 2 else ()
-    if not context.is_dir():
-        raise UsageError(f"context directory {str(context)!r} does not exist")
+    context, pair = _init_arguments(args)
     if pair:
         parse_uri(pair[0])
         if not os.path.isabs(pair[1]):
@@ -173,7 +166,7 @@ def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
             raise UsageError("--slots goes with SOURCE DEST; for data.datasets set `slots: true` per dataset")
         entry = HookEntry()
     path = context / HOOK_NAME
-    current = path.read_text() if path.exists() else None
+    current = read_hook(path)
     text = updated_text(current, entry, str(path))
     if dry_run:
         click.echo(text, nl=False)
@@ -181,6 +174,26 @@ def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
     changed = write_hook(path, text)
     click.echo(f"{path}: {'updated' if changed else 'already up to date'}", err=True)
     return 0
+
+
+def _init_arguments(args: tuple[str, ...]) -> tuple[Path, tuple[str, ...]]:
+    """``[CONTEXT_DIR] [SOURCE DEST]`` -> (context, (SOURCE, DEST) or ()), saying what is missing."""
+    usage = "lading hook init [CONTEXT_DIR] [SOURCE DEST]"
+    if len(args) > 3:
+        raise UsageError(f"too many arguments ({len(args)})", usage)
+    missing_dest = "lading hook init [CONTEXT_DIR] SOURCE DEST (DEST: an absolute path in the container)"
+    if len(args) == 1 and "://" in args[0]:
+        raise UsageError(f"SOURCE {args[0]} needs a DEST: none was given", missing_dest)
+    if len(args) == 2 and "://" in args[1] and "://" not in args[0]:
+        raise UsageError(f"SOURCE {args[1]} needs a DEST: only CONTEXT_DIR {args[0]} and SOURCE were given",
+                         missing_dest)
+    context = Path(args[0] if len(args) in (1, 3) else ".")
+    if not context.exists():
+        raise UsageError(f"context directory {str(context)!r} does not exist")
+    if not context.is_dir():
+        raise UsageError(f"context directory {str(context)!r} is not a directory",
+                         "CONTEXT_DIR is the model directory that holds startup-hook.sh")
+    return context, (args[-2:] if len(args) >= 2 else ())
 
 
 @hook.command("run", epilog=SCHEMA_HELP)

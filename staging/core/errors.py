@@ -7,6 +7,7 @@ Exit codes (documented in the README, mapped in exactly one place: ``lading.cli.
 
 from __future__ import annotations
 
+import errno
 from typing import Iterable
 
 
@@ -88,3 +89,25 @@ def exit_code_for_failures(codes: Iterable[int], succeeded: int) -> int:
 def error_for_exit_code(code: int) -> type[LadingError]:
     """The exception class whose exit code is ``code`` (ProblemFound for anything unknown)."""
     return _BY_CODE.get(code, ProblemFound)
+
+
+#: errno values that mean "you may not write here": permission bits, immutable files, read-only mounts.
+_DENIED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+           errno.EROFS: "read-only file system"}
+
+
+def local_error(err: OSError, action: str, hint: str | None = None) -> LadingError:
+    """A local file-system ``OSError`` as a one-line project error: ``cannot {action}: {reason}``.
+
+    Permission denied, an immutable file and a read-only file system are exit 4; a missing
+    path 3; a file where a directory belongs (or the reverse) 2; anything else (disk full,
+    I/O error) 1.
+    """
+    if err.errno in _DENIED:
+        return AccessDenied(f"cannot {action}: {_DENIED[err.errno]}", hint)
+    reason = err.strerror or str(err)
+    if err.errno == errno.ENOENT:
+        return NotFound(f"cannot {action}: {reason}", hint)
+    if err.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        return UsageError(f"cannot {action}: {reason}", hint)
+    return ProblemFound(f"cannot {action}: {reason}", hint)

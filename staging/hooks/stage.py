@@ -35,7 +35,7 @@ from lading.core.errors import (
 from lading.core.locks import exclusive_lock
 from lading.stores.base import ObjectInfo, Store
 from lading.sync.apply import FailedKey, store_fetcher
-from lading.sync.into import sync_into
+from lading.sync.into import make_directory, sync_into
 from lading.sync.plan import SyncPlan, SyncRequest, select_objects
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
 
@@ -133,7 +133,7 @@ def stage_object(store: Store, source: str, info: ObjectInfo, target: Path,
                  events: StageEvents = QuietStageEvents()) -> StageResult:
     """Bring ``target`` up to date with one object, under its lock, checked against its marker."""
     result = StageResult(source, target, 1, files={info.key: target}, infos=[info])
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_directory(target.parent, "DEST")
     with exclusive_lock(lock_path(target), lambda: events.on_wait(lock_path(target))):
         current = _expected(info, target)
         if current is not None and _read_marker(marker_path(target), source) == current:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lading.core.errors import AccessDenied, UsageError
+from lading.core.errors import AccessDenied, UsageError, local_error
 from lading.core.locks import exclusive_lock
 from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, apply_plan, sweep_temporaries
 from lading.sync.plan import Selection, SyncRequest, plan_sync
@@ -54,12 +54,14 @@ def sync_into(
 
 
 def make_directory(path: Path, what: str) -> None:
-    """``mkdir -p`` with one-line errors: a file in the way is a usage error, EACCES access denied."""
+    """``mkdir -p`` with one-line errors: a file in the way is a usage error (2); permission denied
+    or a read-only file system is exit 4 (:func:`~lading.core.errors.local_error`)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
         raise UsageError(f"{what} {path} exists and is not a directory") from None
-    except PermissionError:
-        raise AccessDenied(f"cannot create {what} {path}: permission denied") from None
+    except NotADirectoryError:
+        raise UsageError(f"cannot create {what} {path}: a file is in the way of one of its parents") from None
     except OSError as err:
-        raise UsageError(f"cannot create {what} {path}: {err.strerror or err}") from None
+        error = local_error(err, f"create {what} {path}")
+        raise (error if isinstance(error, AccessDenied) else UsageError(error.message)) from None
