@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lading.core.errors import NotFound
+from lading.core.keys import safe_join
 from lading.hooks.stage import QuietStageEvents, StageEvents, StageResult, stage_object, stage_prefix
 from lading.stores import Store, StoreConfig, StoreURI, open_store, parse_uri
 from lading.stores.base import ObjectInfo
@@ -56,7 +57,7 @@ def stage_source(source: str, dest: str, config: StoreConfig | None = None,
         store, info = found
         if _into_directory(dest):
             root = Path(dest)
-            target = root / info.key
+            target = safe_join(root, info.key)  # the one key-safety check: '.', '..', NUL...
         else:
             root = target = Path(dest)
         return Staged(stage_object(store, str(uri), info, target, options, events), root)

@@ -45,7 +45,12 @@ class StoreURI:
 
 
 def parse_uri(text: str) -> StoreURI:
-    """Parse a store location, raising :class:`UsageError` with a hint when malformed."""
+    """Parse a store location, raising :class:`UsageError` with a hint when malformed.
+
+    A bucket prefix with a ``.`` or ``..`` segment (``s3://b/..``, ``s3://b/a/../b``,
+    ``s3://b/p/.``) is refused: stores take it literally, so it would select nothing, or an
+    object whose name is not a safe file name.
+    """
     if not text or "\x00" in text:
         raise UsageError(f"invalid location {text!r}", "use s3://bucket/prefix, gs://bucket/prefix or a path")
     match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):(.*)$", text)
@@ -69,6 +74,11 @@ def parse_uri(text: str) -> StoreURI:
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise UsageError(f"invalid bucket name {bucket!r} in {text!r}",
                          "bucket names are 3-222 characters of a-z, 0-9, '.', '-' and '_'")
+    dotted = [segment for segment in prefix.split("/") if segment in (".", "..")]
+    if dotted:
+        raise UsageError(f"refusing {text!r}: {dotted[0]!r} is not allowed as a segment of a bucket location",
+                         "S3 and GCS take it as a literal key name, not a relative path; write the prefix "
+                         "without '.' or '..' segments")
     return StoreURI(scheme, bucket, prefix)
 
 
