@@ -1,0 +1,144 @@
+"""What a new user runs into first (issue 14, "tried as a new user would"): every mistake is one
+line with a documented exit code, never "internal error", and nothing half-written is left."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+BUCKET = "first-use"
+
+
+@pytest.fixture
+def s3(s3_env):
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    client.put_object(Bucket=BUCKET, Key="data/a.txt", Body=b"hello")
+    client.put_object(Bucket=BUCKET, Key="data/sub/b.txt", Body=b"b")
+    return client
+
+
+def _one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> None:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lading: error: "), result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+# -- an unwritable DEST is exit 4 ------------------------------------------------------------------
+
+@pytest.fixture
+def unwritable_dir():
+    """A directory the test process owns (0755) that user ``nobody`` can enter but not write."""
+    parent = Path(tempfile.mkdtemp(prefix="lading-unwritable-", dir="/tmp"))
+    os.chmod(parent, 0o755)
+    (parent / "dest").mkdir(mode=0o755)
+    yield parent / "dest"
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+def _run_unprivileged(*args: str) -> subprocess.CompletedProcess:
+    """The CLI as a user without write access (``nobody`` when the tests run as root)."""
+    drop: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv to drop privileges")
+        drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    return subprocess.run([*drop, sys.executable, "-m", "lading", *args], capture_output=True, text=True,
+                          cwd="/", env=dict(os.environ), timeout=120)
+
+
+@pytest.mark.parametrize("command", [
+    ("sync", f"s3://{BUCKET}/data", "{dest}"),
+    ("sync", f"s3://{BUCKET}/data", "{dest}/new-subdir"),
+    ("fetch", f"s3://{BUCKET}/data/a.txt", "{dest}/"),
+    ("fetch", f"s3://{BUCKET}/data/", "{dest}"),
+])
+def test_a_dest_the_user_cannot_write_is_exit_4(s3, unwritable_dir, command):
+    if os.geteuid() != 0:
+        os.chmod(unwritable_dir, 0o555)
+    args = [part.format(dest=unwritable_dir) for part in command]
+    result = _run_unprivileged(*args)
+    _one_line_error(result, 4, str(unwritable_dir), "permission denied")
+    assert os.listdir(unwritable_dir) == []
+
+
+@pytest.fixture
+def read_only_mount(tmp_path):
+    """A read-only tmpfs (defeats root); skipped where mounting is not allowed."""
+    where = tmp_path / "ro"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.mark.parametrize("command", [
+    ("sync", f"s3://{BUCKET}/data", "{dest}"),
+    ("sync", f"s3://{BUCKET}/data", "{dest}/sub"),
+    ("fetch", f"s3://{BUCKET}/data/a.txt", "{dest}/"),
+    ("fetch", f"s3://{BUCKET}/data/", "{dest}"),
+])
+def test_a_read_only_file_system_is_exit_4(s3, lading, read_only_mount, command):
+    result = lading(*[part.format(dest=read_only_mount) for part in command])
+    _one_line_error(result, 4, "read-only file system")
+
+
+def test_lock_and_local_errors_translate_in_the_library(tmp_path, monkeypatch):
+    import errno
+
+    from lading.core.errors import AccessDenied, NotFound, ProblemFound, UsageError, local_error
+    from lading.core.locks import exclusive_lock
+
+    assert isinstance(local_error(OSError(errno.EROFS, "Read-only file system"), "write x"), AccessDenied)
+    assert isinstance(local_error(PermissionError(errno.EACCES, "Permission denied"), "write x"), AccessDenied)
+    assert isinstance(local_error(OSError(errno.ENOENT, "No such file"), "read x"), NotFound)
+    assert isinstance(local_error(OSError(errno.EISDIR, "Is a directory"), "read x"), UsageError)
+    assert isinstance(local_error(OSError(errno.ENOSPC, "No space left"), "write x"), ProblemFound)
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(args[0]))
+
+    monkeypatch.setattr(os, "open", refused)
+    with pytest.raises(AccessDenied, match="read-only file system"):
+        with exclusive_lock(tmp_path / ".lading-sync.lock"):
+            pass
+
+
+# -- usage errors instead of internal errors -------------------------------------------------------
+
+def test_fetch_into_a_file_with_a_trailing_slash_is_a_usage_error(s3, lading, tmp_path):
+    (tmp_path / "file").write_text("mine")
+    for dest in (f"{tmp_path}/file/", f"{tmp_path}/file/deeper/"):
+        result = lading("fetch", f"s3://{BUCKET}/data/a.txt", dest)
+        _one_line_error(result, 2, "not a directory" if dest.endswith("file/") else "in the way")
+    assert (tmp_path / "file").read_text() == "mine"
+    assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_hook_init_when_the_hook_is_a_directory(lading, tmp_path):
+    (tmp_path / "startup-hook.sh").mkdir()
+    result = lading("hook", "init", str(tmp_path), f"s3://{BUCKET}/x/", "/tmp/x")
+    _one_line_error(result, 2, "startup-hook.sh is a directory")
+
+
+def test_hook_init_says_what_is_missing(lading, tmp_path):
+    result = lading("hook", "init", str(tmp_path), f"s3://{BUCKET}/x/")
+    _one_line_error(result, 2, "needs a DEST")
+    assert "must be absolute" not in result.stderr
+    (tmp_path / "afile").write_text("x")
+    result = lading("hook", "init", str(tmp_path / "afile"), f"s3://{BUCKET}/x/", "/tmp/x")
+    _one_line_error(result, 2, "is not a directory")
+    assert not list(tmp_path.glob("**/startup-hook.sh"))
