@@ -67,13 +67,15 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Daemon log (stats on SIGUSR1 and at unmount). Default: none when detached.")
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount (FUSE allow_other).")
+@click.option("--allow-empty", is_flag=True, help="Mount a prefix with no objects; default: exit 3.")
 @click.option("--json", "json_out", is_flag=True, help="Print a JSON line once mounted.")
 @store_options
 @click.pass_obj
 def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifest: Path | None,
           distribution: str, balance: str, rank: int | None, world_size: int | None,
           max_memory: int | None, cache_dir: Path | None, cache_size: int | None, timeout: float,
-          concurrency: int, log_file: Path | None, allow_other: bool, json_out: bool, **store: Any) -> int:
+          concurrency: int, log_file: Path | None, allow_other: bool, allow_empty: bool, json_out: bool,
+          **store: Any) -> int:
     """Mount URI read-only at MOUNTPOINT with lazy, prefetched reads.
 
     Lists the objects once, then streams their bytes on demand: training starts without
@@ -100,7 +102,7 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
         source=uri,
         mountpoint=mountpoint.absolute(),
         store=config,
-        view=_view(uri, manifest, topology.rank, topology.world_size, distribution, balance),
+        view=_view(uri, manifest, topology.rank, topology.world_size, distribution, balance, allow_empty),
         reader=ReaderConfig(max_memory=max_memory or default_max_memory(), concurrency=concurrency,
                             timeout=timeout),
         cache_dir=cache_dir.absolute() if cache_dir else None,
@@ -148,7 +150,7 @@ def unmount(state: AppState, mountpoint: Path, lazy: bool) -> int:
 
 
 def _view(source: str, manifest: Path | None, rank: int, world_size: int, distribution: str,
-          balance: str) -> ViewSpec:
+          balance: str, allow_empty: bool = False) -> ViewSpec:
     """The mount's selection, by the same manifest and sharding rules as ``lading sync``."""
     from functools import partial
 
@@ -161,4 +163,5 @@ def _view(source: str, manifest: Path | None, rank: int, world_size: int, distri
     if distribution == "sharded" and world_size > 1:
         select = partial(select_for_rank, rank=rank, world_size=world_size, distribution="sharded",
                          balance=balance)
-    return ViewSpec(keys=keys, manifest=manifest.absolute() if manifest else None, select=select)
+    return ViewSpec(keys=keys, manifest=manifest.absolute() if manifest else None, select=select,
+                    allow_empty=allow_empty)

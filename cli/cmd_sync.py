@@ -252,6 +252,8 @@ def _report_failures(summary: Any) -> int:
 @click.option("--manifest", "manifest_file", type=click.Path(dir_okay=False), default=None,
               help="Sync the keys in FILE instead of listing (SageMaker ManifestFile JSON or one key per line).")
 @click.option("--delete", is_flag=True, help="Remove files lading synced earlier that left the source.")
+@click.option("--allow-empty", is_flag=True,
+              help="Accept a source with no objects (or none matching the filters); default: exit 3.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, envvar="LADING_CACHE_DIR",
               help="Node cache directory (default /tmp/lading-cache; giving it turns the cache on).")
 @click.option("--no-cache", is_flag=True, help="Never use the node cache.")
@@ -262,7 +264,8 @@ def _report_failures(summary: Any) -> int:
 @store_options
 @click.pass_obj
 def sync(state: AppState, source: str, dest: str, distribution: str, balance: str, include: tuple[str, ...],
-         exclude: tuple[str, ...], manifest_file: str | None, delete: bool, cache_dir: str | None, no_cache: bool,
+         exclude: tuple[str, ...], manifest_file: str | None, delete: bool, allow_empty: bool,
+         cache_dir: str | None, no_cache: bool,
          workers: int, dry_run: bool, json_out: bool, **options: Any) -> int:
     """Copy SOURCE (s3://, gs://, a path) into DEST for this rank, incrementally.
 
@@ -282,7 +285,7 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
     _check_sharded_dest(dest, distribution, topology)
     manifest = load_manifest(manifest_file) if manifest_file else None
     request = SyncRequest(str(uri), target, include, exclude, manifest, distribution, balance,
-                          topology.rank, topology.world_size, delete)
+                          topology.rank, topology.world_size, delete, allow_empty)
     store = open_store(uri, config)
     if dry_run:
         plan = plan_only(store, request, workers)

@@ -18,18 +18,37 @@ class ViewSpec:
     keys: tuple[str, ...] | None = None  # a manifest's keys: stat these instead of listing
     manifest: Path | None = None  # where ``keys`` came from, for error messages
     select: Callable[[list[ObjectInfo]], Iterable[ObjectInfo]] | None = None  # e.g. one rank's shard
+    allow_empty: bool = False  # mount an empty listing instead of refusing it (a mistyped prefix)
 
 
 def build_tree(store: Store, source: str, view: ViewSpec, concurrency: int = 16) -> Tree:
-    """List (or stat the manifest's keys), apply the view's selection, and build the tree."""
+    """List (or stat the manifest's keys), apply the view's selection, and build the tree.
+
+    An empty listing (nothing but directory markers) raises NotFound unless ``view.allow_empty``:
+    it is almost always a mistyped prefix. One rank's empty shard of a non-empty source is fine.
+    """
     infos: Iterable[ObjectInfo]
     if view.keys is not None:
         infos = _stat_keys(store, source, view.keys, view.manifest, concurrency)
     else:
         infos = store.list("")
+    objects = 0
+
+    def counted(items: Iterable[ObjectInfo]) -> Iterator[ObjectInfo]:
+        nonlocal objects
+        for info in items:
+            if info.size or not info.key.endswith("/"):  # directory markers don't count
+                objects += 1
+            yield info
+
+    infos = counted(infos)
     if view.select is not None:
         infos = view.select(list(infos))
-    return Tree(infos)
+    tree = Tree(infos)
+    if objects == 0 and not view.allow_empty:
+        raise NotFound(f"nothing at {source}: no objects under this prefix",
+                       "check the bucket and prefix, keys are case-sensitive; --allow-empty mounts it anyway")
+    return tree
 
 
 def _stat_keys(store: Store, source: str, keys: tuple[str, ...], manifest: Path | None,

@@ -142,3 +142,53 @@ def test_hook_init_says_what_is_missing(lading, tmp_path):
     result = lading("hook", "init", str(tmp_path / "afile"), f"s3://{BUCKET}/x/", "/tmp/x")
     _one_line_error(result, 2, "is not a directory")
     assert not list(tmp_path.glob("**/startup-hook.sh"))
+
+
+# -- a mistyped prefix is "nothing at", exit 3 -------------------------------------------------------
+
+def test_a_mistyped_prefix_syncs_nothing_and_says_so(s3, lading, tmp_path):
+    dest = tmp_path / "dest"
+    result = lading("sync", f"s3://{BUCKET}/dta", str(dest))
+    _one_line_error(result, 3, f"nothing at s3://{BUCKET}/dta")
+    assert not dest.exists()  # no empty directory with state files
+    dry = lading("sync", f"s3://{BUCKET}/dta", str(dest), "--dry-run")
+    _one_line_error(dry, 3, "nothing at")
+    filtered = lading("sync", f"s3://{BUCKET}/data", str(dest), "--include", "*.jpg")
+    _one_line_error(filtered, 3, "matches the filters")
+    allowed = lading("sync", f"s3://{BUCKET}/dta", str(dest), "--allow-empty", "--json")
+    assert allowed.returncode == 0, allowed.stderr
+    assert '"files": 0' in allowed.stdout
+
+
+def test_an_empty_local_source_is_refused_unless_allowed(lading, tmp_path):
+    (tmp_path / "empty").mkdir()
+    result = lading("sync", str(tmp_path / "empty"), str(tmp_path / "dest"))
+    _one_line_error(result, 3, "nothing at")
+    assert not (tmp_path / "dest").exists()
+    assert lading("sync", str(tmp_path / "empty"), str(tmp_path / "dest"), "--allow-empty").returncode == 0
+
+
+def test_a_sharded_rank_with_an_empty_share_is_not_an_error(tmp_path):
+    from lading.stores.base import ObjectInfo
+    from lading.sync.plan import SyncRequest, select_objects
+
+    class OneObject:
+        def list(self, prefix: str = ""):
+            yield ObjectInfo("only.bin", 3, "v1")
+
+    request = SyncRequest("s3://b/p", tmp_path, distribution="sharded", rank=1, world_size=2)
+    assert select_objects(OneObject(), request).objects == []
+
+
+def test_mount_of_an_empty_prefix_is_refused_unless_allowed(tmp_path):
+    from test_mount_support import cli, mounted
+
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        pytest.skip("needs /dev/fuse and fusermount3")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "mnt").mkdir()
+    result = cli("mount", str(tmp_path / "empty"), str(tmp_path / "mnt"))
+    _one_line_error(result, 3, "nothing at")
+    assert not os.path.ismount(tmp_path / "mnt")
+    with mounted(str(tmp_path / "empty"), tmp_path / "mnt", "--allow-empty") as mnt:
+        assert os.listdir(mnt.path) == []

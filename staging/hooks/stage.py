@@ -106,7 +106,7 @@ class QuietStageEvents:
 def stage_prefix(store: Store, source: str, root: Path, options: TransferOptions = TransferOptions(),
                  events: StageEvents = QuietStageEvents()) -> StageResult:
     """Sync every object under ``source`` into ``root`` (a mirror: lading's own stale files go)."""
-    request = SyncRequest(source=source, dest=root, delete=True)
+    request = SyncRequest(source=source, dest=root, delete=True, allow_empty=True)
     selection = select_objects(store, request, options.workers)
     if not selection.objects:
         raise NotFound(f"nothing at {source}: no object of that name and no keys under it",

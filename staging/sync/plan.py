@@ -4,8 +4,9 @@ Two steps, both pure with respect to DEST (nothing is written):
 
 1. :func:`select_objects` lists the source (streaming pages) or stats the manifest's keys, keeps
    keys matching the ``--include``/``--exclude`` globs, skips directory markers (zero-byte keys
-   ending in ``/``), refuses unsafe keys for the whole selection (so every rank agrees), then
-   applies the sharding rule of :mod:`lading.selection.sharding`.
+   ending in ``/``), refuses unsafe keys for the whole selection (so every rank agrees) and an
+   empty one (a mistyped prefix; unless ``allow_empty``), then applies the sharding rule of
+   :mod:`lading.selection.sharding`.
 2. :func:`plan_sync` compares the selection with the destination's state record
    (:mod:`lading.sync.state`) and the files on disk.
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from lading.core.errors import UnsafeKey, UsageError
+from lading.core.errors import NotFound, UnsafeKey, UsageError
 from lading.core.keys import find_collisions, key_parts
 from lading.selection.manifest import Manifest, keys_under
 from lading.selection.sharding import BALANCES, DISTRIBUTIONS, select_for_rank
@@ -49,6 +50,7 @@ class SyncRequest:
     rank: int = 0
     world_size: int = 1
     delete: bool = False
+    allow_empty: bool = False  # an empty listing (or none matching the filters) is not an error
 
     def __post_init__(self) -> None:
         if self.distribution not in DISTRIBUTIONS:
@@ -188,6 +190,8 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
         kept.append(info)
     if markers:
         log.debug("%s: skipped %d directory marker(s) (zero-byte keys ending in /)", request.source, markers)
+    if not kept and not unsafe and not request.allow_empty:
+        _refuse_empty(request, listed - markers)
     if unsafe:
         _refuse(unsafe, request.source)
     collisions = find_collisions(info.key for info in kept)
@@ -196,6 +200,16 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
                  for file_key, other in collisions], request.source)
     mine = select_for_rank(kept, request.rank, request.world_size, request.distribution, request.balance)
     return Selection(mine, listed=listed, matched=len(kept), markers=markers)
+
+
+def _refuse_empty(request: SyncRequest, objects: int) -> None:
+    """An empty selection is almost always a mistyped prefix or filter: say so (exit 3)."""
+    if objects == 0:
+        raise NotFound(f"nothing at {request.source}: no objects under this prefix",
+                       "check the bucket and prefix, keys are case-sensitive; --allow-empty accepts an empty source")
+    raise NotFound(f"nothing at {request.source} matches the filters: {objects} object(s) listed, "
+                   "none kept by --include/--exclude",
+                   "the globs match keys relative to SOURCE; --allow-empty accepts an empty selection")
 
 
 def _refuse(reasons: list[str], source: str) -> None:
