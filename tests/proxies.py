@@ -26,9 +26,9 @@ The API:
 - ``proxy.count(method=None, path_prefix=None, where=None, faulted=None)``: how many recorded
   requests match. ``proxy.counts``: a Counter of ``(method, path)``.
   ``proxy.reset_counts()`` forgets them.
-- ``proxy.add_fault(kind, first=N | rate=P, method=None, path_prefix=None, seed=0, after=0)``:
-  add a rule. ``after=K`` lets the first K matching requests that reach the rule through
-  untouched (e.g. "fail the second chunk, not the first").
+- ``proxy.add_fault(kind, first=N | rate=P, method=None, path_prefix=None, seed=0, after=0,
+  then=None)``: add a rule. ``after=K`` lets the first K matching requests that reach the rule
+  through untouched (e.g. "fail the second chunk, not the first").
   Kinds:
 
   * ``"slowdown"``: answer 503 with an S3 ``SlowDown`` XML error body (request never forwarded);
@@ -45,6 +45,9 @@ The API:
   ``first=N`` fires on the next N matching requests; ``rate=P`` fires on a fraction P of them
   (seeded, so runs are repeatable); ``rate=1.0`` is a persistent failure. Rules are tried in the
   order added; the first that fires wins. ``proxy.injected`` is a Counter of faults per kind.
+  ``then=callable`` runs (in the proxy's thread) each time the rule fires, before the client
+  can see the fault end, so before any retry: e.g. replace the object between a cut body and
+  the request that resumes it.
 - ``proxy.clear_faults()`` removes every rule.
 
 The Host header is forwarded unchanged, so S3 signatures stay valid and servers that build
@@ -114,6 +117,7 @@ class FaultRule:
     path_prefix: str | None = None
     seed: int = 0
     after: int = 0
+    then: Callable[[], None] | None = None
     fired: int = 0
     passed: int = 0
     _rng: random.Random = field(default_factory=random.Random, repr=False)
@@ -174,15 +178,17 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         parsed = urllib.parse.urlsplit(self.path)
         path, query = parsed.path, parsed.query
-        fault = proxy._pre_fault(self.command, path)
-        if fault is not None:
-            proxy._record(Seen(self.command, path, query, fault, Headers(self.headers.items())))
-            self._inject(fault)
+        rule = proxy._pre_fault(self.command, path)
+        if rule is not None:
+            proxy._record(Seen(self.command, path, query, rule.kind, Headers(self.headers.items())))
+            if rule.then is not None:
+                rule.then()
+            self._inject(rule.kind)
             return
         headers = self._forward_headers(body)
         dropped = None
         range_names = [name for name in headers if name.lower() == "range"]
-        if range_names and proxy._pick(self.command, path, ("norange",)):
+        if range_names and proxy._pick(self.command, path, ("norange",)) is not None:
             for name in range_names:  # like a server that ignores Range: 200, the whole object
                 del headers[name]
             dropped = "norange"
@@ -234,7 +240,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             payload = None
             length = int(length_header or 0) if has_body else 0
-        truncate = has_body and length >= 2 and proxy._post_fault(self.command, path)
+        rule = proxy._post_fault(self.command, path) if has_body and length >= 2 else None
+        truncate = rule is not None
         proxy._record(Seen(self.command, path, query, "truncate" if truncate else fault,
                            Headers(self.headers.items())))
         self.send_response(response.status, response.reason)
@@ -259,6 +266,8 @@ class _Handler(BaseHTTPRequestHandler):
             sent += len(chunk)
         if truncate:
             self.wfile.flush()
+            if rule is not None and rule.then is not None:
+                rule.then()  # the client still waits for the rest of the body: no retry yet
             self.close_connection = True
 
     def _inject(self, fault: str) -> None:
@@ -346,10 +355,10 @@ class FaultProxy:
 
     def add_fault(self, kind: str, *, first: int | None = None, rate: float | None = None,
                   method: str | None = None, path_prefix: str | None = None, seed: int = 0,
-                  after: int = 0) -> FaultRule:
+                  after: int = 0, then: Callable[[], None] | None = None) -> FaultRule:
         """Add a fault rule (see the module docstring) and return it (``rule.fired`` counts hits)."""
         rule = FaultRule(kind, first=first, rate=rate, method=method, path_prefix=path_prefix, seed=seed,
-                         after=after)
+                         after=after, then=then)
         with self._lock:
             self._rules.append(rule)
         return rule
@@ -395,18 +404,18 @@ class FaultProxy:
             if seen.fault is not None:
                 self.injected[seen.fault] += 1
 
-    def _pick(self, method: str, path: str, kinds: tuple[str, ...]) -> str | None:
+    def _pick(self, method: str, path: str, kinds: tuple[str, ...]) -> FaultRule | None:
         with self._lock:
             for rule in self._rules:
                 if rule.kind in kinds and rule.matches(method, path) and rule.fire():
-                    return rule.kind
+                    return rule
         return None
 
-    def _pre_fault(self, method: str, path: str) -> str | None:
+    def _pre_fault(self, method: str, path: str) -> FaultRule | None:
         return self._pick(method, path, ("slowdown", "429", "403", "reset"))
 
-    def _post_fault(self, method: str, path: str) -> bool:
-        return self._pick(method, path, ("truncate",)) is not None
+    def _post_fault(self, method: str, path: str) -> FaultRule | None:
+        return self._pick(method, path, ("truncate",))
 
     def _track(self, conn: socket.socket, add: bool) -> None:
         with self._lock:

@@ -69,6 +69,19 @@ def test_403_fault(proxy):
     assert _request(proxy.url, "GET", "/proxy-bucket/obj")[0] == 200
 
 
+def test_then_runs_before_the_client_sees_the_fault_end(proxy, s3_env):
+    calls: list[int] = []
+
+    def replace() -> None:  # straight to moto, while the client waits for the rest of the body
+        calls.append(_request(s3_env["AWS_ENDPOINT_URL"], "PUT", "/proxy-bucket/obj", b"new")[0])
+
+    proxy.add_fault("truncate", first=1, then=replace)
+    with pytest.raises(http.client.IncompleteRead) as caught:
+        _request(proxy.url, "GET", "/proxy-bucket/obj")
+    assert calls == [200] and caught.value.partial == (b"0123456789" * 100)[:500]
+    assert _request(proxy.url, "GET", "/proxy-bucket/obj")[1] == b"new"
+
+
 def test_reset_is_a_connection_error(proxy):
     proxy.add_fault("reset", first=1)
     with pytest.raises((ConnectionError, http.client.RemoteDisconnected)):
