@@ -192,3 +192,30 @@ def test_mount_of_an_empty_prefix_is_refused_unless_allowed(tmp_path):
     assert not os.path.ismount(tmp_path / "mnt")
     with mounted(str(tmp_path / "empty"), tmp_path / "mnt", "--allow-empty") as mnt:
         assert os.listdir(mnt.path) == []
+
+
+# -- every unsafe key in the first report ------------------------------------------------------------
+
+def test_unsafe_keys_and_clashes_are_reported_together(s3, lading, tmp_path):
+    for key in ("clash/a", "clash/a/b", "clash/evil/../x", "clash/ok.txt"):
+        s3.put_object(Bucket=BUCKET, Key=key, Body=b"x")
+    result = lading("sync", f"s3://{BUCKET}/clash", str(tmp_path / "dest"))
+    _one_line_error(result, 1, "2 unsafe key(s)", "'evil/../x'", "'a' is a file and also the directory of 'a/b'")
+    assert not (tmp_path / "dest").exists()
+
+
+def test_a_manifest_with_unsafe_keys_and_clashes_is_reported_at_once(tmp_path):
+    from lading.core.errors import UnsafeKey
+    from lading.selection.manifest import parse_manifest
+    from lading.sync.plan import SyncRequest, select_objects
+
+    class NeverStat:
+        def stat(self, key: str):
+            raise AssertionError(f"stat({key!r}) before the keys were checked")
+
+    manifest = parse_manifest("a\na/b\n../up\nc//d\n")
+    with pytest.raises(UnsafeKey) as caught:
+        select_objects(NeverStat(), SyncRequest("s3://bucket/p", tmp_path, manifest=manifest))
+    message = caught.value.message
+    assert message.startswith("3 unsafe key(s)") and "'../up'" in message and "'c//d'" in message
+    assert "'a' is a file and also the directory of 'a/b'" in message

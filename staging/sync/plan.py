@@ -149,8 +149,10 @@ def source_objects(store: Store, manifest: Manifest | None, source: str, workers
         yield from store.list()
         return
     keys = keys_under(manifest, source)
-    for key in keys:
-        unsafe_reason(key, raise_it=True)  # never hand an escaping key to a store
+    unsafe = [reason for reason in map(unsafe_reason, keys) if reason is not None]
+    if unsafe:  # never hand an escaping key to a store; name every problem at once
+        safe = [key for key in keys if unsafe_reason(key) is None]
+        _refuse(unsafe, _collision_reasons(safe), source)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1))) as pool:
         yield from pool.map(store.stat, keys)
 
@@ -192,12 +194,9 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
         log.debug("%s: skipped %d directory marker(s) (zero-byte keys ending in /)", request.source, markers)
     if not kept and not unsafe and not request.allow_empty:
         _refuse_empty(request, listed - markers)
-    if unsafe:
-        _refuse(unsafe, request.source)
-    collisions = find_collisions(info.key for info in kept)
-    if collisions:
-        _refuse([f"key {file_key!r} is a file and also the directory of {other!r}"
-                 for file_key, other in collisions], request.source)
+    clashes = _collision_reasons(info.key for info in kept)
+    if unsafe or clashes:  # unsafe keys and clashes in one report, not one kind per run
+        _refuse(unsafe, clashes, request.source)
     mine = select_for_rank(kept, request.rank, request.world_size, request.distribution, request.balance)
     return Selection(mine, listed=listed, matched=len(kept), markers=markers)
 
@@ -212,10 +211,17 @@ def _refuse_empty(request: SyncRequest, objects: int) -> None:
                    "the globs match keys relative to SOURCE; --allow-empty accepts an empty selection")
 
 
-def _refuse(reasons: list[str], source: str) -> None:
-    shown = "; ".join(reasons[:_SHOWN_UNSAFE])
-    more = f" (and {len(reasons) - _SHOWN_UNSAFE} more)" if len(reasons) > _SHOWN_UNSAFE else ""
-    raise UnsafeKey(f"{len(reasons)} unsafe key(s) in {source}, nothing was written: {shown}{more}",
+def _collision_reasons(keys: Iterable[str]) -> list[str]:
+    return [f"key {file_key!r} is a file and also the directory of {other!r}"
+            for file_key, other in find_collisions(keys)]
+
+
+def _refuse(unsafe: list[str], clashes: list[str], source: str) -> None:
+    """One error naming the unsafe keys and the file/directory clashes (a few of each kind)."""
+    shown = unsafe[:_SHOWN_UNSAFE] + clashes[:_SHOWN_UNSAFE]
+    total = len(unsafe) + len(clashes)
+    more = f" (and {total - len(shown)} more)" if total > len(shown) else ""
+    raise UnsafeKey(f"{total} unsafe key(s) in {source}, nothing was written: {'; '.join(shown)}{more}",
                     "rename them in the bucket, or leave them out with --exclude")
 
 
