@@ -32,6 +32,55 @@ Exit codes:
                       130  interrupted"""
 
 
+def enable_debug_logging() -> None:
+    """Show the library's ``lading`` logger on stderr (``--debug``); once per process."""
+    import logging
+
+    logger = logging.getLogger("lading")
+    if any(getattr(handler, "lading_debug", False) for handler in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("lading: %(levelname)s %(name)s: %(message)s"))
+    handler.lading_debug = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+
+
+def _set_global(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """``--debug`` or ``-q`` given after the subcommand: the same as before it."""
+    if not value:
+        return
+    state = ctx.find_object(AppState)
+    if state is None:
+        return
+    setattr(state, param.name or "", True)
+    if param.name == "debug":
+        enable_debug_logging()
+
+
+#: The global flags every subcommand also accepts (aws, rclone and s5cmd users put them last).
+GLOBAL_FLAGS = (("debug", ("--debug",)), ("quiet", ("-q", "--quiet")))
+
+
+def accept_global_flags(command: click.Command) -> click.Command:
+    """Let ``command`` (and a group's subcommands) take the global flags anywhere on the line.
+
+    A command with an option of the same name keeps its own (``check -q`` means the verdict only).
+    """
+    if getattr(command, "_lading_global_flags", False):
+        return command
+    taken = {opt for param in command.params for opt in getattr(param, "opts", [])}
+    for name, opts in GLOBAL_FLAGS:
+        if not taken.intersection(opts):
+            command.params.append(click.Option(list(opts), name, is_flag=True, hidden=True, expose_value=False,
+                                               callback=_set_global))
+    command._lading_global_flags = True  # type: ignore[attr-defined]
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            accept_global_flags(sub)
+    return command
+
+
 class LazyGroup(click.Group):
     """A group whose subcommands are imported only when invoked."""
 
@@ -42,7 +91,7 @@ class LazyGroup(click.Group):
         if name not in COMMANDS:
             return None
         module, attr, _ = COMMANDS[name]
-        return getattr(importlib.import_module(module), attr)
+        return accept_global_flags(getattr(importlib.import_module(module), attr))
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, COMMANDS[name][2]) for name in self.list_commands(ctx)]
@@ -52,8 +101,9 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="lading")
-@click.option("--debug", is_flag=True, envvar="LADING_DEBUG", help="Show tracebacks for errors.")
-@click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result.")
+@click.option("--debug", is_flag=True, envvar="LADING_DEBUG",
+              help="Show tracebacks for errors and the library's log (anywhere on the line).")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result (anywhere on the line).")
 @click.pass_context
 def lading(ctx: click.Context, debug: bool, quiet: bool) -> None:
     """Package, stage and mount datasets for ML training jobs.
@@ -65,12 +115,7 @@ def lading(ctx: click.Context, debug: bool, quiet: bool) -> None:
     """
     ctx.obj = AppState(debug=debug, quiet=quiet)
     if debug:  # the library logs to the "lading" logger; show it with --debug
-        import logging
-
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("lading: %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger("lading").addHandler(handler)
-        logging.getLogger("lading").setLevel(logging.DEBUG)
+        enable_debug_logging()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -219,3 +219,20 @@ def test_a_manifest_with_unsafe_keys_and_clashes_is_reported_at_once(tmp_path):
     message = caught.value.message
     assert message.startswith("3 unsafe key(s)") and "'../up'" in message and "'c//d'" in message
     assert "'a' is a file and also the directory of 'a/b'" in message
+
+
+# -- global flags anywhere on the line ----------------------------------------------------------------
+
+def test_global_flags_work_after_the_subcommand(lading, tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a")
+    quiet = lading("sync", str(tmp_path / "src"), str(tmp_path / "dest"), "-q")
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == "", quiet
+    loud = lading("sync", str(tmp_path / "src"), str(tmp_path / "dest2"))
+    assert "synced 1 file(s)" in loud.stdout
+    debug = lading("sync", str(tmp_path / "missing"), str(tmp_path / "dest3"), "--debug")
+    assert debug.returncode == 3 and "Traceback" in debug.stderr, debug.stderr
+    hook = lading("hook", "init", str(tmp_path), f"s3://{BUCKET}/x/", "/tmp/x", "--quiet", "--debug")
+    assert hook.returncode == 0, hook.stderr
+    check = lading("check", str(tmp_path), "-q")  # check's own -q: the verdict line only
+    assert check.returncode == 0 and len(check.stdout.splitlines()) == 1
