@@ -292,12 +292,19 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
     lading bind-mounts const.yaml
     lading bind-mounts --suggest /mnt/datasets/imagenet    read-only, same path inside
 
+    --suggest prints the snippet even when PATH does not exist here (a laptop), with a
+    warning on stderr.
+
     Exit 0: no problem; 1: problems found (listed); 2: unreadable config; 3: missing file.
     """
-    from lading.context.bindmounts import render_snippet, suggest_bind_mount, validate_bind_mounts
+    from lading.context.bindmounts import missing_here, render_snippet, suggest_bind_mount, validate_bind_mounts
 
     if suggest:
-        click.echo(render_snippet([suggest_bind_mount(path) for path in suggest]), nl=False)
+        mounts = [suggest_bind_mount(path) for path in suggest]
+        click.echo(render_snippet(mounts), nl=False)
+        for path in missing_here(mounts):
+            click.echo(f"lading: warning: {path} does not exist on this machine; the snippet is fine if it "
+                       "exists on the agent hosts", err=True)
         if config is None:
             return 0
     loaded, origin = _load_experiment_config(config, os.environ)

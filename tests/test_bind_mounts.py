@@ -86,4 +86,8 @@ def test_suggest_prints_a_read_only_same_path_snippet(lading, tmp_path):
     snippet = yaml.safe_load(result.stdout)
     assert snippet == {"bind_mounts": [{"host_path": str(data), "container_path": str(data), "read_only": True}]}
     assert validate_bind_mounts(snippet, exists=lambda p: True) == []
-    assert lading("bind-mounts", "--suggest", str(tmp_path / "absent")).returncode == 3
+    absent = lading("bind-mounts", "--suggest", str(tmp_path / "absent"), "--suggest", str(data))
+    assert absent.returncode == 0  # normal on a laptop: the path lives on the agent hosts
+    assert [m["host_path"] for m in yaml.safe_load(absent.stdout)["bind_mounts"]] == [str(tmp_path / "absent"), str(data)]
+    assert absent.stderr.startswith("lading: warning: ") and "absent does not exist on this machine" in absent.stderr
+    assert len(absent.stderr.splitlines()) == 1

@@ -18,7 +18,6 @@ from typing import Callable, Mapping
 
 import yaml
 from lading.context import config as context_config
-from lading.core.errors import NotFound
 
 PROPAGATIONS = ("private", "rprivate", "shared", "rshared", "slave", "rslave")
 
@@ -61,11 +60,18 @@ def _beyond_det(index: int, entry: Mapping, exists: Callable[[str], bool] | None
 
 
 def suggest_bind_mount(path: str) -> dict[str, object]:
-    """A read-only mount of ``path`` at the same path inside the container; it must exist."""
+    """A read-only mount of ``path`` at the same path inside the container.
+
+    ``path`` names a directory on the agent hosts, which need not exist where this runs (a
+    laptop): the caller may warn about it with :func:`missing_here`.
+    """
     absolute = os.path.abspath(os.path.expanduser(path))
-    if not os.path.exists(absolute):
-        raise NotFound(f"{absolute} does not exist on this machine", "bind mounts name a path on the agent host")
     return {"host_path": absolute, "container_path": absolute, "read_only": True}
+
+
+def missing_here(mounts: list[dict[str, object]], exists: Callable[[str], bool] = os.path.exists) -> list[str]:
+    """The host paths of ``mounts`` that do not exist on this machine."""
+    return [str(mount["host_path"]) for mount in mounts if not exists(str(mount["host_path"]))]
 
 
 def render_snippet(mounts: list[dict[str, object]]) -> str:
