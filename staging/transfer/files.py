@@ -1,6 +1,7 @@
 """On-disk conventions of the transfer engine: temporary names, the resume sidecar, publishing.
 
-A download of ``dir/name`` is written to ``dir/.name.lading-part`` and renamed over
+A download of ``dir/name`` is written to ``dir/.name.lading-part`` (shortened with a hash when that
+would exceed NAME_MAX: :func:`lading.core.names.hidden_sibling`) and renamed over
 ``dir/name`` only once complete and verified. A large (ranged) download also keeps
 ``dir/.name.lading-part.json``, listing the parts already on disk and the object version
 they belong to, so an interrupted run resumes instead of starting over.
@@ -17,19 +18,26 @@ from pathlib import Path
 
 from lading.core.atomic import write_atomically
 from lading.core.errors import LadingError, local_error
+from lading.core.names import hidden_sibling
 
 PART_SUFFIX = ".lading-part"
 SIDECAR_SUFFIX = ".lading-part.json"
 
 
 def temporary_path(dest: Path) -> Path:
-    """Where ``dest`` is written before it is complete."""
-    return dest.with_name(f".{dest.name}{PART_SUFFIX}")
+    """Where ``dest`` is written before it is complete (a name within NAME_MAX, however long ``dest``'s)."""
+    return dest.with_name(hidden_sibling(dest.name, PART_SUFFIX))
 
 
 def sidecar_path(dest: Path) -> Path:
-    """The resume record of a ranged download of ``dest``."""
-    return dest.with_name(f".{dest.name}{SIDECAR_SUFFIX}")
+    """The resume record of a ranged download of ``dest`` (room left for its ``.tmp``)."""
+    return dest.with_name(hidden_sibling(dest.name, SIDECAR_SUFFIX, reserve=len(".tmp")))
+
+
+def temporaries_of(dest: Path) -> tuple[Path, ...]:
+    """Every temporary the engine may leave for ``dest`` (part, sidecar, the sidecar's temporary)."""
+    sidecar = sidecar_path(dest)
+    return temporary_path(dest), sidecar, sidecar.with_name(sidecar.name + ".tmp")
 
 
 def is_temporary(name: str) -> bool:
@@ -39,7 +47,7 @@ def is_temporary(name: str) -> bool:
 
 def remove_temporaries(dest: Path) -> None:
     """Remove the temporary and sidecar of ``dest``, if any (best effort: never raises)."""
-    for path in (temporary_path(dest), sidecar_path(dest)):
+    for path in temporaries_of(dest):
         try:
             path.unlink()
         except OSError:

@@ -1,0 +1,38 @@
+"""Names of lading's hidden files beside a file: temporaries, markers, locks. Always a valid name.
+
+A file name may be up to ``NAME_MAX`` (255) bytes on Linux; ``.{name}.lading-part`` would be
+longer than that for names of 243 bytes and more, and the write would fail with
+``ENAMETOOLONG``. :func:`hidden_sibling` keeps the readable form when it fits and otherwise
+shortens the name, keeping its start and adding a hash of the whole name, so the result is
+unique per name, stable across runs (a killed download resumes from its parts) and never over
+``NAME_MAX`` bytes. Every temporary or marker name derived from a file name goes through it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+#: The longest file name (bytes) Linux file systems accept.
+NAME_MAX = 255
+_DIGEST_CHARS = 16
+
+
+def hidden_sibling(name: str, suffix: str, reserve: int = 0) -> str:
+    """``.{name}{suffix}``, or, when that exceeds NAME_MAX bytes, ``.{start of name}~{hash}{suffix}``.
+
+    ``suffix`` (``.lading-part``, ``.lading-link-1234``...) is kept whole, so code that
+    recognises lading's files by their suffix keeps working. ``reserve`` bytes are left free
+    for a caller that appends to the result (``.tmp``).
+    """
+    limit = NAME_MAX - reserve
+    full = f".{name}{suffix}"
+    if len(os.fsencode(full)) <= limit:
+        return full
+    raw = os.fsencode(name)
+    digest = hashlib.sha256(raw).hexdigest()[:_DIGEST_CHARS]
+    room = limit - len(os.fsencode(f".~{digest}{suffix}"))
+    if room < 0:
+        raise ValueError(f"suffix too long for a file name: {suffix!r}")
+    head = raw[:room].decode("utf-8", "ignore")  # a character cut in half is dropped; the hash identifies
+    return f".{head}~{digest}{suffix}"
