@@ -10,10 +10,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from lading import datasets
-from lading.datasets import ShardDataset
 from lading.core.errors import UsageError
+from lading.datasets import ShardDataset
 from lading.pack import PackOptions, plan_pack, run_pack
 
 NSAMPLES = 53
@@ -62,7 +61,9 @@ def collect(index: Path, world: int, workers: int, **kwargs) -> list[list[list[s
 
 @pytest.mark.parametrize("world, workers", [(1, 1), (2, 1), (3, 2), (4, 3), (2, 8)])
 def test_ranks_and_workers_are_disjoint_and_complete(packed, world, workers):
-    parts = collect(packed, world, workers, shuffle_buffer=10, seed=4, randomize_shard_order=True)
+    # remainder="uneven": each sample exactly once, ranks differ by one (the default pads to equal counts)
+    parts = collect(packed, world, workers, shuffle_buffer=10, seed=4, randomize_shard_order=True,
+                    remainder="uneven")
     everything = [key for rank in parts for worker in rank for key in worker]
     assert Counter(everything) == Counter(list(expected_samples()))  # each sample exactly once
     per_rank = [sum(len(worker) for worker in rank) for rank in parts]
@@ -140,7 +141,7 @@ def test_dataloader_with_workers(packed, workers, start):
     torch_data = pytest.importorskip("torch.utils.data")
     seen = []
     for rank in range(2):
-        dataset = ShardDataset(str(packed), rank=rank, world_size=2, shuffle_buffer=8, seed=5)
+        dataset = ShardDataset(str(packed), rank=rank, world_size=2, shuffle_buffer=8, seed=5, remainder="uneven")
         assert isinstance(dataset, torch_data.IterableDataset)
         loader = torch_data.DataLoader(dataset, batch_size=4, num_workers=workers, collate_fn=keys_of,
                                        multiprocessing_context=start)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from lading.core.errors import UsageError
+from lading.pack import offsets
 from lading.pack.execute import write_shards
 from lading.pack.grouping import group_samples
 from lading.pack.index import PublishedShard, build_index, build_manifest, dump
@@ -55,6 +56,7 @@ class PackResult:
             "dest": base,
             "index": base + Path(plan.index_key).name,
             "manifest": base + Path(plan.manifest_key).name,
+            "offsets": base + Path(plan.offsets_key).name,
             "samples": plan.nsamples,
             "files": sum(shard.nfiles for shard in plan.shards),
             "input_bytes": plan.input_bytes,
@@ -149,11 +151,13 @@ def write_pack(plan: PackPlan, source: MemberSource, publisher: Publisher, dest:
     try:
         _write_all_shards(plan, source, publisher, events)
 
-        def documents(published: list[PublishedShard]) -> tuple[bytes, bytes]:
-            manifest_base = dest.rstrip("/") + "/" + plan.prefix
-            return dump(build_index(plan, published)), dump(build_manifest(manifest_base, plan))
+        manifest = dump(build_manifest(dest.rstrip("/") + "/" + plan.prefix, plan))
+        documents = [(plan.manifest_key, manifest), (plan.offsets_key, offsets.encode(offsets.table_from_plan(plan)))]
 
-        shards = publisher.finish(documents)
+        def make_index(published: list[PublishedShard], extras: list[PublishedShard]) -> bytes:
+            return dump(build_index(plan, published, offsets=extras[1]))
+
+        shards = publisher.finish(documents, make_index)
     except BaseException:
         publisher.abort()
         raise

@@ -26,11 +26,12 @@ class PublishedShard:
     etag: str
 
 
-def build_index(plan: PackPlan, shards: list[PublishedShard]) -> dict[str, Any]:
+def build_index(plan: PackPlan, shards: list[PublishedShard], offsets: PublishedShard | None = None) -> dict[str, Any]:
     """The wids index: ``__kind__``, ``wids_version``, ``name``, ``shardlist`` (url, nsamples,
-    filesize, plus the stored ``etag``), and lading's own ``lading`` block (version, order)."""
+    filesize, plus the stored ``etag``), and lading's own ``lading`` block (version, order, and
+    the offsets file as ``{url, filesize, etag}``: see :mod:`lading.pack.offsets`)."""
     options = plan.options
-    return {
+    index: dict[str, Any] = {
         "__kind__": INDEX_KIND,
         "wids_version": 1,
         "name": options.name,
@@ -49,6 +50,9 @@ def build_index(plan: PackPlan, shards: list[PublishedShard]) -> dict[str, Any]:
             "input_bytes": plan.input_bytes,
         },
     }
+    if offsets is not None:
+        index["lading"]["offsets"] = {"url": offsets.name, "filesize": offsets.filesize, "etag": offsets.etag}
+    return index
 
 
 def build_manifest(dest_prefix_uri: str, plan: PackPlan) -> list[Any]:

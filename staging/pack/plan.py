@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from lading.core.errors import UsageError
 from lading.pack.grouping import Sample
+from lading.pack.offsets import SUFFIX as OFFSETS_SUFFIX
 from lading.pack.tarformat import BLOCK, archive_size, member_size
 
 _PLAIN_SIZE_LIMIT = 8 ** 11  # sizes from here on need a pax record (see tarformat)
@@ -82,6 +83,11 @@ class PackPlan:
     def nbytes(self) -> int:
         """Bytes of all shards together."""
         return sum(shard.nbytes for shard in self.shards)
+
+    @property
+    def offsets_key(self) -> str:
+        """The offsets file's key relative to DEST (next to the index)."""
+        return f"{self.prefix}{self.options.name}{OFFSETS_SUFFIX}"
 
     def shard_key(self, shard: ShardPlan) -> str:
         """The shard's key relative to DEST."""

@@ -100,3 +100,41 @@ def iter_files(read: Callable[[int], bytes]) -> Iterator[tuple[str, bytes]]:
                     name = f"{prefix}/{name}"
             yield name, data
         long_name, pax = None, {}  # per-member records apply to the next entry only ('g' is ignored)
+
+
+def iter_member_spans(buffer: bytes | memoryview) -> Iterator[tuple[str, int, int]]:
+    """``(name, data offset, size)`` of every regular file in a tar archive held in memory (an
+    mmap of a cached shard), in order, without copying any member's data."""
+    view = memoryview(buffer)
+    end = len(view)
+    position = 0
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    while position + BLOCK <= end:
+        header = bytes(view[position:position + BLOCK])
+        if header == _ZERO_BLOCK:
+            return
+        _checked(header)
+        kind = header[156:157]
+        size = int(pax["size"]) if "size" in pax and kind in _FILE_TYPES else _number(header[124:136])
+        start = position + BLOCK
+        position = start + size + (-size % BLOCK)
+        if start + size > end:
+            raise TarFormatError(f"archive truncated: a member needs {start + size} bytes, there are {end}")
+        if kind == b"x":
+            pax = _pax_records(bytes(view[start:start + size]))
+            continue
+        if kind == b"L":
+            long_name = bytes(view[start:start + size]).rstrip(b"\0").decode("utf-8", "surrogateescape")
+            continue
+        if kind in _FILE_TYPES:
+            name = pax.get("path") or long_name
+            if name is None:
+                name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                if header[257:262] == b"ustar" and header[345] != 0:
+                    prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+                    name = f"{prefix}/{name}"
+            yield name, start, size
+        long_name, pax = None, {}
+    if position < end and any(view[position:end]):
+        raise TarFormatError("archive ends inside a header")

@@ -22,6 +22,11 @@ from lading.pack.plan import PackPlan, ShardPlan
 from lading.stores.base import ObjectInfo, Store
 
 
+#: ``make_index(published shards, published documents) -> index bytes``: the index records the
+#: stored version of each shard and of the documents published before it (the offsets file).
+MakeIndex = Callable[[list[PublishedShard], list[PublishedShard]], bytes]
+
+
 class Publisher(Protocol):
     """Where shards, manifest and index go."""
 
@@ -33,8 +38,9 @@ class Publisher(Protocol):
         """The shard at ``path`` is complete: publish it (maybe in the background)."""
         ...
 
-    def finish(self, make_documents: Callable[[list[PublishedShard]], tuple[bytes, bytes]]) -> list[PublishedShard]:
-        """Wait for every shard, then publish the manifest and, last, the index."""
+    def finish(self, documents: list[tuple[str, bytes]], make_index: MakeIndex) -> list[PublishedShard]:
+        """Wait for every shard, then publish ``documents`` (key, bytes) in order and, last, the
+        index that ``make_index(shards, documents as published)`` returns."""
         ...
 
     def abort(self) -> None:
@@ -80,19 +86,20 @@ class LocalPublisher:
         """Keep the complete shard in staging until every shard is done."""
         self._done.append((shard, path))
 
-    def finish(self, make_documents: Callable[[list[PublishedShard]], tuple[bytes, bytes]]) -> list[PublishedShard]:
-        """Rename shards into place, then the manifest, then the index."""
-        published = []
-        for shard, path in self._done:
-            st = path.stat()
-            published.append(PublishedShard(shard.name, len(shard.samples), st.st_size,
-                                            f"{st.st_mtime_ns}-{st.st_size}"))
-        index, manifest = make_documents(published)
-        (self.staging / "manifest").write_bytes(manifest)
-        (self.staging / "index").write_bytes(index)
+    def finish(self, documents: list[tuple[str, bytes]], make_index: MakeIndex) -> list[PublishedShard]:
+        """Rename shards into place, then the documents (manifest, offsets), then the index."""
+        published = [_local_version(shard.name, len(shard.samples), path) for shard, path in self._done]
+        staged = []
+        for number, (key, data) in enumerate(documents):
+            path = self.staging / f"document-{number}"
+            path.write_bytes(data)
+            staged.append((path, Path(key).name))
+        extras = [_local_version(name, 0, path) for path, name in staged]
+        (self.staging / "index").write_bytes(make_index(published, extras))
         for shard, path in self._done:
             os.replace(path, self.final_dir / shard.name)
-        os.replace(self.staging / "manifest", self.final_dir / Path(self.plan.manifest_key).name)
+        for path, name in staged:
+            os.replace(path, self.final_dir / name)
         os.replace(self.staging / "index", self.final_dir / Path(self.plan.index_key).name)
         self.abort()
         return published
@@ -100,6 +107,13 @@ class LocalPublisher:
     def abort(self) -> None:
         """Remove the staging directory and whatever is still in it."""
         shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def _local_version(name: str, nsamples: int, path: Path) -> PublishedShard:
+    """A local file as published: its version is the LocalStore's (``<mtime_ns>-<size>``), which
+    a rename keeps."""
+    st = path.stat()
+    return PublishedShard(name, nsamples, st.st_size, f"{st.st_mtime_ns}-{st.st_size}")
 
 
 def _remove_stale_staging(directory: Path, name: str) -> None:
@@ -151,19 +165,25 @@ class StorePublisher:
             waiting[0].result()
         self._uploads.append((shard, self._pool.submit(self._upload, path, self.plan.shard_key(shard), True)))
 
-    def finish(self, make_documents: Callable[[list[PublishedShard]], tuple[bytes, bytes]]) -> list[PublishedShard]:
-        """Wait for every shard upload (re-raising the first failure), then manifest, then index."""
+    def finish(self, documents: list[tuple[str, bytes]], make_index: MakeIndex) -> list[PublishedShard]:
+        """Wait for every shard upload (re-raising the first failure), then the documents
+        (manifest, offsets) in order, then the index."""
         published = []
         for shard, future in self._uploads:
             info = future.result()
             published.append(PublishedShard(shard.name, len(shard.samples), info.size, info.version))
-        index, manifest = make_documents(published)
-        for data, key in ((manifest, self.plan.manifest_key), (index, self.plan.index_key)):
-            path = Path(self._tmp.name) / Path(key).name
-            path.write_bytes(data)
-            self._upload(path, key, remove=True)
+        extras = []
+        for key, data in documents:
+            info = self._put_document(key, data)
+            extras.append(PublishedShard(Path(key).name, 0, info.size, info.version))
+        self._put_document(self.plan.index_key, make_index(published, extras))
         self.abort()
         return published
+
+    def _put_document(self, key: str, data: bytes) -> ObjectInfo:
+        path = Path(self._tmp.name) / Path(key).name
+        path.write_bytes(data)
+        return self._upload(path, key, remove=True)
 
     def abort(self) -> None:
         """Cancel queued uploads and remove the temporary directory."""

@@ -1,0 +1,478 @@
+"""The node cache: each shard downloaded once per node, shared by every rank, worker and process.
+
+Layout under the cache root (``cache_dir=``, else ``$LADING_CACHE_DIR``, else
+``$XDG_CACHE_HOME/lading`` or ``~/.cache/lading``)::
+
+    datasets/<slug>-<digest>/            one folder per shard location (the index's folder)
+        dataset.json                     {"uri": "s3://bucket/datasets/pets/v1/"}
+        pets-000000.tar                  the shard, exactly as stored
+        pets-000000.tar.lading-meta      {"uri", "version", "size", "downloaded"}; mtime = last use
+        pets-000000.tar.lading-lock      the shard's flock
+
+Rules:
+
+- **One download per shard per node.** A process that needs a shard takes the shard's lock
+  shared and checks the record: same version (ETag / generation, as the index recorded it) and
+  size. If not, it takes the lock exclusive, checks again (another process may have just
+  downloaded it), downloads to a temporary name, renames, writes the record, and reads on under
+  the shared lock. Waiting has no timeout; the kernel drops the lock of a process that dies.
+- **In use is never evicted.** Readers hold the shared lock while they read. With
+  ``cache_limit``, a process about to download evicts the least recently used shards (by record
+  mtime, touched at every open) whose exclusive lock it can take *without waiting*: a shard
+  some process holds is skipped. When everything left is in use, the cache goes over the limit
+  for a while (logged) rather than wait: a limit below what is read at once never deadlocks.
+- **Only what it downloaded.** Eviction and ``lading cache clear`` remove only shards that have
+  a record; other files in the cache root are never touched.
+- **A safe root.** A root that is not owned by this user, or that others can write to, is
+  refused (anyone who can write there could plant shards).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import mmap
+import os
+import re
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+from lading.core.atomic import write_atomically
+from lading.core.errors import ObjectChanged, ProblemFound, UsageError
+from lading.stores.base import Store
+
+log = logging.getLogger(__name__)
+
+META = ".lading-meta"
+LOCK = ".lading-lock"
+_TMP = ".lading-tmp-"
+_DATASETS = "datasets"
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def default_cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """``$LADING_CACHE_DIR``, else ``$XDG_CACHE_HOME/lading``, else ``~/.cache/lading``."""
+    env = os.environ if env is None else env
+    if env.get("LADING_CACHE_DIR"):
+        return Path(env["LADING_CACHE_DIR"]).expanduser()
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "lading"
+
+
+def parse_limit(limit: int | str | None) -> int | None:
+    """A cache limit in bytes: an int, or ``"50GB"``, ``"1.5GiB"``, ``"800MB"``."""
+    if limit is None or isinstance(limit, int):
+        if isinstance(limit, int) and limit <= 0:
+            raise UsageError(f"cache_limit={limit} must be positive")
+        return limit
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(limit))
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise UsageError(f"cache_limit={limit!r} is not a size", "use bytes or a unit: 50GB, 1.5GiB, 800MB")
+    return parse_limit(int(float(match.group(1)) * _UNITS[unit]))
+
+
+def check_root(root: Path) -> None:
+    """Refuse a cache root not owned by this user or writable by group or others."""
+    st = os.stat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"cache directory {root} is not a directory")
+    if st.st_uid != os.getuid():
+        raise UsageError(f"refusing cache directory {root}: it is owned by uid {st.st_uid}, not by you",
+                         "set LADING_CACHE_DIR (or cache_dir=) to a directory of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UsageError(f"refusing cache directory {root}: others can write to it (mode {stat.S_IMODE(st.st_mode):o})",
+                         f"chmod go-w {root}, or use another directory")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def location_folder(parent_uri: str) -> str:
+    """The cache folder name of a shard location: a readable slug and a digest of the URI."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", parent_uri.split("://", 1)[-1]).strip("_.")[-48:]
+    return f"{slug or 'shards'}-{_digest(parent_uri)}"
+
+
+def _hold(path: Path, mode: int) -> int:
+    """An fd holding ``flock(mode)`` on ``path``, waiting as long as it takes."""
+    fd = _lock(path, mode)
+    assert fd is not None
+    return fd
+
+
+def _lock(path: Path, mode: int, wait: bool = True) -> int | None:
+    """An fd holding ``flock(mode)`` on ``path``, or None when ``wait`` is False and it is held.
+
+    Lock files may be deleted by eviction (under their exclusive lock): after locking, the path
+    must still name the locked file, else the lock is taken again on the new one.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, mode if wait else mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            current = os.stat(path)
+            held = os.fstat(fd)
+            if (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """Where a shard comes from: its URI, the store and key to download it, and the version
+    (ETag / generation) and size the index recorded (None: unknown, take the store's)."""
+
+    uri: str
+    store: Callable[[], Store]
+    key: str
+    version: str | None
+    size: int | None
+
+
+class CachedShard:
+    """A shard in the cache, mapped into memory, held under its shared lock until :meth:`close`."""
+
+    def __init__(self, path: Path, fd: int | None, buffer: mmap.mmap | bytes) -> None:
+        self.path, self._fd, self.buffer = path, fd, buffer
+
+    def close(self) -> None:
+        """Unmap and release the lock (eviction may take the shard from now on)."""
+        if isinstance(self.buffer, mmap.mmap):
+            try:
+                self.buffer.close()
+            except BufferError:  # a sample still references it: the mapping goes with that sample
+                pass
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def map_file(path: Path) -> mmap.mmap | bytes:
+    """A read-only mapping of ``path`` (empty files give ``b""``, which mmap refuses)."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return b""
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        mapped.madvise(mmap.MADV_WILLNEED)
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        pass
+    return mapped
+
+
+class NodeCache:
+    """Shards on local disk (see the module docstring). One per process; thread-safe."""
+
+    def __init__(self, root: Path | str | None = None, limit: int | str | None = None) -> None:
+        self.root = Path(root).expanduser() if root is not None else default_cache_root()
+        self.limit = parse_limit(limit)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            check_root(self.root)
+            self.folder = self.root / _DATASETS
+            self.folder.mkdir(exist_ok=True, mode=0o700)
+            check_root(self.folder)
+        except PermissionError as err:
+            raise UsageError(f"cannot use cache directory {self.root}: {err.strerror}",
+                             "set LADING_CACHE_DIR (or cache_dir=) to a directory you can write") from err
+        self._known: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def paths(self, uri: str) -> tuple[Path, Path, Path]:
+        """``(shard, record, lock)`` paths of the shard at ``uri``."""
+        parent, _, name = uri.rstrip("/").rpartition("/")
+        if not name or name in (".", "..") or name.endswith((META, LOCK)) or _TMP in name:
+            raise UsageError(f"cannot cache {uri!r}: not a usable file name")
+        folder = self.folder / location_folder(parent + "/")
+        if folder not in self._known:
+            folder.mkdir(exist_ok=True, mode=0o700)
+            record = folder / "dataset.json"
+            if not record.exists():
+                write_atomically(record, json.dumps({"uri": parent + "/"}) + "\n", mode=0o600,
+                                 tmp=folder / f".dataset.json{_TMP}{os.getpid()}-{threading.get_ident()}")
+            with self._lock:
+                self._known.add(folder)
+        return folder / name, folder / (name + META), folder / (name + LOCK)
+
+    def find(self, uri: str, version: str | None, size: int | None) -> CachedShard | None:
+        """The shard when the cache holds it at ``version`` (no download), else None."""
+        path, record, lock = self.paths(uri)
+        if not record.exists():
+            return None
+        fd = _hold(lock, fcntl.LOCK_SH)
+        try:
+            if _current(path, record, version, size):
+                return self._opened(path, record, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        return None
+
+    def open(self, source: ShardSource) -> CachedShard:
+        """The shard, downloaded first unless the cache holds it at the recorded version."""
+        path, record, lock = self.paths(source.uri)
+        fd = _hold(lock, fcntl.LOCK_SH)
+        try:
+            if _current(path, record, source.version, source.size):
+                return self._opened(path, record, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        fd = _hold(lock, fcntl.LOCK_EX)
+        try:
+            if not _current(path, record, source.version, source.size):
+                self._download(source, path, record)
+            return self._opened(path, record, fd, downgrade=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _opened(self, path: Path, record: Path, fd: int, downgrade: bool = False) -> CachedShard:
+        buffer = map_file(path)
+        if downgrade:  # keep reading under a shared lock, as every reader does
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        try:
+            os.utime(record)  # last use, for least-recently-used eviction
+        except FileNotFoundError:  # evicted in the instant between the two locks: still mapped
+            pass
+        return CachedShard(path, fd, buffer)
+
+    def _download(self, source: ShardSource, path: Path, record: Path) -> None:
+        """Download under the shard's exclusive lock: temporary, rename, then the record."""
+        for stale in path.parent.glob(f"{path.name}{_TMP}*"):
+            stale.unlink(missing_ok=True)  # a download killed mid-way (we hold the lock)
+        store = source.store()
+        version, size = source.version, source.size
+        if version is None or size is None:
+            info = store.stat(source.key)
+            version, size = version or info.version, info.size if size is None else size
+        self.make_room(size, keep=path)
+        tmp = path.with_name(f"{path.name}{_TMP}{os.getpid()}-{threading.get_ident()}")
+        started = time.monotonic()
+        try:
+            store.download(source.key, tmp, version=version)
+            got = os.path.getsize(tmp)
+            if got != size:
+                raise ObjectChanged(f"{source.uri}: downloaded {got} bytes, the index says {size}",
+                                    "the shard was replaced after the index was written: re-pack the dataset")
+            record.unlink(missing_ok=True)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        text = json.dumps({"uri": source.uri, "version": version, "size": size, "downloaded": time.time()})
+        write_atomically(record, text + "\n", mode=0o600,
+                         tmp=record.with_name(f"{record.name}{_TMP}{os.getpid()}-{threading.get_ident()}"))
+        log.debug("cached %s (%d bytes) in %.2fs", source.uri, size, time.monotonic() - started)
+
+    def make_room(self, incoming: int, keep: Path | None = None) -> None:
+        """Evict least recently used shards not in use until ``incoming`` more bytes fit."""
+        if self.limit is None:
+            return
+        entries = sorted(iter_entries(self.folder), key=lambda entry: entry.last_used)
+        total = sum(entry.size for entry in entries if entry.path != keep)
+        for entry in entries:
+            if total + incoming <= self.limit:
+                return
+            if entry.path == keep:
+                continue
+            if remove_entry(entry):
+                total -= entry.size
+                log.debug("evicted %s (%d bytes) from the node cache", entry.path, entry.size)
+        if total + incoming > self.limit:
+            log.warning("node cache %s: %d bytes in use by readers, over cache_limit %d; "
+                        "going over until they are done", self.root, total + incoming, self.limit)
+
+
+def _current(path: Path, record: Path, version: str | None, size: int | None) -> bool:
+    """Whether the cached shard is the one wanted: the record's version and size, and the file's size."""
+    try:
+        meta = json.loads(record.read_text())
+        actual = os.path.getsize(path)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(meta, dict) or meta.get("size") != actual:
+        return False
+    return (version is None or meta.get("version") == version) and (size is None or size == actual)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cached shard, from its record."""
+
+    path: Path
+    uri: str
+    size: int
+    last_used: float
+    downloaded: float
+
+
+def iter_entries(folder: Path) -> Iterator[Entry]:
+    """Every cached shard (those with a record) under the ``datasets`` folder."""
+    try:
+        locations = list(os.scandir(folder))
+    except FileNotFoundError:
+        return
+    for location in locations:
+        if not location.is_dir(follow_symlinks=False):
+            continue
+        try:
+            names = os.listdir(location.path)
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith(META) or _TMP in name:
+                continue
+            record = Path(location.path) / name
+            try:
+                meta = json.loads(record.read_text())
+                last_used = record.stat().st_mtime
+                size = int(meta["size"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            yield Entry(record.with_name(name[:-len(META)]), str(meta.get("uri", "")), size, last_used,
+                        float(meta.get("downloaded", last_used)))
+
+
+def remove_entry(entry: Entry) -> bool:
+    """Remove a cached shard if no process holds it (never waits); False when in use."""
+    lock = entry.path.with_name(entry.path.name + LOCK)
+    fd = _lock(lock, fcntl.LOCK_EX, wait=False)
+    if fd is None:
+        return False
+    try:
+        record = entry.path.with_name(entry.path.name + META)
+        if not record.exists():
+            return False  # someone else removed it first
+        record.unlink()
+        entry.path.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+    return True
+
+
+@dataclass
+class CachedDataset:
+    """A folder of the cache: where its shards come from, how many, how large, when last used."""
+
+    folder: Path
+    uri: str
+    shards: int = 0
+    bytes: int = 0
+    last_used: float = 0.0
+    downloaded: float = 0.0
+
+    def as_json(self) -> dict[str, object]:
+        """For ``lading cache --json``."""
+        return {"folder": str(self.folder), "uri": self.uri, "shards": self.shards, "bytes": self.bytes,
+                "last_used": self.last_used, "downloaded": self.downloaded}
+
+
+def open_root(root: Path | str | None) -> Path:
+    """The cache root to inspect (checked like a dataset would check it), or NotFound-like empty."""
+    path = Path(root).expanduser() if root is not None else default_cache_root()
+    if path.exists():
+        check_root(path)
+    return path
+
+
+def summarize(root: Path | str | None = None) -> list[CachedDataset]:
+    """The cached datasets under ``root``, most recently used first."""
+    folder = open_root(root) / _DATASETS
+    found: dict[Path, CachedDataset] = {}
+    for entry in iter_entries(folder):
+        location = entry.path.parent
+        dataset = found.get(location)
+        if dataset is None:
+            dataset = found[location] = CachedDataset(location, _location_uri(location))
+        dataset.shards += 1
+        dataset.bytes += entry.size
+        dataset.last_used = max(dataset.last_used, entry.last_used)
+        dataset.downloaded = max(dataset.downloaded, entry.downloaded)
+    return sorted(found.values(), key=lambda dataset: -dataset.last_used)
+
+
+def _location_uri(location: Path) -> str:
+    try:
+        return str(json.loads((location / "dataset.json").read_text())["uri"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+@dataclass
+class Cleared:
+    """What ``clear`` did: shards and bytes removed, shards skipped because a process reads them."""
+
+    shards: int = 0
+    bytes: int = 0
+    busy: int = 0
+
+
+def clear(root: Path | str | None = None, dataset: str | None = None, older_than: float | None = None,
+          now: Callable[[], float] = time.time) -> Cleared:
+    """Remove cached shards: all, or those of ``dataset`` (a URI prefix or folder name), or those
+    not used for ``older_than`` seconds. Shards in use are skipped; other files stay."""
+    folder = open_root(root) / _DATASETS
+    result = Cleared()
+    for entry in list(iter_entries(folder)):
+        if dataset is not None and not _matches(entry, dataset):
+            continue
+        if older_than is not None and now() - entry.last_used < older_than:
+            continue
+        if remove_entry(entry):
+            result.shards += 1
+            result.bytes += entry.size
+        else:
+            result.busy += 1
+    for location in (folder.iterdir() if folder.is_dir() else ()):
+        _remove_if_empty(location)
+    return result
+
+
+def _matches(entry: Entry, dataset: str) -> bool:
+    location = entry.path.parent
+    uri = _location_uri(location)
+    wanted = dataset.rstrip("/")
+    return location.name == dataset or entry.uri.startswith(wanted + "/") or uri.rstrip("/") == wanted
+
+
+def _remove_if_empty(location: Path) -> None:
+    """Remove a dataset folder holding nothing but its ``dataset.json``."""
+    try:
+        names = set(os.listdir(location))
+    except OSError:
+        return
+    if names <= {"dataset.json"}:
+        try:
+            (location / "dataset.json").unlink(missing_ok=True)
+            location.rmdir()
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                raise ProblemFound(f"cannot remove {location}: {err.strerror}") from err
+
+
+__all__ = ["CachedDataset", "CachedShard", "Cleared", "NodeCache", "ShardSource", "clear", "default_cache_root",
+           "map_file", "parse_limit", "summarize"]

@@ -1,0 +1,108 @@
+"""A packed dataset as the readers see it: its shards (from the wids index) and, when ``lading pack``
+wrote one, the offsets file that places every sample (:mod:`lading.pack.offsets`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from lading.core.errors import ProblemFound, UsageError
+from lading.pack import offsets as offsets_format
+from lading.pack.index import parse_index
+from lading.stores import open_store
+from lading.stores.base import Store
+from lading.stores.config import StoreConfig
+from lading.stores.uri import StoreURI, parse_uri
+
+_STORES: dict[tuple[int, str, StoreConfig], Store] = {}
+_STORES_LOCK = threading.Lock()
+
+
+def store_for(uri: str | StoreURI, config: StoreConfig) -> tuple[Store, str]:
+    """The store holding ``uri``'s object (one per folder, process and config: clients are costly
+    to build) and the object's key in it."""
+    parsed = parse_uri(uri) if isinstance(uri, str) else uri
+    parent, name = parsed.split_name()
+    if not name:
+        raise UsageError(f"{parsed} names a directory, not an object")
+    cache_key = (os.getpid(), str(parent), config)
+    with _STORES_LOCK:
+        store = _STORES.get(cache_key)
+        if store is None:
+            store = _STORES[cache_key] = open_store(parent, config)
+    return store, name
+
+
+def read_object(uri: str, config: StoreConfig) -> bytes:
+    """A whole (small) object: the index or the offsets file."""
+    store, name = store_for(uri, config)
+    info = store.stat(name)
+    return store.read_range(name, 0, info.size, info.version) if info.size else b""
+
+
+@dataclass(frozen=True)
+class ShardRef:
+    """A shard to read: its URI and, when an index gave them, its sample count, the version the
+    index recorded (ETag / generation) and its size."""
+
+    uri: str
+    nsamples: int | None = None
+    etag: str | None = None
+    filesize: int | None = None
+
+    @property
+    def local(self) -> bool:
+        """Whether the shard is a local file (read in place, never cached)."""
+        return parse_uri(self.uri).scheme == "file"
+
+
+@dataclass
+class DatasetIndex:
+    """Shards in index order, where the offsets file is (if any), and an identity for resume."""
+
+    uri: str
+    shards: list[ShardRef]
+    offsets_uri: str | None = None
+    identity: str = ""
+    _table: Any = field(default=None, repr=False)
+
+    @property
+    def counts(self) -> list[int]:
+        """Samples per shard (an index always has them)."""
+        return [shard.nsamples or 0 for shard in self.shards]
+
+    def offsets(self, config: StoreConfig) -> offsets_format.OffsetsTable | None:
+        """The offsets table, read on first use (None when the pack wrote none)."""
+        if self._table is None and self.offsets_uri is not None:
+            table = offsets_format.decode(read_object(self.offsets_uri, config), self.offsets_uri)
+            listed = [(shard.uri.rpartition("/")[2], shard.nsamples) for shard in self.shards]
+            if [(url.rpartition("/")[2], count) for url, count in table.shards] != listed:
+                raise ProblemFound(f"{self.offsets_uri} does not describe the shards of {self.uri}",
+                                   "the dataset was re-packed in place: pack a new --version")
+            self._table = table
+        return self._table
+
+
+def _resolve(parent: str, url: str) -> str:
+    return url if "://" in url or url.startswith("/") else f"{parent}/{url}"
+
+
+def load_index(index_uri: str, config: StoreConfig) -> DatasetIndex:
+    """Read a ``NAME.index.json`` (wids shard index) and resolve its shard URLs next to it."""
+    data = read_object(index_uri, config)
+    document = parse_index(data, index_uri)
+    parent = str(parse_uri(index_uri).split_name()[0]).rstrip("/")
+    shards = []
+    for shard in document["shardlist"]:
+        etag, size = shard.get("etag"), shard.get("filesize")
+        shards.append(ShardRef(_resolve(parent, shard["url"]), shard["nsamples"],
+                               etag if isinstance(etag, str) else None, size if isinstance(size, int) else None))
+    block = document.get("lading") if isinstance(document.get("lading"), dict) else {}
+    offsets = block.get("offsets") if isinstance(block, dict) else None
+    offsets_uri = _resolve(parent, offsets["url"]) if isinstance(offsets, dict) and "url" in offsets else None
+    # The order of an epoch depends on the sample counts only: a copy (other versions) resumes too.
+    identity = hashlib.sha256(repr([(s.uri.rpartition("/")[2], s.nsamples) for s in shards]).encode()).hexdigest()[:16]
+    return DatasetIndex(index_uri, shards, offsets_uri, identity)

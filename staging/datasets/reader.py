@@ -1,0 +1,214 @@
+"""Reading samples out of whole shards: local files in place, remote shards through the node cache.
+
+One :class:`ShardReader` per dataset and process. It keeps a few shards mapped (least recently
+used beyond ``keep_open`` are released, so eviction may take them), prefetches the next shards
+of the epoch on background threads (into the node cache), and finds a sample's bytes through
+the offsets file when the pack wrote one, else through the shard's tar headers (read once per
+shard and process, from the mapped file).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from lading.core.errors import NotFound, ProblemFound
+from lading.datasets.cache import CachedShard, NodeCache, ShardSource, map_file
+from lading.datasets.index import DatasetIndex, ShardRef, store_for
+from lading.pack.offsets import OffsetsTable
+from lading.pack.tarread import TarFormatError, iter_member_spans
+from lading.stores.config import StoreConfig
+from lading.stores.uri import parse_uri
+
+log = logging.getLogger(__name__)
+
+Sample = dict[str, Any]
+#: a scanned shard: per sample, its key and ``(ext, offset, size)`` per member
+Layout = list[tuple[str, tuple[tuple[str, int, int], ...]]]
+
+
+def scan_layout(buffer: Any, where: str) -> Layout:
+    """Samples of a tar shard in memory, grouped as WebDataset readers group them."""
+    layout: Layout = []
+    key: str | None = None
+    members: list[tuple[str, int, int]] = []
+    try:
+        for name, offset, size in iter_member_spans(buffer):
+            directory, slash, base = name.rpartition("/")
+            stem, dot, ext = base.partition(".")
+            if not dot or not stem:
+                continue  # no key: WebDataset readers skip such members too
+            sample_key = directory + slash + stem
+            if sample_key != key:
+                if key is not None:
+                    layout.append((key, tuple(members)))
+                key, members = sample_key, []
+            members.append((ext.lower(), offset, size))
+    except TarFormatError as err:
+        raise ProblemFound(f"{where} is not a readable tar shard: {err}") from err
+    if key is not None:
+        layout.append((key, tuple(members)))
+    return layout
+
+
+class OpenShard:
+    """A shard's bytes (mapped) and how to find a sample in them."""
+
+    def __init__(self, number: int, buffer: Any, closer: CachedShard | None, table: OffsetsTable | None,
+                 base: int, layout: Layout | None) -> None:
+        self.number, self.buffer, self._closer = number, buffer, closer
+        self.table, self.base, self.layout = table, base, layout
+
+    def sample(self, index: int) -> Sample:
+        """Sample ``index`` of this shard: ``{"__key__": key, ext: bytes, ...}``."""
+        buffer = self.buffer
+        table = self.table
+        if table is None:
+            key, members = self.layout[index]  # type: ignore[index]
+            sample: Sample = {"__key__": key}
+            for ext, offset, size in members:
+                sample[ext] = buffer[offset:offset + size]
+            return sample
+        number = self.base + index
+        sample = {"__key__": table.key(number)}
+        exts, ext_of, offsets, sizes = table.exts, table.member_ext, table.member_offset, table.member_size
+        for member in range(table.sample_members[number], table.sample_members[number + 1]):
+            offset = offsets[member]
+            sample[exts[ext_of[member]]] = buffer[offset:offset + sizes[member]]
+        return sample
+
+    def close(self) -> None:
+        """Release the shard (its cache lock)."""
+        if self._closer is not None:
+            self._closer.close()
+            self._closer = None
+
+
+class ShardReader:
+    """Samples by (shard, sample) for one dataset in one process (see the module docstring)."""
+
+    def __init__(self, shards: Sequence[ShardRef], index: DatasetIndex | None, config: StoreConfig,
+                 cache: Callable[[], NodeCache], prefetch: int = 2, keep_open: int = 4) -> None:
+        self.shards, self.index, self.config = shards, index, config
+        self._cache_factory = cache
+        self._cache: NodeCache | None = None
+        self.prefetch = prefetch
+        self.keep_open = max(1, keep_open)
+        self._open: OrderedDict[int, OpenShard] = OrderedDict()
+        self._upcoming: dict[int, int] = {}
+        self._order: list[int] = []
+        self._warming: dict[int, Future[None]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.pid = os.getpid()
+
+    # -- sources ---------------------------------------------------------------------------------
+
+    def cache(self) -> NodeCache:
+        """The node cache (created, and its root checked, on first remote shard)."""
+        if self._cache is None:
+            self._cache = self._cache_factory()
+        return self._cache
+
+    def source(self, number: int) -> ShardSource:
+        """Where shard ``number`` comes from, with the version and size the index recorded."""
+        ref = self.shards[number]
+        config = self.config
+
+        def store() -> Any:
+            return store_for(ref.uri, config)[0]
+
+        return ShardSource(ref.uri, store, parse_uri(ref.uri).split_name()[1], ref.etag, ref.filesize)
+
+    def _map(self, number: int) -> tuple[Any, CachedShard | None]:
+        ref = self.shards[number]
+        if ref.local:
+            path = Path(parse_uri(ref.uri).prefix)
+            try:
+                return map_file(path), None
+            except FileNotFoundError:
+                raise NotFound(f"shard not found: {path}") from None
+        cached = self.cache().open(self.source(number))
+        return cached.buffer, cached
+
+    # -- open shards -----------------------------------------------------------------------------
+
+    def open(self, number: int) -> OpenShard:
+        """Shard ``number``, mapped (downloaded into the node cache first when remote)."""
+        shard = self._open.get(number)
+        if shard is not None:
+            self._open.move_to_end(number)
+            return shard
+        self._warm_after(number)
+        warming = self._warming.pop(number, None)
+        if warming is not None:
+            try:
+                warming.result()
+            except Exception:  # noqa: BLE001 - the foreground open below raises it properly
+                pass
+        buffer, closer = self._map(number)
+        table = self.index.offsets(self.config) if self.index is not None else None
+        ref = self.shards[number]
+        if table is not None:
+            shard = OpenShard(number, buffer, closer, table, table.shard_samples[number], None)
+        else:
+            layout = scan_layout(buffer, ref.uri)
+            if ref.nsamples is not None and len(layout) != ref.nsamples:
+                if closer is not None:
+                    closer.close()
+                raise ProblemFound(f"{ref.uri} holds {len(layout)} samples, its index says {ref.nsamples}",
+                                   "the shard was replaced after packing: re-pack the dataset")
+            shard = OpenShard(number, buffer, closer, None, 0, layout)
+        self._open[number] = shard
+        while len(self._open) > self.keep_open:
+            self._open.popitem(last=False)[1].close()
+        return shard
+
+    def sample(self, number: int, index: int) -> Sample:
+        """Sample ``index`` of shard ``number``."""
+        shard = self._open.get(number)
+        if shard is None:
+            shard = self.open(number)
+        return shard.sample(index)
+
+    # -- prefetch --------------------------------------------------------------------------------
+
+    def upcoming(self, order: Sequence[int]) -> None:
+        """The shards the iteration will need, in order: the next ones are fetched ahead."""
+        self._order = list(order)
+        self._upcoming = {number: slot for slot, number in enumerate(self._order)}
+
+    def _warm_after(self, number: int) -> None:
+        if self.prefetch <= 0 or not self._order:
+            return
+        slot = self._upcoming.get(number)
+        if slot is None:
+            return
+        for ahead in self._order[slot + 1:slot + 1 + self.prefetch]:
+            if ahead in self._open or ahead in self._warming or self.shards[ahead].local:
+                continue
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.prefetch, thread_name_prefix="lading-prefetch")
+            self._warming[ahead] = self._pool.submit(self._warm, ahead)
+
+    def _warm(self, number: int) -> None:
+        try:
+            self.cache().open(self.source(number)).close()
+        except Exception as err:  # noqa: BLE001 - logged; the reader's own open raises it
+            log.debug("prefetching %s failed: %s", self.shards[number].uri, err)
+            raise
+
+    def close(self) -> None:
+        """Release every open shard and stop prefetching."""
+        for shard in self._open.values():
+            shard.close()
+        self._open.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        self._warming.clear()

@@ -1,0 +1,106 @@
+"""RecordDataset: map-style over fixed-size records stored in one object (token files, arrays)."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+from lading.core.errors import UsageError
+from lading.datasets.decode import Decoder, DecodeOption, decoder_for, decoders_for
+from lading.datasets.index import store_for
+from lading.stores.base import ObjectInfo
+from lading.stores.config import StoreConfig
+from lading.stores.uri import parse_uri
+
+#: Records within this many bytes of each other are fetched in one read by ``__getitems__``.
+DEFAULT_GAP = 64 << 10
+
+
+class RecordDataset:
+    """Record ``i`` of an object made of ``header_bytes`` then records of ``record_size`` bytes.
+
+    ``ds[i]`` is one ranged read (pinned to the version seen at construction: a replaced object
+    fails with "object changed" instead of mixing). ``__getitems__`` (DataLoader's batch call)
+    sorts the batch and reads neighbouring records (gaps up to ``max_gap`` bytes) in one range,
+    runs of different regions concurrently. ``decode`` is a function of the record's bytes, or
+    ``True``/a mapping applied by the object's extension; trailing bytes short of a whole record
+    are refused unless ``allow_partial``.
+    """
+
+    def __init__(self, uri: str, record_size: int, header_bytes: int = 0, *,
+                 decode: DecodeOption | Decoder = None, config: StoreConfig | None = None,
+                 max_gap: int = DEFAULT_GAP, threads: int = 8, allow_partial: bool = False) -> None:
+        if record_size < 1 or header_bytes < 0:
+            raise UsageError(f"record_size={record_size} must be positive and header_bytes={header_bytes} not negative")
+        self.uri = uri
+        self.record_size, self.header_bytes = record_size, header_bytes
+        self.config = config or StoreConfig.from_env()
+        store, key = store_for(uri, self.config)
+        self.info: ObjectInfo = store.stat(key)
+        body = self.info.size - header_bytes
+        if body < 0 or (body % record_size and not allow_partial):
+            raise UsageError(f"{uri} has {self.info.size} bytes: not {header_bytes} header bytes plus whole "
+                             f"records of {record_size}", "check record_size and header_bytes, or pass allow_partial=True")
+        self.count = max(0, body) // record_size
+        if callable(decode) and not isinstance(decode, bool):
+            self.decoder: Decoder | None = decode
+        else:
+            table = decoders_for(decode)  # type: ignore[arg-type]
+            ext = parse_uri(uri).prefix.rpartition("/")[2].partition(".")[2].lower()
+            self.decoder = None if table is None else decoder_for(table, ext)
+        self.max_gap, self.threads = max_gap, max(1, threads)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {name: value for name, value in self.__dict__.items() if name not in ("_pool", "_pid")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._pool, self._pid = None, os.getpid()
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _checked(self, index: int) -> int:
+        position = index + self.count if index < 0 else index
+        if not 0 <= position < self.count:
+            raise IndexError(f"index {index} out of range for {self.count} records")
+        return position
+
+    def _read(self, first: int, last: int) -> bytes:
+        """Records ``first .. last`` (inclusive), one ranged read."""
+        store, key = store_for(self.uri, self.config)
+        start = self.header_bytes + first * self.record_size
+        return store.read_range(key, start, start + (last - first + 1) * self.record_size, self.info.version)
+
+    def _finish(self, data: bytes) -> Any:
+        return data if self.decoder is None else self.decoder(data)
+
+    def __getitem__(self, index: int) -> Any:
+        position = self._checked(index)
+        return self._finish(self._read(position, position))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """A batch of records; neighbours coalesced into one read each."""
+        positions = [self._checked(index) for index in indices]
+        gap = max(0, self.max_gap // self.record_size)
+        runs: list[list[int]] = []  # [first, last]
+        for position in sorted(set(positions)):
+            if runs and position - runs[-1][1] - 1 <= gap:
+                runs[-1][1] = position
+            else:
+                runs.append([position, position])
+        if len(runs) == 1:
+            chunks = [self._read(*runs[0])]
+        else:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool, self._pid = ThreadPoolExecutor(self.threads, thread_name_prefix="lading-records"), os.getpid()
+            chunks = list(self._pool.map(lambda run: self._read(run[0], run[1]), runs))
+        found: dict[int, bytes] = {}
+        size = self.record_size
+        for (first, last), data in zip(runs, chunks):
+            for position in range(first, last + 1):
+                found[position] = data[(position - first) * size:(position - first + 1) * size]
+        return [self._finish(found[position]) for position in positions]
