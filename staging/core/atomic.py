@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from lading.core.names import hidden_sibling
+
 
 def write_atomically(path: Path, text: str, *, durable: bool = False, mode: int | None = None,
                      tmp: Path | None = None) -> None:
@@ -12,10 +14,10 @@ def write_atomically(path: Path, text: str, *, durable: bool = False, mode: int 
 
     Readers see the old contents or the new, never a mix. ``durable`` fsyncs before the rename
     (the record survives a power loss), ``mode`` sets the permissions, ``tmp`` names the
-    temporary (default: a hidden per-process name). No temporary survives a failure; the
+    temporary (default: a hidden per-process name, within NAME_MAX). No temporary survives a failure; the
     OSError propagates for the caller to translate.
     """
-    tmp = tmp or path.with_name(f".{path.name}.lading-tmp-{os.getpid()}")
+    tmp = tmp or path.with_name(hidden_sibling(path.name, f".lading-tmp-{os.getpid()}"))
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)

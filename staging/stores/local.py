@@ -10,6 +10,7 @@ from typing import Iterator
 
 from lading.core.errors import AccessDenied, NotFound, ObjectChanged, TransientError
 from lading.core.keys import safe_join
+from lading.core.names import hidden_sibling
 from lading.stores.base import ObjectInfo, ProgressCallback
 
 _CHUNK = 1 << 20
@@ -123,7 +124,7 @@ class LocalStore:
     def upload(self, src: Path, key: str, progress: ProgressCallback | None = None) -> ObjectInfo:
         """Copy ``src`` into the tree atomically (temporary name, then rename)."""
         path = self._path(key)
-        tmp = path.with_name(f".{path.name}.lading-tmp-{os.getpid()}")
+        tmp = path.with_name(hidden_sibling(path.name, f".lading-tmp-{os.getpid()}"))
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, tmp)

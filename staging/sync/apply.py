@@ -25,6 +25,7 @@ from lading.stores.base import ObjectInfo, Store
 from lading.sync.plan import SyncPlan
 from lading.sync.state import Entry, SyncState
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
+from lading.transfer.files import temporaries_of
 
 log = logging.getLogger(__name__)
 
@@ -264,11 +265,11 @@ def apply_plan(
 
 def sweep_temporaries(dest: Path, markers: tuple[str, ...], keep: Iterable[Path] = ()) -> int:
     """Remove leftover temporaries (names containing one of ``markers``) of a killed run under ``dest``,
-    except those of the final paths in ``keep`` (``.name.lading-part`` next to ``name``).
+    except those of the final paths in ``keep`` (:func:`~lading.transfer.files.temporaries_of`).
 
     Only called while holding DEST's lock, so no live writer owns them.
     """
-    kept_prefixes = {(path.parent, f".{path.name}.lading") for path in keep}
+    kept = {temporary for path in keep for temporary in temporaries_of(path)}
     removed = 0
     stack = [dest]
     while stack:
@@ -280,8 +281,7 @@ def sweep_temporaries(dest: Path, markers: tuple[str, ...], keep: Iterable[Path]
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 stack.append(Path(entry.path))
-            elif any(marker in entry.name for marker in markers) and not any(
-                    directory == parent and entry.name.startswith(prefix) for parent, prefix in kept_prefixes):
+            elif any(marker in entry.name for marker in markers) and Path(entry.path) not in kept:
                 try:
                     os.unlink(entry.path)
                     removed += 1

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from lading.core.errors import LadingError
 from lading.core.locks import exclusive_lock
+from lading.core.names import hidden_sibling
 from lading.pack.reuse import PackedDataset
 from lading.stores.base import Store
 from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
@@ -103,7 +104,7 @@ def _place(entry: Path, cache_state: SyncState, item: TransferItem) -> TransferR
                 return TransferResult(key, item.dest, True, item.info.size)  # already this inode
         except FileNotFoundError:
             pass
-        tmp = item.dest.with_name(f".{item.dest.name}.lading-link-{os.getpid()}")
+        tmp = item.dest.with_name(hidden_sibling(item.dest.name, f".lading-link-{os.getpid()}"))
         tmp.unlink(missing_ok=True)
         try:
             try:
