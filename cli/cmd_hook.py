@@ -99,13 +99,14 @@ def _slot_count(env: Mapping[str, str]) -> int:
 
 
 def _stage_one(state: AppState, config: StoreConfig, source: str, dest: str,
-               views: Callable[[StageResult], dict[int, list[str]]], json_out: bool = False) -> dict:
+               views: Callable[[StageResult], dict[int, list[str]]], json_out: bool = False,
+               force: bool = False) -> dict:
     """Stage SOURCE at DEST once per node, build the per-slot views, print a summary line."""
     from lading.hooks.fetch import stage_source
     from lading.hooks.stage import build_views, raise_for_failures
 
     progress = LogProgress(f"{source} -> {dest}", _echo_for(state))
-    staged = stage_source(source, dest, config, events=progress)
+    staged = stage_source(source, dest, config, events=progress, force=force)
     raise_for_failures(staged.result)
     linked = build_views(staged.root, staged.result.files, views(staged.result))
     result = staged.result
@@ -248,10 +249,11 @@ def _load_experiment_config(config_file: str | None, env: Mapping[str, str]) -> 
 @click.argument("uri")
 @click.argument("dest")
 @click.option("--slots", is_flag=True, help="Also build {DEST}-rank{i} hard-link views, one per slot in DET_SLOT_IDS.")
-@click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
+@click.option("--force", is_flag=True, help="Replace a file at DEST that lading did not write (refused otherwise).")
+@click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout (lading sync's fields).")
 @store_options
 @click.pass_obj
-def fetch(state: AppState, uri: str, dest: str, slots: bool, json_out: bool, **options: Any) -> int:
+def fetch(state: AppState, uri: str, dest: str, slots: bool, force: bool, json_out: bool, **options: Any) -> int:
     """Download URI (one object or a prefix) to DEST unless already there and unchanged.
 
     \b
@@ -266,8 +268,8 @@ def fetch(state: AppState, uri: str, dest: str, slots: bool, json_out: bool, **o
     only lists or stats and downloads nothing. Concurrent runs on one machine download once.
     """
     count = _slot_count(os.environ) if slots else 0
-    summary = _stage_one(state, pop_store_config(options), uri, dest, lambda result: {i: sorted(result.files) for i in range(count)},
-                         json_out=json_out)
+    summary = _stage_one(state, pop_store_config(options), uri, dest,
+                         lambda result: {i: sorted(result.files) for i in range(count)}, json_out=json_out, force=force)
     if json_out:
         click.echo(json.dumps(summary, indent=2))
     return 0

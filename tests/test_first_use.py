@@ -236,3 +236,52 @@ def test_global_flags_work_after_the_subcommand(lading, tmp_path):
     assert hook.returncode == 0, hook.stderr
     check = lading("check", str(tmp_path), "-q")  # check's own -q: the verdict line only
     assert check.returncode == 0 and len(check.stdout.splitlines()) == 1
+
+
+# -- one object: one hidden file, never the user's file, sync's JSON fields ----------------------------
+
+def test_single_object_fetch_leaves_one_marker_and_refuses_foreign_files(s3, lading, tmp_path):
+    dest = tmp_path / "d"
+    first = lading("fetch", f"s3://{BUCKET}/data/a.txt", f"{dest}/", "--json")
+    assert first.returncode == 0, first.stderr
+    assert sorted(os.listdir(dest)) == [".a.txt.lading-staged.json", "a.txt"]  # no lock file left
+    assert not [name for name in os.listdir(tmp_path) if name != "d"]
+    (dest / "mine.txt").write_text("my own notes")
+    refused = lading("fetch", f"s3://{BUCKET}/data/a.txt", str(dest / "mine.txt"))
+    _one_line_error(refused, 2, "mine.txt exists and was not written by lading", "--force")
+    assert (dest / "mine.txt").read_text() == "my own notes"
+    assert sorted(os.listdir(dest)) == [".a.txt.lading-staged.json", "a.txt", "mine.txt"]
+    forced = lading("fetch", f"s3://{BUCKET}/data/a.txt", str(dest / "mine.txt"), "--force")
+    assert forced.returncode == 0 and (dest / "mine.txt").read_bytes() == b"hello"
+    edited = dest / "a.txt"  # a file lading wrote and the user edited is fetched again, as documented
+    edited.write_text("edited")
+    assert lading("fetch", f"s3://{BUCKET}/data/a.txt", f"{dest}/").returncode == 0
+    assert edited.read_bytes() == b"hello"
+
+
+def test_fetch_json_uses_sync_field_names(s3, lading, tmp_path):
+    import json
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "x.txt").write_text("x")
+    synced = json.loads(lading("sync", str(tmp_path / "src"), str(tmp_path / "s"), "--json").stdout)
+    for args in ((f"s3://{BUCKET}/data/a.txt", f"{tmp_path}/o/"), (f"s3://{BUCKET}/data/", str(tmp_path / "p"))):
+        result = lading("fetch", *args, "--json")
+        assert result.returncode == 0, result.stderr
+        fetched = json.loads(result.stdout)
+        assert set(synced) <= set(fetched), set(synced) - set(fetched)
+        assert fetched["files"] >= 1 and fetched["bytes"] >= 1 and fetched["skipped"] == 0
+    again = json.loads(lading("fetch", f"s3://{BUCKET}/data/a.txt", f"{tmp_path}/o/", "--json").stdout)
+    assert (again["files"], again["skipped"]) == (0, 1)
+
+
+def test_a_directory_at_the_object_path_is_a_usage_error(s3, lading, tmp_path):
+    (tmp_path / "a.txt").mkdir()
+    (tmp_path / "a.txt" / "keep").write_text("k")
+    # DEST names an existing directory: the object goes into it, as with cp
+    assert lading("fetch", f"s3://{BUCKET}/data/a.txt", str(tmp_path / "a.txt")).returncode == 0
+    assert (tmp_path / "a.txt" / "a.txt").read_bytes() == b"hello"
+    (tmp_path / "a.txt" / "a.txt").unlink()
+    (tmp_path / "a.txt" / "a.txt").mkdir()
+    result = lading("fetch", f"s3://{BUCKET}/data/a.txt", f"{tmp_path}/a.txt/")
+    _one_line_error(result, 2, "is a directory")

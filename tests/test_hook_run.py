@@ -141,7 +141,7 @@ def test_sharded_views_split_the_keys_between_slots(proxy, tmp_path, lading):
     assert result.returncode == 0, result.stderr
     keys = sorted(key.removeprefix("data/") for key in DATA if key.startswith("data/"))
     assert _shards(tmp_path) == [set(keys[0::2]), set(keys[1::2])]
-    assert json.loads(result.stdout)["datasets"][0]["fetched"] == len(keys)
+    assert json.loads(result.stdout)["datasets"][0]["files"] == len(keys)  # lading sync's field names
     # a new key shifts the assignment: each view follows it, no key left in two shards
     boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1").put_object(
         Bucket=BUCKET, Key="data/a-first.bin", Body=b"new")

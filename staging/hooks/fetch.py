@@ -49,8 +49,11 @@ def _find_object(uri: StoreURI, config: StoreConfig | None) -> tuple[Store, Obje
 
 def stage_source(source: str, dest: str, config: StoreConfig | None = None,
                  options: TransferOptions = TransferOptions(),
-                 events: StageEvents = QuietStageEvents()) -> Staged:
-    """Stage ``source`` (object or prefix) at ``dest`` once per node; see the module doc."""
+                 events: StageEvents = QuietStageEvents(), force: bool = False) -> Staged:
+    """Stage ``source`` (object or prefix) at ``dest`` once per node; see the module doc.
+
+    ``force`` lets one object replace a file at DEST that lading did not write (refused otherwise).
+    """
     uri = parse_uri(source)
     found = _find_object(uri, config)
     if found is not None:
@@ -60,7 +63,7 @@ def stage_source(source: str, dest: str, config: StoreConfig | None = None,
             target = safe_join(root, info.key)  # the one key-safety check: '.', '..', NUL...
         else:
             root = target = Path(dest)
-        return Staged(stage_object(store, str(uri), info, target, options, events), root)
+        return Staged(stage_object(store, str(uri), info, target, options, events, force), root)
     prefix = uri if not uri.prefix or uri.prefix.endswith("/") or uri.scheme == "file" else \
         StoreURI(uri.scheme, uri.bucket, uri.prefix + "/")
     root = Path(dest.rstrip("/") or "/")

@@ -5,9 +5,9 @@ the work through a lock and a completion marker:
 
 - a prefix is synced with :func:`staging.sync.run.sync_into`: DEST's lock, the state record in
   DEST as the marker, and removal of files lading put there that have left the source;
-- one object (``lading fetch s3://b/data.csv /tmp/d/``) keeps its marker and lock as hidden
-  siblings of the file, ``.{name}.lading-staged.json`` and ``.{name}.lading-lock``, so several
-  fetches into one directory don't share a record.
+- one object (``lading fetch s3://b/data.csv /tmp/d/``) keeps one hidden file beside it, its
+  marker ``.{name}.lading-staged.json``, and locks the directory itself (no lock file). A file
+  already there without a marker is the user's: it is never replaced unless asked (``force``).
 
 Either way the marker holds each object's source version (S3 ETag, GCS generation) and the
 local file's size and mtime: a later run lists (or stats) the source, compares, and when
@@ -22,6 +22,8 @@ import errno
 import json
 import os
 import shutil
+import stat as stat_mode
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -29,10 +31,13 @@ from typing import Protocol
 from lading.core.atomic import write_atomically
 from lading.core.errors import (
     NotFound,
+    UsageError,
     error_for_exit_code,
     exit_code_for_failures,
+    local_error,
 )
-from lading.core.locks import exclusive_lock
+from lading.core.locks import directory_lock
+from lading.core.names import hidden_sibling
 from lading.stores.base import ObjectInfo, Store
 from lading.sync.apply import FailedKey, store_fetcher
 from lading.sync.into import make_directory, sync_into
@@ -40,6 +45,7 @@ from lading.sync.plan import SyncPlan, SyncRequest, select_objects
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
 
 MARKER_FORMAT = 1
+MARKER_SUFFIX = ".lading-staged.json"
 
 
 @dataclass
@@ -56,14 +62,18 @@ class StageResult:
     failed: list[FailedKey] = field(default_factory=list)
     files: dict[str, Path] = field(default_factory=dict)
     infos: list[ObjectInfo] = field(default_factory=list)
+    seconds: float = 0.0
 
     def to_json(self) -> dict[str, object]:
-        """The summary as JSON-ready data."""
+        """The summary with ``lading sync --json``'s field names (plus ``objects``, the source's count)."""
+        rate = self.fetched_bytes / self.seconds if self.seconds > 0 else 0.0
         return {
             "source": self.source, "dest": str(self.dest), "objects": self.objects,
-            "fetched": self.fetched, "fetched_bytes": self.fetched_bytes,
-            "unchanged": self.unchanged, "removed": self.removed,
+            "files": self.fetched, "bytes": self.fetched_bytes, "downloaded_bytes": self.fetched_bytes,
+            "skipped": self.unchanged, "deleted": self.removed,
             "failed": [{"key": f.key, "error": f.error} for f in self.failed],
+            "seconds": round(self.seconds, 3), "throughput_bytes_per_s": round(rate, 1),
+            "cache": None, "reused": [],
         }
 
 
@@ -115,30 +125,30 @@ def stage_prefix(store: Store, source: str, root: Path, options: TransferOptions
     return StageResult(source, root, len(selection.objects), fetched=summary.files, fetched_bytes=summary.bytes,
                        unchanged=summary.skipped, removed=summary.deleted, failed=list(summary.failed),
                        files={info.key: root.joinpath(*info.key.split("/")) for info in selection.objects},
-                       infos=list(selection.objects))
+                       infos=list(selection.objects), seconds=summary.seconds)
 
 
 def marker_path(target: Path) -> Path:
-    """The single-object completion marker, a hidden sibling of ``target``."""
-    return target.parent / f".{target.name}.lading-staged.json"
-
-
-def lock_path(target: Path) -> Path:
-    """The single-object lock file, a hidden sibling of ``target``."""
-    return target.parent / f".{target.name}.lading-lock"
+    """The single-object completion marker, a hidden sibling of ``target`` (within NAME_MAX)."""
+    return target.parent / hidden_sibling(target.name, MARKER_SUFFIX)
 
 
 def stage_object(store: Store, source: str, info: ObjectInfo, target: Path,
                  options: TransferOptions = TransferOptions(),
-                 events: StageEvents = QuietStageEvents()) -> StageResult:
-    """Bring ``target`` up to date with one object, under its lock, checked against its marker."""
+                 events: StageEvents = QuietStageEvents(), force: bool = False) -> StageResult:
+    """Bring ``target`` up to date with one object, under its directory's lock, checked against
+    its marker. A file at ``target`` that lading did not write (no marker beside it) is refused
+    unless ``force``: a fetch never silently replaces the user's own file."""
+    started = time.monotonic()
     result = StageResult(source, target, 1, files={info.key: target}, infos=[info])
     make_directory(target.parent, "DEST")
-    with exclusive_lock(lock_path(target), lambda: events.on_wait(lock_path(target))):
+    with directory_lock(target.parent, lambda: events.on_wait(target.parent)):
+        marker = marker_path(target)
         current = _expected(info, target)
-        if current is not None and _read_marker(marker_path(target), source) == current:
-            result.unchanged = 1
+        if current is not None and _read_marker(marker, source) == current:
+            result.unchanged, result.seconds = 1, time.monotonic() - started
             return result  # nothing changed: no GET, no write
+        _refuse_foreign(target, marker, force)
         events.on_phase("download", None)
         (outcome,) = fetch_all(store, [TransferItem(info, target)], options, events) or [None]
         if outcome is None or not outcome.ok:
@@ -147,8 +157,29 @@ def stage_object(store: Store, source: str, info: ObjectInfo, target: Path,
                                            error.exit_code if error else 1))
             return result
         result.fetched, result.fetched_bytes = 1, outcome.nbytes
-        _write_marker(marker_path(target), source, _expected(info, target))
+        result.seconds = time.monotonic() - started
+        try:
+            _write_marker(marker, source, _expected(info, target))
+        except OSError as err:
+            raise local_error(err, f"write {marker}", f"{target} is complete; the next fetch downloads it again") \
+                from None
     return result
+
+
+def _refuse_foreign(target: Path, marker: Path, force: bool) -> None:
+    """Refuse to replace what lading did not put at ``target``: a directory always, a file
+    without a marker unless ``force``."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise local_error(err, f"inspect {target}") from None
+    if stat_mode.S_ISDIR(st.st_mode):
+        raise UsageError(f"{target} is a directory", "to fetch into it, end DEST with '/'")
+    if not force and _read_marker(marker) is None:
+        raise UsageError(f"{target} exists and was not written by lading; refusing to replace it",
+                         "pass --force to replace it, or choose another DEST")
 
 
 def _expected(info: ObjectInfo, target: Path) -> list | None:
@@ -160,14 +191,18 @@ def _expected(info: ObjectInfo, target: Path) -> list | None:
     return [info.key, info.size, info.version, st.st_size, st.st_mtime_ns]
 
 
-def _read_marker(path: Path, source: str) -> list | None:
+def _read_marker(path: Path, source: str | None = None) -> list | None:
+    """The object row of the marker at ``path`` (for ``source``, when given); None if there is none."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or data.get("format") != MARKER_FORMAT or data.get("source") != source:
+    if not isinstance(data, dict) or data.get("format") != MARKER_FORMAT:
         return None
-    return data.get("object")
+    if source is not None and data.get("source") != source:
+        return None
+    row = data.get("object")
+    return row if isinstance(row, list) else None
 
 
 def _write_marker(path: Path, source: str, row: list | None) -> None:
@@ -248,7 +283,7 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _link_atomically(src: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.lading-link-{os.getpid()}")
+    tmp = target.with_name(hidden_sibling(target.name, f".lading-link-{os.getpid()}"))
     tmp.unlink(missing_ok=True)
     try:
         os.link(src, tmp)
