@@ -285,3 +285,52 @@ def test_a_directory_at_the_object_path_is_a_usage_error(s3, lading, tmp_path):
     (tmp_path / "a.txt" / "a.txt").mkdir()
     result = lading("fetch", f"s3://{BUCKET}/data/a.txt", f"{tmp_path}/a.txt/")
     _one_line_error(result, 2, "is a directory")
+
+
+# -- Ctrl-C stops pack within a second ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def big_tree(tmp_path_factory):
+    """4,000 samples of 48 KiB (~190 MB): a pack of it runs for seconds, in 16 MB tasks."""
+    root = tmp_path_factory.mktemp("pack-src")
+    block = os.urandom(48 * 1024)
+    for directory in range(40):
+        (root / f"d{directory:02d}").mkdir()
+        for number in range(100):
+            (root / f"d{directory:02d}" / f"s{number:04d}.bin").write_bytes(block)
+    return root
+
+
+@pytest.mark.parametrize("when", ["forking", "writing"])
+def test_ctrl_c_stops_pack_within_a_second_and_leaves_nothing(big_tree, tmp_path, when):
+    import signal
+    import time
+
+    dest = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "lading", "pack", str(big_tree), str(dest)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def ready() -> bool:
+        staging = list(dest.glob(".*.lading-pack-*")) if dest.exists() else []
+        if when == "forking":  # the staging directory exists: workers are about to be forked
+            return bool(staging)
+        return any(shard.stat().st_blocks for shard in staging[0].glob("*.tar")) if staging else False
+
+    try:
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the pack did not start writing within 60 s"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        sent = time.monotonic()
+        _, stderr = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip() == "lading: interrupted"
+    assert took < 1.0, f"pack took {took:.2f}s to stop"
+    assert os.listdir(dest) == [], "an interrupted pack left an index, a shard or its staging directory"

@@ -12,23 +12,34 @@ still overlap). Shards are committed to the publisher in order, each once all it
 from __future__ import annotations
 
 import ctypes
+import mmap
 import multiprocessing
 import os
 import signal
 import threading
 from collections import deque
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from lading.core.errors import AccessDenied, LadingError, ProblemFound
+from lading.pack.grouping import Member
 from lading.pack.plan import PackPlan, ShardPlan
 from lading.pack.sources import LocalSource, MemberSource
 from lading.pack.writer import ShardWriter, drop_spare_buffers
 
 TASK_BYTES = 16 << 20
 _PR_SET_PDEATHSIG = 1
+
+#: One shared byte, set when the pack is interrupted: workers (threads, or processes forked after
+#: it was mapped) check it before each sample and stop, so Ctrl-C does not wait for a 16 MB task.
+_STOP = mmap.mmap(-1, 1)
+
+
+class Stopped(Exception):
+    """A write task that stopped early because the pack was interrupted (never reported)."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +94,7 @@ def _run_task(task: WriteTask, shard: ShardPlan, source: MemberSource, path: Pat
         raise write_error(err, path) from err
     try:
         writer = ShardWriter(fd, progress, task.offset)
-        members = (member for sample in shard.samples[task.start:task.end] for member in sample.members)
-        source.write_members(members, writer)
+        source.write_members(_members_until_stopped(shard, task), writer)
         if task.last:
             end, expected = writer.finish(), shard.nbytes
         else:
@@ -97,6 +107,15 @@ def _run_task(task: WriteTask, shard: ShardPlan, source: MemberSource, path: Pat
     if end != expected:  # the plan and the writer disagree: a bug, never publish such a shard
         raise ProblemFound(f"{shard.name}: samples {task.start}..{task.end} ended at byte {end}, planned {expected}")
     return writer.payload_bytes
+
+
+def _members_until_stopped(shard: ShardPlan, task: WriteTask) -> Iterator[Member]:
+    """The task's members, sample by sample, until the pack is interrupted."""
+    stop = _STOP
+    for sample in shard.samples[task.start:task.end]:
+        if stop[0]:
+            raise Stopped()
+        yield from sample.members
 
 
 def create_shard_file(shard: ShardPlan, path: Path) -> None:
@@ -133,8 +152,10 @@ def _run_inherited(index: int) -> int:
 def _worker_start(parent: int) -> None:
     """In each worker process: leave Ctrl-C to the parent (a worker interrupted while holding the
     task queue's lock would hang the others), and die with the parent (Linux), so a killed pack
-    leaves no process behind."""
+    leaves no process behind. SIGINT arrives blocked (see :func:`_held_signals`): ignore it,
+    then unblock it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: workers end when their current task does
@@ -150,6 +171,21 @@ def _executor(plan: PackPlan, source: MemberSource, tasks: list[WriteTask], proc
         return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                    initializer=_worker_start, initargs=(os.getpid(),))
     return ThreadPoolExecutor(workers, thread_name_prefix="lading-pack-write")
+
+
+@contextmanager
+def _held_signals(held: bool) -> Iterator[None]:
+    """Hold Ctrl-C while the process pool forks its workers (at its first submit): a SIGINT
+    in the middle of a fork left a worker the pool did not know about, and the pack then hung
+    at exit waiting for it. The signal is delivered (KeyboardInterrupt) right after."""
+    if not held:
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
@@ -201,15 +237,18 @@ def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
                 create_shard_file(plan.shards[task.shard], paths[task.shard])
                 open_shards.append(task.shard)
             shard, path = plan.shards[task.shard], paths[task.shard]
-            future = executor.submit(_run_inherited, index) if in_processes \
-                else executor.submit(_run_task, task, shard, source, path, locked_progress)
+            with _held_signals(in_processes and not pending):
+                future = executor.submit(_run_inherited, index) if in_processes \
+                    else executor.submit(_run_task, task, shard, source, path, locked_progress)
             pending.append((index, future))
         while pending:
             finish_oldest()
     except BaseException:
+        _STOP[0] = 1  # running tasks stop at their next sample; queued ones are cancelled
         executor.shutdown(wait=True, cancel_futures=True)
         raise
     finally:
         executor.shutdown(wait=True)
+        _STOP[0] = 0
         _INHERITED = None
         drop_spare_buffers()
