@@ -125,34 +125,81 @@ def _summary_line(label: str, fetched: int, nbytes: int, unchanged: int, removed
             f"{unchanged} unchanged{extra}")
 
 
-@click.group()
+HOOK_HELP = """Startup-hook downloads for Determined: write the hook, run it.
+
+\b
+Determined sources CONTEXT_DIR/startup-hook.sh in every container before the trial
+starts; `hook init` writes a block there that stages datasets with `lading fetch` or
+`lading hook run`, once per node, skipped when already there.
+
+\b
+Examples:
+  lading hook init ./model s3://b/train/ /tmp/train   add a dataset to ./model/startup-hook.sh
+  lading hook init ./model                            stage the config's data.datasets
+  lading hook run --config const.yaml                 what the hook runs, for a local try
+
+\b
+Exit codes: 0 ok, 1 some objects failed, 2 usage (arguments, config), 3 not found,
+4 access denied or not writable, 5 transient failure after retries, 130 interrupted."""
+
+HOOK_INIT_HELP = """Add a dataset to CONTEXT_DIR/startup-hook.sh (created if missing).
+
+\b
+With SOURCE and DEST the hook runs `lading fetch SOURCE DEST` in every container; without
+them it runs `lading hook run` (the experiment config's data.datasets). The block lives
+between marker comments: your lines outside it are kept, the same arguments twice change
+nothing, and a new SOURCE for the same DEST replaces the old one.
+
+\b
+The generated block works when Determined sources it under `set -ex`: it never exits the
+sourcing shell, holds no credential (lading reads the standard AWS/Google chains), and
+fails the task with a clear message when lading is missing or a download fails. DEST must
+be absolute; --slots reads DET_SLOT_IDS when the hook runs.
+
+\b
+Examples:
+  lading hook init ./model s3://bucket/train/ /tmp/train        one dataset, every container
+  lading hook init ./model s3://bucket/train/ /tmp/train --slots  plus /tmp/train-rank{i} views
+  lading hook init s3://bucket/data.csv /tmp/data.csv           ./startup-hook.sh
+  lading hook init ./model                                      the config's data.datasets
+  lading hook init ./model s3://bucket/train/ /tmp/train --dry-run   print, change nothing
+
+\b
+Exit codes: 0 written or already up to date, 2 usage (arguments, DEST not absolute,
+CONTEXT_DIR not a directory, damaged markers), 4 startup-hook.sh not writable."""
+
+HOOK_RUN_HELP = """Stage the experiment config's data.datasets on this node.
+
+\b
+Each dataset is staged once per node: the first container takes DEST's lock and
+downloads; containers started at the same moment wait and then find it done. A completion
+marker records each object's ETag/generation, so a restarted trial lists the source,
+finds nothing changed, and downloads and rewrites nothing. Output is one line per step and
+a progress line every few seconds (made for task logs).
+
+\b
+Examples:
+  lading hook run                            in a det container ($DET_EXPERIMENT_CONFIG)
+  lading hook run --config const.yaml        the same, tried locally
+  lading hook run --config const.yaml --json a JSON summary per dataset
+
+\b
+Exit codes: 0 ok, 1 some objects failed, 2 usage (bad config, sharded without the whole
+trial here), 3 not found, 4 access denied or DEST not writable, 5 transient failure after
+retries, 130 interrupted."""
+
+
+@click.group(help=HOOK_HELP, short_help="Startup-hook downloads for Determined (init, run).")
 def hook() -> None:
-    """Startup-hook downloads for Determined: write the hook, run it.
-
-    \b
-    lading hook init s3://b/train/ /tmp/train     add a dataset to ./startup-hook.sh
-    lading hook init ./model                      stage the config's data.datasets
-    lading hook run --config const.yaml           what the hook runs, for a local try
-    """
+    """``lading hook``: see HOOK_HELP."""
 
 
-@hook.command("init")
+@hook.command("init", help=HOOK_INIT_HELP, short_help="Add a dataset to CONTEXT_DIR/startup-hook.sh.")
 @click.argument("args", nargs=-1, metavar="[CONTEXT_DIR] [SOURCE DEST]")
 @click.option("--slots", is_flag=True, help="Also build {DEST}-rank{i} hard-link views, one per slot in DET_SLOT_IDS.")
 @click.option("--dry-run", is_flag=True, help="Print the hook as it would be written; change nothing.")
 def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
-    """Add a dataset to CONTEXT_DIR/startup-hook.sh (created if missing).
-
-    With SOURCE and DEST the hook runs `lading fetch SOURCE DEST` in every container; without
-    them it runs `lading hook run` (the experiment config's data.datasets). The block lives
-    between marker comments: your lines outside it are kept, the same arguments twice change
-    nothing, and a new SOURCE for the same DEST replaces the old one.
-
-    The generated block works when Determined sources it under `set -ex`: it never exits the
-    sourcing shell, holds no credential (lading reads the standard AWS/Google chains), and
-    fails the task with a clear message when lading is missing or a download fails. DEST must
-    be absolute; --slots reads DET_SLOT_IDS when the hook runs.
-    """
+    """``lading hook init``: see HOOK_INIT_HELP."""
     from lading.hooks.script import HOOK_NAME, HookEntry, read_hook, updated_text, write_hook
     from lading.stores import parse_uri
 
@@ -197,21 +244,15 @@ def _init_arguments(args: tuple[str, ...]) -> tuple[Path, tuple[str, ...]]:
     return context, (args[-2:] if len(args) >= 2 else ())
 
 
-@hook.command("run", epilog=SCHEMA_HELP)
+@hook.command("run", help=HOOK_RUN_HELP, epilog=SCHEMA_HELP,
+              short_help="Stage the experiment config's data.datasets on this node.")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False),
               help="Experiment config (YAML). Default: $DET_EXPERIMENT_CONFIG (JSON), as in a det container.")
 @click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
 @store_options
 @click.pass_obj
 def hook_run(state: AppState, config_file: str | None, json_out: bool, **options: Any) -> int:
-    """Stage the experiment config's data.datasets on this node.
-
-    Each dataset is staged once per node: the first container takes DEST's lock and
-    downloads; containers started at the same moment wait and then find it done. A completion
-    marker records each object's ETag/generation, so a restarted trial lists the source,
-    finds nothing changed, and downloads and rewrites nothing. Output is one line per step and
-    a progress line every few seconds (made for task logs).
-    """
+    """``lading hook run``: see HOOK_RUN_HELP."""
     from lading.hooks.run import check_sharding, datasets_from_config, dest_path, slots_per_trial, views_for
 
     connection = pop_store_config(options)
@@ -245,7 +286,30 @@ def _load_experiment_config(config_file: str | None, env: Mapping[str, str]) -> 
     return parse_config(raw, "DET_EXPERIMENT_CONFIG"), "DET_EXPERIMENT_CONFIG"
 
 
-@click.command()
+FETCH_HELP = """Download URI (one object or a prefix) to DEST unless already there and unchanged.
+
+\b
+A trailing '/' on DEST (or an existing directory) means "into this directory". Files are
+written under a temporary name and renamed once verified; transient errors are retried.
+A completion record holds each object's ETag/generation (for a prefix, `lading sync`'s
+state file in DEST; for one object, one hidden marker beside the file), so a second run
+only lists or stats and downloads nothing. Concurrent runs on one machine download once.
+A file at DEST that lading did not write is never replaced, unless --force.
+
+\b
+Examples:
+  lading fetch s3://bucket/data.csv /tmp/data-rank0/    into the directory
+  lading fetch s3://bucket/data.csv /tmp/train.csv      to that file
+  lading fetch s3://bucket/train/ /tmp/train            a prefix, as a tree
+  lading fetch --slots s3://bucket/train/ /tmp/train    plus /tmp/train-rank{i} views
+
+\b
+Exit codes: 0 ok, 1 some objects failed or unsafe keys, 2 usage (malformed URI, a file
+lading did not write at DEST, a file where DEST's directory should be), 3 not found,
+4 access denied or DEST not writable, 5 transient failure after retries, 130 interrupted."""
+
+
+@click.command(help=FETCH_HELP, short_help="Download one object or prefix if missing or changed.")
 @click.argument("uri")
 @click.argument("dest")
 @click.option("--slots", is_flag=True, help="Also build {DEST}-rank{i} hard-link views, one per slot in DET_SLOT_IDS.")
@@ -254,19 +318,7 @@ def _load_experiment_config(config_file: str | None, env: Mapping[str, str]) -> 
 @store_options
 @click.pass_obj
 def fetch(state: AppState, uri: str, dest: str, slots: bool, force: bool, json_out: bool, **options: Any) -> int:
-    """Download URI (one object or a prefix) to DEST unless already there and unchanged.
-
-    \b
-    lading fetch s3://bucket/data.csv /tmp/data-rank0/    into the directory
-    lading fetch s3://bucket/data.csv /tmp/train.csv      to that file
-    lading fetch s3://bucket/train/ /tmp/train            a prefix, as a tree
-
-    A trailing '/' on DEST (or an existing directory) means "into this directory". Files are
-    written under a temporary name and renamed once verified; transient errors are retried.
-    A completion record holds each object's ETag/generation (for a prefix, `lading sync`'s
-    state file in DEST; for one object, a hidden marker beside the file), so a second run
-    only lists or stats and downloads nothing. Concurrent runs on one machine download once.
-    """
+    """``lading fetch``: see FETCH_HELP."""
     count = _slot_count(os.environ) if slots else 0
     summary = _stage_one(state, pop_store_config(options), uri, dest,
                          lambda result: {i: sorted(result.files) for i in range(count)}, json_out=json_out, force=force)
@@ -275,30 +327,36 @@ def fetch(state: AppState, uri: str, dest: str, slots: bool, force: bool, json_o
     return 0
 
 
-@click.command("bind-mounts")
+BIND_MOUNTS_HELP = """Validate CONFIG's bind_mounts against det's schema, and check host paths exist here.
+
+\b
+det's rules: host_path absolute; container_path not "."; read_only true/false;
+propagation a string (the container runtime accepts private, rprivate, shared,
+rshared, slave, rslave); no other keys. Beyond det: each host_path must exist on
+this machine (run it on an agent host, or where the data lives).
+CONFIG defaults to $DET_EXPERIMENT_CONFIG (inside a det container).
+
+\b
+Examples:
+  lading bind-mounts const.yaml
+  lading bind-mounts const.yaml --json
+  lading bind-mounts --suggest /mnt/datasets/imagenet    read-only, same path inside
+
+\b
+--suggest prints the snippet even when PATH does not exist here (a laptop), with a
+warning on stderr.
+
+\b
+Exit codes: 0 no problem, 1 problems found (listed), 2 unreadable config, 3 missing file."""
+
+
+@click.command("bind-mounts", help=BIND_MOUNTS_HELP, short_help="Validate an experiment config's bind_mounts.")
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 @click.option("--suggest", "suggest", multiple=True, metavar="PATH",
               help="Print a ready-to-paste bind_mounts snippet for PATH (repeatable).")
 @click.option("--json", "json_out", is_flag=True, help="Print the problems as JSON on stdout.")
 def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) -> int:
-    """Validate CONFIG's bind_mounts against det's schema, and check host paths exist here.
-
-    \b
-    det's rules: host_path absolute; container_path not "."; read_only true/false;
-    propagation a string (the container runtime accepts private, rprivate, shared,
-    rshared, slave, rslave); no other keys. Beyond det: each host_path must exist on
-    this machine (run it on an agent host, or where the data lives).
-    CONFIG defaults to $DET_EXPERIMENT_CONFIG (inside a det container).
-
-    \b
-    lading bind-mounts const.yaml
-    lading bind-mounts --suggest /mnt/datasets/imagenet    read-only, same path inside
-
-    --suggest prints the snippet even when PATH does not exist here (a laptop), with a
-    warning on stderr.
-
-    Exit 0: no problem; 1: problems found (listed); 2: unreadable config; 3: missing file.
-    """
+    """``lading bind-mounts``: see BIND_MOUNTS_HELP."""
     from lading.context.bindmounts import missing_here, render_snippet, suggest_bind_mount, validate_bind_mounts
 
     if suggest:

@@ -16,11 +16,19 @@ if TYPE_CHECKING:
     from lading.mounts.lifecycle import MountReady
     from lading.mounts.listing import ViewSpec
 
-MOUNT_EPILOG = """\b
+MOUNT_HELP = """Mount URI read-only at MOUNTPOINT with lazy, prefetched reads.
+
+\b
+Lists the objects once, then streams their bytes on demand: training starts without
+waiting for a download. Returns when the mount is ready; the daemon runs detached unless
+--foreground. Stop it with `lading unmount MOUNTPOINT` (or fusermount3 -u).
+
+\b
 Examples:
   lading mount s3://bucket/imagenet /mnt/imagenet
   lading mount gs://bucket/data /mnt/data --cache-dir /scratch/cache --cache-size 200GiB
   lading mount s3://bucket/data /mnt/shard --distribution sharded   # rank from torchrun/SLURM/...
+  lading mount s3://bucket/data /mnt/data -f --log-file /tmp/mount.log   # attached, logged
   lading unmount /mnt/imagenet
 
 \b
@@ -28,7 +36,21 @@ The mount is read-only and immutable: objects are listed once, when mounting. An
 replaced afterwards reads as EIO (never mixed bytes); remount to see changes. A key that is
 both a file and a directory prefix ("a" and "a/b") shows as the directory; the file is hidden
 and logged. Zero-byte "dir/" marker objects only create directories.
-"""
+
+\b
+Exit codes: 0 mounted (with -f: unmounted cleanly), 1 FUSE failed, 2 usage (bad option,
+already mounted), 3 not found (bucket, nothing at URI unless --allow-empty, mount point,
+a manifest key), 4 access denied, 5 transient failure after retries, 130 interrupted."""
+
+UNMOUNT_HELP = """Unmount a lading mount (same as fusermount3 -u MOUNTPOINT).
+
+\b
+Examples:
+  lading unmount /mnt/imagenet
+  lading unmount --lazy /mnt/imagenet     # files still open: detach now, finish later
+
+\b
+Exit codes: 0 unmounted, 1 busy (files open; --lazy) or no fusermount, 3 not a mount point."""
 
 
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -42,7 +64,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         raise click.BadParameter(err.message + (f" ({err.hint})" if err.hint else "")) from None
 
 
-@click.command(epilog=MOUNT_EPILOG)
+@click.command(help=MOUNT_HELP, short_help="Mount a bucket read-only with lazy, prefetched reads.")
 @click.argument("uri")
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--foreground", "-f", is_flag=True, help="Stay attached; serve until Ctrl-C or unmount.")
@@ -62,8 +84,8 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
               help="Disk cache limit, least recently used data evicted first [default: 10GiB].")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds a read may wait for the store before failing with EIO.")
-@click.option("--concurrency", type=click.IntRange(1, 256), default=32, show_default=True,
-              help="Ranged GETs in flight at most.")
+@click.option("--workers", "--concurrency", "workers", type=click.IntRange(1, 256), default=32, show_default=True,
+              help="Ranged GETs in flight at most (--concurrency: the old name).")
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Daemon log (stats on SIGUSR1 and at unmount). Default: none when detached.")
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount (FUSE allow_other).")
@@ -74,14 +96,9 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifest: Path | None,
           distribution: str, balance: str, rank: int | None, world_size: int | None,
           max_memory: int | None, cache_dir: Path | None, cache_size: int | None, timeout: float,
-          concurrency: int, log_file: Path | None, allow_other: bool, allow_empty: bool, json_out: bool,
+          workers: int, log_file: Path | None, allow_other: bool, allow_empty: bool, json_out: bool,
           **store: Any) -> int:
-    """Mount URI read-only at MOUNTPOINT with lazy, prefetched reads.
-
-    Lists the objects once, then streams their bytes on demand: training starts without
-    waiting for a download. Returns when the mount is ready; the daemon runs detached unless
-    --foreground. Stop it with `lading unmount MOUNTPOINT` (or fusermount3 -u).
-    """
+    """``lading mount``: see MOUNT_HELP."""
     from dataclasses import replace
 
     from lading.core.retry import RetryPolicy
@@ -97,13 +114,13 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
     config = pop_store_config(store)
     config = replace(config, timeout=timeout,
                      retry=RetryPolicy(attempts=3, base_delay=0.1, max_delay=min(2.0, timeout / 4)),
-                     max_pool_connections=max(config.max_pool_connections, concurrency + 8))
+                     max_pool_connections=max(config.max_pool_connections, workers + 8))
     options = MountOptions(
         source=uri,
         mountpoint=mountpoint.absolute(),
         store=config,
         view=_view(uri, manifest, topology.rank, topology.world_size, distribution, balance, allow_empty),
-        reader=ReaderConfig(max_memory=max_memory or default_max_memory(), concurrency=concurrency,
+        reader=ReaderConfig(max_memory=max_memory or default_max_memory(), concurrency=workers,
                             timeout=timeout),
         cache_dir=cache_dir.absolute() if cache_dir else None,
         cache_size=cache_size or 10 << 30,
@@ -135,12 +152,12 @@ def _report(state: AppState, json_out: bool, uri: str, ready: MountReady, shard:
                f" (pid {ready.pid}){tail}", err=True)
 
 
-@click.command()
+@click.command(help=UNMOUNT_HELP, short_help="Unmount a lading mount.")
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--lazy", "-z", is_flag=True, help="Detach now; finish when no file is in use.")
 @click.pass_obj
 def unmount(state: AppState, mountpoint: Path, lazy: bool) -> int:
-    """Unmount a lading mount (same as fusermount3 -u MOUNTPOINT)."""
+    """``lading unmount``: see UNMOUNT_HELP."""
     from lading.mounts.lifecycle import unmount as do_unmount
 
     do_unmount(mountpoint.absolute(), lazy=lazy)

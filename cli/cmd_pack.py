@@ -14,7 +14,13 @@ from lading.cli.store_options import pop_store_config, store_options
 from lading.context.sizes import format_size, parse_size
 from lading.core.errors import UsageError
 
-PACK_EPILOG = """\b
+PACK_HELP = """Pack the files under SOURCE into WebDataset tar shards at DEST.
+
+\b
+SOURCE and DEST are local directories or bucket prefixes (s3://bucket/prefix,
+gs://bucket/prefix).
+
+\b
 Examples:
   lading pack ./images s3://bucket/datasets/ --name imagenet --version v1
   lading pack s3://bucket/raw/train /data/shards --shard-size 500MB --shuffle --seed 7
@@ -32,7 +38,7 @@ Output (under DEST, or DEST/NAME/VERSION/ with --version):
   NAME.manifest.json    a SageMaker ManifestFile listing the shards
   NAME.index.json       the wids shard index (url, nsamples, filesize, etag);
                         written last, so a reader never sees it before its shards
-Read the shards from training code with staging.datasets.ShardDataset.
+Read the shards from training code with lading.datasets.ShardDataset.
 
 \b
 Exit codes: 0 ok, 1 problem (a file changed while packing, names clash),
@@ -126,7 +132,7 @@ def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
         console.print(f"manifest: {summary['manifest']}")
 
 
-@click.command(epilog=PACK_EPILOG)
+@click.command(help=PACK_HELP, short_help="Pack many small files into WebDataset tar shards.")
 @click.argument("source")
 @click.argument("dest")
 @click.option("--shard-size", default="150MB", show_default=True, metavar="SIZE",
@@ -141,11 +147,7 @@ def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
 @click.pass_obj
 def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | None, version: str | None,
          shuffle: bool, seed: int | None, dry_run: bool, json_out: bool, **options: Any) -> int:
-    """Pack the files under SOURCE into WebDataset tar shards at DEST.
-
-    SOURCE and DEST are local directories or bucket prefixes (s3://bucket/prefix,
-    gs://bucket/prefix).
-    """
+    """``lading pack``: see PACK_HELP."""
     from lading.pack import PackOptions, default_name, plan_pack, run_pack
 
     config = pop_store_config(options)

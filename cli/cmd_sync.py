@@ -19,7 +19,14 @@ from lading.selection.topology import FIELDS, Topology, detect_topology
 DEFAULT_DEST = "/tmp/data-rank{rank}"
 PLACEHOLDERS = ("rank", "local_rank", "node_rank", "world_size")
 
-SYNC_EPILOG = """\b
+SYNC_HELP = """Copy SOURCE (s3://, gs://, a path) into DEST for this rank, incrementally.
+
+\b
+DEST is a template (default /tmp/data-rank{rank}) with {rank}, {local_rank},
+{node_rank} and {world_size}. Files appear atomically and verified; keys
+that would escape DEST are refused.
+
+\b
 Examples:
   lading sync s3://bucket/train                 # -> /tmp/data-rank{rank}, every rank gets all
   lading sync s3://bucket/train /data/r{rank} --distribution sharded --balance bytes
@@ -39,8 +46,28 @@ Incremental: DEST/.lading-sync.json records what was fetched; a re-run with noth
 lists the source and makes no GET. --delete removes only files lading put in DEST.
 
 \b
-Exit codes: 0 ok, 1 some keys failed or unsafe keys, 2 usage, 3 not found,
-4 access denied, 5 transient failure after retries, 130 interrupted."""
+Exit codes: 0 ok, 1 some keys failed or unsafe keys, 2 usage, 3 not found (also: nothing
+at SOURCE, unless --allow-empty), 4 access denied or DEST not writable, 5 transient
+failure after retries, 130 interrupted."""
+
+TOPOLOGY_HELP = """Show the rank, world size and node layout lading detects, and where each value came from.
+
+\b
+Sources, first match wins: flags; torchrun/Determined (RANK, WORLD_SIZE,
+LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK); Horovod (HOROVOD_*); OpenMPI
+(OMPI_COMM_WORLD_*); MPICH/Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
+MPI_LOCALNRANKS); SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+SLURM_NTASKS_PER_NODE, SLURM_NODEID); otherwise rank 0 of 1.
+
+\b
+Examples:
+  lading topology                               # a table: field, value, variable
+  lading topology --json                        # for scripts
+  RANK=3 WORLD_SIZE=8 LOCAL_WORLD_SIZE=4 lading topology
+  lading topology --rank 1 --world-size 2       # flags win over the environment
+
+\b
+Exit codes: 0 ok, 2 usage (a value that is not an integer, rank >= world size)."""
 
 
 def _topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -239,7 +266,7 @@ def _report_failures(summary: Any) -> int:
     return exit_code_for_failures((failed.exit_code for failed in summary.failed), summary.files + summary.skipped)
 
 
-@click.command(epilog=SYNC_EPILOG)
+@click.command(help=SYNC_HELP, short_help="Copy a bucket into per-rank directories, incrementally.")
 @click.argument("source")
 @click.argument("dest", default=DEFAULT_DEST)
 @_topology_options
@@ -267,12 +294,7 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
          exclude: tuple[str, ...], manifest_file: str | None, delete: bool, allow_empty: bool,
          cache_dir: str | None, no_cache: bool,
          workers: int, dry_run: bool, json_out: bool, **options: Any) -> int:
-    """Copy SOURCE (s3://, gs://, a path) into DEST for this rank, incrementally.
-
-    DEST is a template (default /tmp/data-rank{rank}) with {rank}, {local_rank},
-    {node_rank} and {world_size}. Files appear atomically and verified; keys that would
-    escape DEST are refused.
-    """
+    """``lading sync``: see SYNC_HELP."""
     from lading.selection.manifest import load_manifest
     from lading.stores import open_store, parse_uri
     from lading.sync import DEFAULT_CACHE_ROOT, SyncRequest, plan_only, run_sync, use_node_cache
@@ -306,18 +328,11 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
     return _report_failures(summary)
 
 
-@click.command()
+@click.command(help=TOPOLOGY_HELP, short_help="Show the rank/world size detected from the launcher.")
 @_topology_options
 @click.option("--json", "json_out", is_flag=True, help="Print JSON.")
 def topology(json_out: bool, **topology_values: int | None) -> None:
-    """Show the rank, world size and node layout lading detects, and where each value came from.
-
-    Sources, first match wins: flags; torchrun/Determined (RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE, GROUP_RANK); Horovod (HOROVOD_*); OpenMPI (OMPI_COMM_WORLD_*);
-    MPICH/Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS); SLURM
-    (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE, SLURM_NODEID);
-    otherwise rank 0 of 1.
-    """
+    """``lading topology``: see TOPOLOGY_HELP."""
     detected = _resolve_topology(topology_values)
     if json_out:
         click.echo(json.dumps(detected.to_json(), indent=2))

@@ -334,3 +334,47 @@ def test_ctrl_c_stops_pack_within_a_second_and_leaves_nothing(big_tree, tmp_path
     assert stderr.strip() == "lading: interrupted"
     assert took < 1.0, f"pack took {took:.2f}s to stop"
     assert os.listdir(dest) == [], "an interrupted pack left an index, a shard or its staging directory"
+
+
+# -- help: every command has examples and exit codes; one name for parallelism; no dependency noise -----
+
+HELP_COMMANDS = [("check",), ("sync",), ("topology",), ("mount",), ("unmount",), ("pack",), ("hook",),
+                 ("hook", "init"), ("hook", "run"), ("fetch",), ("bind-mounts",)]
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS, ids=" ".join)
+def test_every_command_help_has_the_shape_of_check(lading, command):
+    result = lading(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    assert text.index("Examples:") < text.index("Exit codes:") < text.index("Options:"), text
+    examples = text[text.index("Examples:"):text.index("Exit codes:")]
+    assert f"lading {' '.join(command)}" in examples or (command == ("hook",) and "lading hook init" in examples)
+
+
+def test_parallelism_is_workers_everywhere(lading, tmp_path):
+    assert "--workers" in lading("sync", "--help").stdout
+    mount_help = lading("mount", "--help").stdout
+    assert "--workers" in mount_help and "--concurrency" in mount_help  # the old name still works
+    for flag in ("--workers", "--concurrency"):
+        result = lading("mount", str(tmp_path), str(tmp_path / "missing"), flag, "8")
+        _one_line_error(result, 3, "does not exist")  # parsed; failed later, on the mount point
+
+
+def test_the_cli_hides_google_api_core_version_warnings():
+    script = """
+import datetime, warnings
+from google.api_core import _python_version_support as support
+{prelude}
+support.check_python_version("google.api_core", today=datetime.date(2031, 1, 1))
+warnings.warn("other warnings still show", UserWarning)
+"""
+    prelude = ("from lading.cli.main import main\n"
+               "try:\n    main(['topology', '--json'])\nexcept SystemExit:\n    pass\n")
+    plain = subprocess.run([sys.executable, "-c", script.format(prelude="")], capture_output=True, text=True)
+    assert "FutureWarning" in plain.stderr  # the check does warn on that date
+    cli = subprocess.run([sys.executable, "-c", script.format(prelude=prelude)], capture_output=True, text=True)
+    assert "FutureWarning" not in cli.stderr and "other warnings still show" in cli.stderr, cli.stderr
+    library = subprocess.run([sys.executable, "-c", script.format(prelude="import lading.sync, lading.stores\n")],
+                             capture_output=True, text=True)
+    assert "FutureWarning" in library.stderr  # the library leaves the application's filters alone
