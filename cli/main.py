@@ -118,9 +118,19 @@ def lading(ctx: click.Context, debug: bool, quiet: bool) -> None:
         enable_debug_logging()
 
 
+def quiet_dependency_warnings() -> None:
+    """Hide google-api-core's FutureWarnings about Python and dependency versions, which every
+    gs:// command printed on stderr. A process-wide filter, so it lives here in the CLI, never in
+    the library (which leaves its host application's warning filters alone)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"google\.api_core\._python_\w+_support")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     args = sys.argv[1:] if argv is None else argv
+    quiet_dependency_warnings()
 
     def debug() -> bool:
         return "--debug" in args or os.environ.get("LADING_DEBUG", "") not in ("", "0")
