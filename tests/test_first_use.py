@@ -378,3 +378,15 @@ warnings.warn("other warnings still show", UserWarning)
     library = subprocess.run([sys.executable, "-c", script.format(prelude="import lading.sync, lading.stores\n")],
                              capture_output=True, text=True)
     assert "FutureWarning" in library.stderr  # the library leaves the application's filters alone
+
+
+# -- a broken manifest, a .detignore that ignores everything ----------------------------------------------
+
+@pytest.mark.parametrize("text", ["{not json", '[{"prefix": "s3://first-use/data/"}, "a.txt",', '{"a": 1}'])
+def test_a_manifest_that_is_not_valid_json_is_a_usage_error(lading, tmp_path, text):
+    manifest = tmp_path / "bad.json"
+    manifest.write_text(text)
+    result = lading("sync", f"s3://{BUCKET}/data", str(tmp_path / "dest"), "--manifest", str(manifest))
+    _one_line_error(result, 2, "bad.json")
+    assert "JSON" in result.stderr and "object not found" not in result.stderr
+    assert not (tmp_path / "dest").exists()

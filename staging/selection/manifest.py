@@ -39,8 +39,12 @@ class Manifest:
 
 
 def parse_manifest(text: str, origin: str = "manifest") -> Manifest:
-    """Parse either manifest form; raise :class:`UsageError` when it is malformed."""
-    if text.lstrip().startswith("["):
+    """Parse either manifest form; raise :class:`UsageError` when it is malformed.
+
+    Text starting with ``[`` or ``{`` is JSON: when it does not parse, the error says so,
+    instead of reading the broken JSON as a list of keys.
+    """
+    if text.lstrip().startswith(("[", "{")):
         return _parse_json(text, origin)
     entries = []
     for line in text.splitlines():
@@ -54,7 +58,12 @@ def _parse_json(text: str, origin: str) -> Manifest:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise UsageError(f"{origin}: invalid JSON at line {err.lineno}: {err.msg}") from err
+        raise UsageError(f"{origin}: the manifest is invalid JSON at line {err.lineno}, column {err.colno}: "
+                         f"{err.msg}", "a ManifestFile is [{\"prefix\": \"s3://bucket/p/\"}, \"key\", ...]; "
+                         "a plain manifest is one key per line") from None
+    if not isinstance(data, list):
+        raise UsageError(f"{origin}: a ManifestFile is a JSON array, not {type(data).__name__}",
+                         "[{\"prefix\": \"s3://bucket/p/\"}, \"key\", ...]")
     if not data or not isinstance(data[0], dict) or not isinstance(data[0].get("prefix"), str):
         raise UsageError(f"{origin}: a ManifestFile starts with {{\"prefix\": \"s3://bucket/prefix/\"}}")
     prefix = data[0]["prefix"]
