@@ -390,3 +390,20 @@ def test_a_manifest_that_is_not_valid_json_is_a_usage_error(lading, tmp_path, te
     _one_line_error(result, 2, "bad.json")
     assert "JSON" in result.stderr and "object not found" not in result.stderr
     assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("detignore", ["***\n", "*\n", "/*\n"])
+def test_a_detignore_that_ignores_everything_is_warned_about(lading, tmp_path, detignore):
+    import json
+
+    (tmp_path / "model_def.py").write_text("class Trial: ...\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.bin").write_bytes(b"x" * 100)
+    (tmp_path / ".detignore").write_text(detignore)
+    result = lading("check", str(tmp_path))
+    assert result.returncode == 0 and "uploads 0 B" in result.stdout
+    assert "det would upload nothing" in result.stdout, result.stdout
+    report = json.loads(lading("check", str(tmp_path), "--json").stdout)
+    assert [w["kind"] for w in report["warnings"]] == ["nothing_uploaded"]
+    (tmp_path / ".detignore").write_text("data/\n")
+    assert "nothing" not in lading("check", str(tmp_path)).stdout

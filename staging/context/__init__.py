@@ -17,7 +17,7 @@ from lading.context.explain import Explanation, explain, upload_name
 from lading.context.report import CheckReport, DirStat, Remedy, directory_stats
 from lading.context.sizes import DET_LIMIT_BYTES, det_size, format_size, parse_size
 from lading.context.walk import WalkResult, resolve_roots, walk_roots
-from lading.context.warnings import ContextWarning, content_warnings, walk_warnings
+from lading.context.warnings import ContextWarning, content_warnings, nothing_uploaded_warning, walk_warnings
 
 __all__ = [
     "CheckReport", "ContextWarning", "DET_LIMIT_BYTES", "DirStat", "Explanation", "Remedy",
@@ -44,7 +44,8 @@ def check_context(context_dir: str, includes: Sequence[str] = (), *, limit: int 
     dirs = directory_stats(walked)
     det_bytes = {path: stat.det_bytes for path, stat in dirs.items()}
     report = CheckReport(roots=roots, limit_bytes=limit, walked=walked, dirs=dirs)
-    report.warnings = walk_warnings(walked, roots) + content_warnings(walked, det_bytes)
+    report.warnings = (walk_warnings(walked, roots) + content_warnings(walked, det_bytes)
+                       + nothing_uploaded_warning(walked, roots))
     if config is not None and config_path is not None:
         report.warnings += config_warnings(config_path, config, roots, _uploaded_set(walked, config_path))
     if remedies and not report.fits:

@@ -72,6 +72,25 @@ def walk_warnings(walked: WalkResult, roots: Sequence[Root] = ()) -> list[Contex
     return found
 
 
+def nothing_uploaded_warning(walked: WalkResult, roots: Sequence[Root]) -> list[ContextWarning]:
+    """A warning when det would upload no file at all although the context holds some: the ignore
+    rules drop everything (a ``.detignore`` with ``*`` or ``***``). det accepts such a context and
+    the trial then fails on a missing entrypoint. (Symlinks alone are not "something to upload".)"""
+    if walked.files or not roots:
+        return []
+    root = roots[0]
+    try:
+        with os.scandir(root.path) as entries:
+            present = any(entry.name != ".detignore" and not entry.is_symlink() for entry in entries)
+    except OSError:
+        present = False
+    if not present:  # an empty context: nothing was dropped
+        return []
+    return [ContextWarning("nothing_uploaded", root.given,
+                           "every file is ignored (by det's defaults and .detignore): det would upload "
+                           "nothing, not even the model code; check the .detignore patterns")]
+
+
 def _lifted_rules(roots: Sequence[Root], upload_path: str, max_lines: int = 10) -> list[str]:
     """The rules of a nested .detignore rewritten for the root's .detignore (gitignore meaning:
     relative to the directory that holds it)."""
