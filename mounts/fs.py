@@ -36,26 +36,54 @@ def _errno_for(err: BaseException) -> int:
     return errno.EIO
 
 
+def _safely(describe: Callable[..., str], args: tuple[Any, ...]) -> str:
+    try:
+        return describe(*args)
+    except Exception:  # noqa: BLE001 - a description must never hide the real failure
+        return "a file operation"
+
+
 def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[[], None] | None = None,
                     on_destroy: Callable[[], None] | None = None) -> Any:
     """Build the mfusepy ``Operations`` instance (mfusepy is imported lazily by the caller)."""
     fuse_error = mfusepy.FuseOSError
 
-    def boundary(method: F) -> F:
-        """Turn every error of ``method`` into an errno."""
-        @functools.wraps(method)
-        def guarded(*args: Any) -> Any:
-            try:
-                return method(*args)
-            except fuse_error:
-                raise
-            except LadingError as err:
-                log.warning("%s%r: %s", method.__name__, args[1:3], err.message)
-                raise fuse_error(_errno_for(err)) from None
-            except Exception:  # a bug must not take the mount down: log it, answer EIO
-                log.exception("%s%r failed", method.__name__, args[1:3])
-                raise fuse_error(errno.EIO) from None
-        return guarded  # type: ignore[return-value]
+    def boundary(describe: Callable[..., str], is_read: bool = False) -> Callable[[F], F]:
+        """Turn every error of the method into an errno, logged in the user's terms
+        (``describe(self, *args)``: "read train/a.jpg at 0 (+131072 bytes)"); a failed read
+        also counts in the ``read_errors`` statistic."""
+        def decorate(method: F) -> F:
+            @functools.wraps(method)
+            def guarded(*args: Any) -> Any:
+                try:
+                    return method(*args)
+                except fuse_error as err:
+                    if is_read:
+                        reader.stats.add(read_errors=1)
+                    raise err
+                except Exception as err:
+                    code = _errno_for(err) if isinstance(err, LadingError) else errno.EIO
+                    if is_read:
+                        reader.stats.add(read_errors=1)
+                    what = _safely(describe, args)
+                    if isinstance(err, LadingError):
+                        log.warning("%s failed (%s): %s", what, errno.errorcode.get(code, code), err.message)
+                    else:  # a bug must not take the mount down: log it, answer EIO
+                        log.exception("%s failed (EIO): internal error", what)
+                    raise fuse_error(code) from None
+            return guarded  # type: ignore[return-value]
+        return decorate
+
+    def read_of(self: Any, path: str, size: int, offset: int, fh: int) -> str:
+        return f"read {path} at {offset} (+{size} bytes)"
+
+    def read_into_of(self: Any, fh: int, dest: int, size: int, offset: int) -> str:
+        handle = self._handles.get(fh)
+        name = "/" + handle.entry.key if handle is not None else f"(closed file {fh})"
+        return f"read {name} at {offset} (+{size} bytes)"
+
+    def verb(name: str) -> Callable[..., str]:
+        return lambda self, path, *rest: f"{name} {path}"
 
     def read_only(self: Any, *args: Any) -> int:
         """Every write operation."""
@@ -86,7 +114,7 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
             if on_destroy is not None:
                 on_destroy()
 
-        @boundary
+        @boundary(verb("stat"))
         def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
             """Attributes from the tree: read-only files and directories."""
             key = path[1:]
@@ -101,7 +129,7 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
                     "st_blocks": (size + 511) // 512, "st_mtime": mtime, "st_ctime": mtime,
                     "st_atime": mtime, "st_uid": self._uid, "st_gid": self._gid}
 
-        @boundary
+        @boundary(verb("list"))
         def readdir(self, path: str, fh: int) -> list[Any]:
             """A directory's entries, with their types."""
             key = path[1:]
@@ -115,7 +143,7 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
             return [(".", DIR_TYPE, 0), ("..", DIR_TYPE, 0),
                     *[(name, DIR_TYPE if is_dir(prefix + name) else FILE_TYPE, 0) for name in names]]
 
-        @boundary
+        @boundary(verb("open"))
         def open(self, path: str, flags: int) -> int:
             """A read handle (write modes: EROFS)."""
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
@@ -129,24 +157,24 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
                 self._handles[fh] = handle
             return fh
 
-        @boundary
+        @boundary(read_of, is_read=True)
         def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
             """Bytes of an open file (mfusepy's generic path)."""
             return reader.read(self._handles[fh], offset, size)
 
-        @boundary
+        @boundary(read_into_of, is_read=True)
         def read_into(self, fh: int, dest: int, size: int, offset: int) -> int:
             """Bytes of an open file copied to FUSE's buffer at ``dest`` (LadingFUSE's path)."""
             return reader.read_into(self._handles[fh], offset, size, dest)
 
-        @boundary
+        @boundary(verb("close"))
         def release(self, path: str, fh: int) -> int:
             """Forget a handle."""
             with self._lock:
                 self._handles.pop(fh, None)
             return 0
 
-        @boundary
+        @boundary(verb("statfs"))
         def statfs(self, path: str) -> dict[str, int]:
             """Totals of the tree; no free space."""
             block = 4096

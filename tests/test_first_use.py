@@ -408,3 +408,82 @@ def test_a_detignore_that_ignores_everything_is_warned_about(lading, tmp_path, d
     assert [w["kind"] for w in report["warnings"]] == ["nothing_uploaded"]
     (tmp_path / ".detignore").write_text("data/\n")
     assert "nothing" not in lading("check", str(tmp_path)).stdout
+
+
+# -- the mount's log: user-level wording, consistent stats, no libfuse noise ---------------------------
+
+def _needs_fuse() -> None:
+    if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        pytest.skip("needs /dev/fuse and fusermount3")
+
+
+def test_a_failed_read_is_logged_in_user_terms_and_counted(tmp_path):
+    import errno
+    import re
+
+    from test_mount_support import mounted
+
+    _needs_fuse()
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "big.bin").write_bytes(os.urandom(3 << 20))
+    with mounted(str(source), tmp_path / "mnt") as mnt:
+        fd = os.open(mnt.path / "big.bin", os.O_RDONLY)
+        try:
+            (source / "big.bin").write_bytes(os.urandom(3 << 20))  # replaced after mounting
+            with pytest.raises(OSError) as caught:
+                os.pread(fd, 65536, 2 << 20)
+            assert caught.value.errno == errno.EIO
+        finally:
+            os.close(fd)
+        stats = mnt.stats()
+        assert stats["read_errors"] >= 1 and stats["request_errors"] >= 1, stats
+    log = mnt.log.read_text()
+    failures = [line for line in log.splitlines() if "WARNING" in line and "failed" in line]
+    assert any("read /big.bin at " in line and "(EIO)" in line for line in failures), log
+    assert "read_into" not in log and not re.search(r"\d{12,}", log), log  # no internal names, no pointers
+
+
+def test_foreground_mount_prints_no_libfuse_noise(tmp_path):
+    import signal
+    import time
+
+    from test_mount_support import force_unmount
+
+    _needs_fuse()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a")
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "lading", "mount", str(tmp_path / "src"), str(mountpoint), "-f"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mountpoint):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert (mountpoint / "a.txt").read_text() == "a"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        force_unmount(mountpoint)
+    assert "mounted " in stderr and "unmounted " in stderr
+    assert "Ignoring invalid max threads" not in stderr, stderr
+
+
+def test_libfuse_messages_other_than_the_noise_still_show():
+    script = ("import ctypes\n"
+              "from lading.mounts.fuse_lib import load_mfusepy\n"
+              "log = load_mfusepy()._libfuse.fuse_log\n"
+              "log(3, b'Ignoring invalid max threads value %u > max (%u).\\n', ctypes.c_uint(4294967295), "
+              "ctypes.c_uint(100000))\n"
+              "log(3, b'fuse: %s %d\\n', b'kept', ctypes.c_int(7))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    if result.returncode != 0 and "cannot load libfuse" in result.stderr:
+        pytest.skip("no libfuse")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "fuse: kept 7\n"
