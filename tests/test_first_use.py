@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parent.parent
+
 BUCKET = "first-use"
 
 
@@ -487,3 +489,52 @@ def test_libfuse_messages_other_than_the_noise_still_show():
         pytest.skip("no libfuse")
     assert result.returncode == 0, result.stderr
     assert result.stderr == "fuse: kept 7\n"
+
+
+# -- .ci/setup: no noise that looks like a failure, real errors and the exit status kept --------------
+
+def _quiet(function: str, command: str, tmp_path: Path, env: dict[str, str] | None = None):
+    script = f"set -euo pipefail; . {REPO}/.ci/quiet.sh; {function} {command}"
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, **(env or {})}, timeout=60)
+
+
+def test_setup_drops_debconf_notes_but_keeps_apt_errors_and_status(tmp_path):
+    fake_apt = tmp_path / "apt-get"
+    fake_apt.write_text("#!/bin/sh\n"
+                        "echo 'Selecting previously unselected package fuse3.'\n"
+                        "echo 'debconf: delaying package configuration, since apt-utils is not installed' >&2\n"
+                        "echo 'debconf: unable to initialize frontend: Dialog' >&2\n"
+                        "echo 'E: Unable to locate package fuse9' >&2\n"
+                        "exit 100\n")
+    fake_apt.chmod(0o755)
+    result = _quiet("quiet_apt", f"{fake_apt} install -y fuse3", tmp_path)
+    assert result.returncode == 100
+    assert result.stdout == "" and result.stderr == "E: Unable to locate package fuse9\n"
+
+
+def test_setup_silences_the_editable_install_box_but_keeps_pip_errors_and_status(tmp_path):
+    fake_python = tmp_path / "python"  # stands in for `.venv/bin/python -m pip ...`
+    fake_python.write_text(f"""#!/bin/sh
+{sys.executable} - <<'PY'
+import sys, warnings
+warnings.warn_explicit("Editable installation.\\n!!\\n*** Please be careful with folders ... ***\\n!!",
+                       UserWarning, "editable_wheel.py", 354, module="setuptools.command.editable_wheel")
+print("ERROR: Could not find a version that satisfies the requirement nope", file=sys.stderr)
+print("WARNING: Location 'https://example.invalid/simple' is ignored", file=sys.stderr)
+PY
+exit 1
+""")
+    fake_python.chmod(0o755)
+    result = _quiet("quiet_pip", "install -e .", tmp_path, env={"PIP_PYTHON": str(fake_python)})
+    assert result.returncode == 1
+    assert "Editable installation" not in result.stdout + result.stderr
+    assert "WARNING: Location" not in result.stdout + result.stderr
+    assert "ERROR: Could not find a version" in result.stdout + result.stderr
+
+
+def test_setup_uses_the_quiet_wrappers():
+    setup = (REPO / ".ci" / "setup").read_text()
+    assert ". .ci/quiet.sh" in setup
+    assert "quiet_apt $SUDO apt-get update" in setup and "quiet_apt $SUDO env DEBIAN_FRONTEND" in setup
+    assert "quiet_pip install -e '.[test]'" in setup
