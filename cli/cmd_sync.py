@@ -282,7 +282,8 @@ def _report_failures(summary: Any) -> int:
 @click.option("--allow-empty", is_flag=True,
               help="Accept a source with no objects (or none matching the filters); default: exit 3.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None, envvar="LADING_CACHE_DIR",
-              help="Node cache directory (default /tmp/lading-cache; giving it turns the cache on).")
+              help="Node cache directory, yours alone (default /tmp/lading-cache-<uid>, mode 0700; "
+                   "giving it turns the cache on).")
 @click.option("--no-cache", is_flag=True, help="Never use the node cache.")
 @click.option("--workers", type=click.IntRange(min=1, max=512), default=64, show_default=True,
               help="Parallel transfers.")
@@ -314,7 +315,7 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
         click.echo(json.dumps(plan.to_json(), indent=2)) if json_out else _print_plan(plan)
         return 0
     cached = use_node_cache(topology.local_world_size, cache_dir is not None, no_cache, uri.scheme == "file")
-    cache_root = Path(cache_dir).expanduser().absolute() if cache_dir else DEFAULT_CACHE_ROOT
+    cache_root = Path(cache_dir).expanduser().resolve() if cache_dir else DEFAULT_CACHE_ROOT
     progress = _progress(state, json_out)
     try:
         summary = run_sync(store, request, TransferOptions(workers=workers), progress,

@@ -144,3 +144,69 @@ def test_ranged_download_with_a_255_byte_name_resumes_by_its_sidecar(tmp_path):
     assert len(os.fsencode(sidecar_path(dest).name + ".tmp")) <= 255
     assert hidden_sibling(LONG, ".x") != hidden_sibling(LONG[:-1] + "m", ".x")  # distinct names stay distinct
     assert hidden_sibling("a.txt", ".lading-part") == ".a.txt.lading-part"  # short names unchanged
+
+
+# -- the node cache is per user ------------------------------------------------------------------------
+
+def test_the_default_node_cache_is_private_to_the_user():
+    from lading.sync import DEFAULT_CACHE_ROOT
+
+    assert DEFAULT_CACHE_ROOT == Path(f"/tmp/lading-cache-{os.geteuid()}")
+
+
+def test_a_new_cache_root_is_created_0700(tmp_path):
+    from lading.sync.nodecache import ensure_private_root
+
+    root = tmp_path / "deeper" / "cache"
+    ensure_private_root(root)
+    assert (root.stat().st_mode & 0o777) == 0o700 and root.stat().st_uid == os.geteuid()
+    ensure_private_root(root)  # and it is accepted again
+
+
+@pytest.mark.parametrize("problem", ["writable", "foreign"])
+def test_a_cache_root_others_control_is_refused_before_any_link(s3, lading, tmp_path, problem):
+    s3.put_object(Bucket=BUCKET, Key="data/a.bin", Body=b"the real bytes")
+    root = tmp_path / "cache"
+    root.mkdir()
+    os.chmod(root, 0o777)  # e.g. the old shared /tmp/lading-cache
+    if problem == "foreign":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the directory to another user")
+        os.chmod(root, 0o755)
+        os.chown(root, 65534, 65534)
+    dest = tmp_path / "dest"
+    result = lading("sync", f"s3://{BUCKET}/data", str(dest), "--cache-dir", str(root))
+    _one_line_error(result, 4, "refusing the node cache", str(root))
+    assert not dest.exists() and os.listdir(root) == []
+
+
+def test_a_symlink_in_place_of_the_cache_root_is_refused(tmp_path):
+    from lading.core.errors import AccessDenied
+    from lading.sync.nodecache import ensure_private_root
+
+    (tmp_path / "theirs").mkdir(mode=0o700)
+    (tmp_path / "lading-cache-x").symlink_to(tmp_path / "theirs")  # planted in /tmp before the job ran
+    with pytest.raises(AccessDenied, match="not a plain directory"):
+        ensure_private_root(tmp_path / "lading-cache-x")
+
+
+def test_a_planted_entry_in_a_shared_root_is_never_linked(s3, tmp_path):
+    """A root that is ours but an entry that is not (made while the root was shared) is refused."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the entry to another user")
+    from lading.core.errors import AccessDenied
+    from lading.stores import open_store
+    from lading.sync import SyncRequest, run_sync
+    from lading.sync.nodecache import cache_entry_name
+
+    s3.put_object(Bucket=BUCKET, Key="data/a.bin", Body=b"the real bytes")
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    request = SyncRequest(f"s3://{BUCKET}/data", tmp_path / "dest")
+    planted = root / cache_entry_name(request)
+    planted.mkdir()
+    (planted / "a.bin").write_bytes(b"planted")
+    os.chown(planted, 65534, 65534)
+    with pytest.raises(AccessDenied, match="belongs to uid 65534"):
+        run_sync(open_store(request.source), request, cache_root=root)
+    assert not (tmp_path / "dest" / "a.bin").exists()

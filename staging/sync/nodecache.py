@@ -1,6 +1,9 @@
 """Node-local sharing: several ranks on one host sync the same source, the bytes are fetched once.
 
-The cache entry for a source is ``CACHE_ROOT/<name>-<digest>``, where the digest covers the
+The cache root is this user's (:data:`DEFAULT_CACHE_ROOT`, ``/tmp/lading-cache-<uid>``, created
+0700); a root or entry that another user owns or could write into is refused, since its files
+would be linked into the job's data. The cache entry for a source is
+``CACHE_ROOT/<name>-<digest>``, where the digest covers the
 source URI, the include/exclude globs, the manifest entries and, for sharded syncs, the rank's
 shard (so ranks with different shards never share an entry). Each rank:
 
@@ -30,24 +33,68 @@ import logging
 import os
 import re
 import shutil
+import stat as stat_mode
 import time
 from dataclasses import replace
 from pathlib import Path
 
-from lading.core.errors import LadingError
+from lading.core.errors import AccessDenied, LadingError, UsageError, local_error
 from lading.core.locks import exclusive_lock
 from lading.core.names import hidden_sibling
 from lading.pack.reuse import PackedDataset
 from lading.stores.base import Store
 from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
-from lading.sync.into import make_directory, sync_into
+from lading.sync.into import sync_into
 from lading.sync.plan import Selection, SyncRequest, plan_sync
 from lading.sync.state import SyncState
 from lading.transfer import TransferItem, TransferOptions, TransferResult
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CACHE_ROOT = Path("/tmp/lading-cache")
+#: Per user, so another user on the node cannot plant files that this user's jobs then link into
+#: their data: ``/tmp/lading-cache-<uid>``, created 0700 (on /tmp, like the default DESTs, so
+#: files are hard-linked rather than copied).
+DEFAULT_CACHE_ROOT = Path(f"/tmp/lading-cache-{os.geteuid()}")
+
+
+def ensure_private_root(root: Path) -> None:
+    """Create the cache root (0700) if needed, and refuse one that others could write into.
+
+    Everything under the root ends up hard-linked into DESTs, so the root (and each entry, see
+    :func:`check_private`) must belong to this user and be writable by nobody else: a root
+    owned by another user, writable by group or others, or a symlink, is refused (exit 4).
+    """
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        error = local_error(err, f"create the node cache {root}")
+        raise (error if isinstance(error, AccessDenied) else UsageError(error.message)) from None
+    check_private(root, "the node cache")
+
+
+def check_private(path: Path, what: str, writable_by_others: bool = False) -> None:
+    """Raise AccessDenied unless ``path`` is a real directory owned by this user that group and
+    others cannot write (``writable_by_others``: skip that last check, for entries inside a
+    private root, whose modes follow the umask)."""
+    try:
+        st = os.lstat(path)
+    except OSError as err:
+        raise local_error(err, f"inspect {what} {path}") from None
+    elsewhere = "or use another directory: --cache-dir DIR"
+    if stat_mode.S_ISLNK(st.st_mode) or not stat_mode.S_ISDIR(st.st_mode):
+        raise AccessDenied(f"refusing {what} {path}: it is not a plain directory (a symlink or a file)",
+                           f"remove it, {elsewhere}")
+    if st.st_uid != os.geteuid():
+        raise AccessDenied(f"refusing {what} {path}: it belongs to uid {st.st_uid}, not to you "
+                           f"(uid {os.geteuid()}); its files would be linked into your data",
+                           "use another directory: --cache-dir DIR")
+    if st.st_mode & 0o022 and not writable_by_others:
+        raise AccessDenied(f"refusing {what} {path}: other users can write into it (mode "
+                           f"{stat_mode.S_IMODE(st.st_mode):04o}); its files would be linked into your data",
+                           f"chmod go-w {path}, {elsewhere}")
 
 
 def use_node_cache(local_world_size: int, cache_dir_given: bool, no_cache: bool, source_is_local: bool) -> bool:
@@ -165,12 +212,15 @@ def sync_through_cache(
     disagrees with its index raises :class:`~staging.errors.ProblemFound` before DEST is touched.
     """
     started = time.monotonic()
-    make_directory(cache_root, "cache directory")
+    ensure_private_root(cache_root)
     entry = cache_root / cache_entry_name(request)
+
     def waiting() -> None:
         events.on_phase("waiting for another process on this node to fill the cache", None)
 
     with exclusive_lock(cache_root / f"{entry.name}.lock", on_wait=waiting):
+        if os.path.lexists(entry):  # reuse only what this user made, never a planted entry
+            check_private(entry, "the node cache entry", writable_by_others=True)
         cached, reused = _fill_entry(store, selection, request, entry, options, events)
         failed = frozenset(f.key for f in cached.failed)
         summary = sync_into(link_fetcher(entry), selection, request, options, events, "link", skip_keys=failed)
