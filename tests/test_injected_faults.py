@@ -210,3 +210,31 @@ def test_a_planted_entry_in_a_shared_root_is_never_linked(s3, tmp_path):
     with pytest.raises(AccessDenied, match="belongs to uid 65534"):
         run_sync(open_store(request.source), request, cache_root=root)
     assert not (tmp_path / "dest" / "a.bin").exists()
+
+
+# -- keys read back from .lading-view.json are untrusted -------------------------------------------------
+
+def test_a_crafted_view_record_cannot_delete_outside_the_view(tmp_path):
+    from lading.hooks.stage import VIEW_RECORD, build_views, view_root
+
+    staged = tmp_path / "train"
+    (staged / "sub").mkdir(parents=True)
+    (staged / "a.bin").write_bytes(b"a")
+    (staged / "sub" / "b.bin").write_bytes(b"b")
+    files = {"a.bin": staged / "a.bin", "sub/b.bin": staged / "sub" / "b.bin"}
+    build_views(staged, files, {0: sorted(files)})
+    view = view_root(staged, 0)
+    victims = [tmp_path / "victim.txt", staged / "a.bin", tmp_path / "elsewhere" / "x.txt"]
+    for victim in victims:
+        victim.parent.mkdir(exist_ok=True)
+        victim.write_text("keep me")
+    (view / "link").symlink_to(tmp_path / "elsewhere")  # a symlinked directory inside the view
+    crafted = ["../victim.txt", "../train/a.bin", "/etc/hostname", "link/x.txt", "sub/../../victim.txt",
+               "a.bin", ["not", "a", "key"], {"nor": "this"}, 7, "sub/b.bin"]
+    (view / VIEW_RECORD).write_text(json.dumps(crafted))
+    changed = build_views(staged, files, {0: ["sub/b.bin"]})  # a.bin left this view: only it goes
+    assert changed == 1
+    for victim in victims:
+        assert victim.read_text() == "keep me", victim
+    assert not (view / "a.bin").exists() and (view / "sub" / "b.bin").read_bytes() == b"b"
+    assert json.loads((view / VIEW_RECORD).read_text()) == ["sub/b.bin"]

@@ -39,7 +39,7 @@ from lading.core.errors import (
 from lading.core.locks import directory_lock
 from lading.core.names import hidden_sibling
 from lading.stores.base import ObjectInfo, Store
-from lading.sync.apply import FailedKey, store_fetcher
+from lading.sync.apply import FailedKey, store_fetcher, unlink_key
 from lading.sync.into import make_directory, sync_into
 from lading.sync.plan import SyncPlan, SyncRequest, select_objects
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
@@ -264,11 +264,10 @@ def _update_view_record(base: Path, keys: list[str]) -> int:
         previous = []
     if previous == keys:
         return 0
-    removed = 0
-    for key in set(previous if isinstance(previous, list) else []) - set(keys):
-        if isinstance(key, str):
-            base.joinpath(*key.split("/")).unlink(missing_ok=True)
-            removed += 1
+    # The record lives in the view, where anyone may edit it: its keys are untrusted (unsafe
+    # ones are ignored, and nothing outside the view is ever removed).
+    listed = {key for key in previous if isinstance(key, str)} if isinstance(previous, list) else set()
+    removed = sum(unlink_key(base, key) for key in sorted(listed - set(keys)))
     base.mkdir(parents=True, exist_ok=True)
     write_atomically(record, json.dumps(keys, separators=(",", ":")))
     return removed

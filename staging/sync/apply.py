@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 from lading.core.errors import LadingError, UnsafeKey
+from lading.core.keys import key_parts
 from lading.stores.base import ObjectInfo, Store
 from lading.sync.plan import SyncPlan
 from lading.sync.state import Entry, SyncState
@@ -159,6 +160,27 @@ def _reachable_without_links(dest: Path, key: str) -> Path | None:
         except OSError:
             return None
     return current / parts[-1]
+
+
+def unlink_key(root: Path, key: str) -> bool:
+    """Remove the file ``root/key`` if it is one, for a key read back from a record anyone could
+    edit: the key must pass the key-safety check and no directory on the way may be a symlink,
+    so nothing outside ``root`` is ever removed. True when a file was removed."""
+    try:
+        key_parts(key)
+    except UnsafeKey:
+        log.warning("%s: ignoring unsafe key %r from a record", root, key)
+        return False
+    path = _reachable_without_links(root, key)
+    if path is None:
+        return False
+    try:
+        if stat_mode.S_ISDIR(os.lstat(path).st_mode):
+            return False
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def delete_tracked(dest: Path, keys: Iterable[str], state: SyncState) -> int:
