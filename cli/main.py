@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "pack": ("lading.cli.cmd_pack", "pack", "Pack many small files into WebDataset tar shards."),
     "hook": ("lading.cli.cmd_hook", "hook", "Startup-hook downloads for Determined (init, run)."),
     "fetch": ("lading.cli.cmd_hook", "fetch", "Download one object or prefix if missing or changed."),
+    "cache": ("lading.cli.cmd_cache", "cache", "List or clear the node cache of lading.datasets."),
     "bind-mounts": ("lading.cli.cmd_hook", "bind_mounts", "Validate an experiment config's bind_mounts."),
 }
 
@@ -29,7 +30,8 @@ Exit codes:
   0  success            3  not found
   1  problem found      4  permission or credentials
   2  usage error        5  transient failure after retries
-                      130  interrupted"""
+                         6  local disk full, name too long, I/O error
+                       130  interrupted"""
 
 
 def enable_debug_logging() -> None:

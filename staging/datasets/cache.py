@@ -154,6 +154,9 @@ class CachedShard:
     def __init__(self, path: Path, fd: int | None, buffer: mmap.mmap | bytes) -> None:
         self.path, self._fd, self.buffer = path, fd, buffer
 
+    def __del__(self) -> None:
+        self.close()
+
     def close(self) -> None:
         """Unmap and release the lock (eviction may take the shard from now on)."""
         if isinstance(self.buffer, mmap.mmap):
@@ -376,18 +379,19 @@ def remove_entry(entry: Entry) -> bool:
 
 @dataclass
 class CachedDataset:
-    """A folder of the cache: where its shards come from, how many, how large, when last used."""
+    """A folder of the cache: where its files (shards, offsets file) come from, how many, how
+    large, when last used."""
 
     folder: Path
     uri: str
-    shards: int = 0
+    files: int = 0
     bytes: int = 0
     last_used: float = 0.0
     downloaded: float = 0.0
 
     def as_json(self) -> dict[str, object]:
         """For ``lading cache --json``."""
-        return {"folder": str(self.folder), "uri": self.uri, "shards": self.shards, "bytes": self.bytes,
+        return {"folder": str(self.folder), "uri": self.uri, "files": self.files, "bytes": self.bytes,
                 "last_used": self.last_used, "downloaded": self.downloaded}
 
 
@@ -408,7 +412,7 @@ def summarize(root: Path | str | None = None) -> list[CachedDataset]:
         dataset = found.get(location)
         if dataset is None:
             dataset = found[location] = CachedDataset(location, _location_uri(location))
-        dataset.shards += 1
+        dataset.files += 1
         dataset.bytes += entry.size
         dataset.last_used = max(dataset.last_used, entry.last_used)
         dataset.downloaded = max(dataset.downloaded, entry.downloaded)
@@ -424,9 +428,9 @@ def _location_uri(location: Path) -> str:
 
 @dataclass
 class Cleared:
-    """What ``clear`` did: shards and bytes removed, shards skipped because a process reads them."""
+    """What ``clear`` did: files and bytes removed, files skipped because a process reads them."""
 
-    shards: int = 0
+    files: int = 0
     bytes: int = 0
     busy: int = 0
 
@@ -443,7 +447,7 @@ def clear(root: Path | str | None = None, dataset: str | None = None, older_than
         if older_than is not None and now() - entry.last_used < older_than:
             continue
         if remove_entry(entry):
-            result.shards += 1
+            result.files += 1
             result.bytes += entry.size
         else:
             result.busy += 1

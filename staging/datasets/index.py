@@ -7,7 +7,7 @@ import hashlib
 import os
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from lading.core.errors import ProblemFound, UsageError
 from lading.pack import offsets as offsets_format
@@ -65,22 +65,35 @@ class DatasetIndex:
 
     uri: str
     shards: list[ShardRef]
-    offsets_uri: str | None = None
+    offsets: ShardRef | None = None
     identity: str = ""
     _table: Any = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The table can be large: a spawned worker reads it again (from the node cache), a
+        # forked one shares the parent's copy.
+        return {name: value for name, value in self.__dict__.items() if name != "_table"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._table = None
 
     @property
     def counts(self) -> list[int]:
         """Samples per shard (an index always has them)."""
         return [shard.nsamples or 0 for shard in self.shards]
 
-    def offsets(self, config: StoreConfig) -> offsets_format.OffsetsTable | None:
-        """The offsets table, read on first use (None when the pack wrote none)."""
-        if self._table is None and self.offsets_uri is not None:
-            table = offsets_format.decode(read_object(self.offsets_uri, config), self.offsets_uri)
+    def table(self, config: StoreConfig, fetch: Callable[[ShardRef], bytes] | None = None
+              ) -> offsets_format.OffsetsTable | None:
+        """The offsets table, read on first use (None when the pack wrote none). ``fetch`` reads
+        the file (through the node cache); by default it is read from the store."""
+        if self._table is None and self.offsets is not None:
+            uri = self.offsets.uri
+            data = fetch(self.offsets) if fetch is not None else read_object(uri, config)
+            table = offsets_format.decode(data, uri)
             listed = [(shard.uri.rpartition("/")[2], shard.nsamples) for shard in self.shards]
             if [(url.rpartition("/")[2], count) for url, count in table.shards] != listed:
-                raise ProblemFound(f"{self.offsets_uri} does not describe the shards of {self.uri}",
+                raise ProblemFound(f"{uri} does not describe the shards of {self.uri}",
                                    "the dataset was re-packed in place: pack a new --version")
             self._table = table
         return self._table
@@ -101,8 +114,12 @@ def load_index(index_uri: str, config: StoreConfig) -> DatasetIndex:
         shards.append(ShardRef(_resolve(parent, shard["url"]), shard["nsamples"],
                                etag if isinstance(etag, str) else None, size if isinstance(size, int) else None))
     block = document.get("lading") if isinstance(document.get("lading"), dict) else {}
-    offsets = block.get("offsets") if isinstance(block, dict) else None
-    offsets_uri = _resolve(parent, offsets["url"]) if isinstance(offsets, dict) and "url" in offsets else None
+    entry = block.get("offsets") if isinstance(block, dict) else None
+    offsets = None
+    if isinstance(entry, dict) and isinstance(entry.get("url"), str):
+        etag, size = entry.get("etag"), entry.get("filesize")
+        offsets = ShardRef(_resolve(parent, entry["url"]), None, etag if isinstance(etag, str) else None,
+                           size if isinstance(size, int) else None)
     # The order of an epoch depends on the sample counts only: a copy (other versions) resumes too.
     identity = hashlib.sha256(repr([(s.uri.rpartition("/")[2], s.nsamples) for s in shards]).encode()).hexdigest()[:16]
-    return DatasetIndex(index_uri, shards, offsets_uri, identity)
+    return DatasetIndex(index_uri, shards, offsets, identity)

@@ -44,6 +44,8 @@ class EpochOrder:
         self.shard_order = order
         #: where each shard (in epoch order) starts in the concatenated sequence
         self.starts = list(itertools.accumulate((counts[s] for s in order), initial=0))
+        #: each shard's place in the epoch's shard order
+        self.slot = {shard: slot for slot, shard in enumerate(order)}
         self.seed, self.epoch = seed, epoch
         self.window = max(1, window)
         self._windows: dict[int, list[int]] = {}
@@ -72,10 +74,14 @@ class EpochOrder:
         slot = bisect_right(self.starts, spot) - 1
         return self.shard_order[slot], spot - self.starts[slot]
 
+    def first_slot(self, position: int) -> int:
+        """The slot (in the epoch's shard order) of the first shard ``position``'s window touches:
+        shards in earlier slots are done with, for positions from here on."""
+        return max(0, bisect_right(self.starts, (position // self.window) * self.window) - 1)
+
     def shards_from(self, position: int) -> list[int]:
         """Shards (index numbers) in the order the epoch reaches them, from ``position`` on."""
-        first = bisect_right(self.starts, (position // self.window) * self.window) - 1
-        return self.shard_order[max(0, first):]
+        return self.shard_order[self.first_slot(position):]
 
     def shards_per_window(self) -> int:
         """At most how many shards one window touches (a bound for how many to keep open)."""

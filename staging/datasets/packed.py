@@ -15,6 +15,7 @@ from lading.datasets.cache import CachedShard, NodeCache, default_cache_root, ma
 from lading.datasets.decode import DecodeOption, decode_sample, decoders_for
 from lading.datasets.index import load_index, store_for
 from lading.datasets.reader import Sample
+from lading.pack.offsets import OffsetsTable
 from lading.stores.config import StoreConfig
 from lading.stores.uri import parse_uri
 
@@ -53,11 +54,11 @@ class PackedDataset:
                  max_gap: int = DEFAULT_GAP, threads: int = 8) -> None:
         self.config = config or StoreConfig.from_env()
         self.index = load_index(index_uri, self.config)
-        table = self.index.offsets(self.config)
+        table = self.index.table(self.config)
         if table is None:
             raise UsageError(f"{index_uri} has no offsets file, so its samples cannot be addressed",
                              "re-pack the dataset with this version of lading (it writes NAME.offsets.safetensors)")
-        self.table = table
+        self._table: OffsetsTable | None = table
         self.decoders = decoders_for(decode)
         self.transform = transform
         self.cache_dir = None if cache_dir is None else str(cache_dir)
@@ -67,11 +68,21 @@ class PackedDataset:
         self._local = _Local()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {name: value for name, value in self.__dict__.items() if name != "_local"}
+        # Neither the process's mappings nor the (possibly large) table travel to a spawned
+        # worker: it reads the offsets file again, once.
+        return {name: value for name, value in self.__dict__.items() if name not in ("_local", "_table")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._local = _Local()
+        self._table = None
+
+    @property
+    def table(self) -> OffsetsTable:
+        """The offsets table (see :mod:`lading.pack.offsets`)."""
+        if self._table is None:
+            self._table = self.index.table(self.config)
+        return self._table
 
     def __len__(self) -> int:
         return self.table.nsamples

@@ -117,13 +117,35 @@ class ShardReader:
 
     def source(self, number: int) -> ShardSource:
         """Where shard ``number`` comes from, with the version and size the index recorded."""
-        ref = self.shards[number]
+        return self.source_of(self.shards[number])
+
+    def source_of(self, ref: ShardRef) -> ShardSource:
+        """Where ``ref`` comes from, with the version and size the index recorded."""
         config = self.config
 
         def store() -> Any:
             return store_for(ref.uri, config)[0]
 
         return ShardSource(ref.uri, store, parse_uri(ref.uri).split_name()[1], ref.etag, ref.filesize)
+
+    def table(self) -> OffsetsTable | None:
+        """The dataset's offsets table (read through the node cache), if the pack wrote one."""
+        if self.index is None:
+            return None
+        return self.index.table(self.config, self.fetch_whole)
+
+    def fetch_whole(self, ref: ShardRef) -> bytes:
+        """A whole object of the dataset (the offsets file), through the node cache when remote."""
+        if ref.local:
+            try:
+                return Path(parse_uri(ref.uri).prefix).read_bytes()
+            except FileNotFoundError:
+                raise NotFound(f"not found: {ref.uri}") from None
+        cached = self.cache().open(self.source_of(ref))
+        try:
+            return bytes(cached.buffer)
+        finally:
+            cached.close()
 
     def _map(self, number: int) -> tuple[Any, CachedShard | None]:
         ref = self.shards[number]
@@ -152,7 +174,7 @@ class ShardReader:
             except Exception:  # noqa: BLE001 - the foreground open below raises it properly
                 pass
         buffer, closer = self._map(number)
-        table = self.index.offsets(self.config) if self.index is not None else None
+        table = self.table()
         ref = self.shards[number]
         if table is not None:
             shard = OpenShard(number, buffer, closer, table, table.shard_samples[number], None)
@@ -168,6 +190,11 @@ class ShardReader:
         while len(self._open) > self.keep_open:
             self._open.popitem(last=False)[1].close()
         return shard
+
+    def release(self, done: Callable[[int], bool]) -> None:
+        """Close the open shards for which ``done(number)`` is true (eviction may take them)."""
+        for number in [number for number in self._open if done(number)]:
+            self._open.pop(number).close()
 
     def sample(self, number: int, index: int) -> Sample:
         """Sample ``index`` of shard ``number``."""
