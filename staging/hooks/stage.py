@@ -36,6 +36,7 @@ from lading.core.errors import (
     exit_code_for_failures,
     local_error,
 )
+from lading.core.keys import safe_join
 from lading.core.locks import directory_lock
 from lading.core.names import hidden_sibling
 from lading.stores.base import ObjectInfo, Store
@@ -124,7 +125,7 @@ def stage_prefix(store: Store, source: str, root: Path, options: TransferOptions
     summary = sync_into(store_fetcher(store), selection, request, options, events)
     return StageResult(source, root, len(selection.objects), fetched=summary.files, fetched_bytes=summary.bytes,
                        unchanged=summary.skipped, removed=summary.deleted, failed=list(summary.failed),
-                       files={info.key: root.joinpath(*info.key.split("/")) for info in selection.objects},
+                       files={info.key: safe_join(root, info.key) for info in selection.objects},
                        infos=list(selection.objects), seconds=summary.seconds)
 
 

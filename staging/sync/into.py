@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lading.core.errors import AccessDenied, UsageError, local_error
+from lading.core.keys import safe_join
 from lading.core.locks import exclusive_lock
 from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, apply_plan, sweep_temporaries
 from lading.sync.plan import Selection, SyncRequest, plan_sync
@@ -48,7 +49,7 @@ def sync_into(
         if interrupted:
             # After the fetches, so a large download can resume from its parts first; what is
             # left belongs to no live download, except failed keys' parts, kept for the next run.
-            keep = {dest.joinpath(*failed.key.split("/")) for failed in summary.failed}
+            keep = {safe_join(dest, failed.key) for failed in summary.failed}
             sweep_temporaries(dest, TEMP_MARKERS, keep)
         return summary
 

@@ -39,6 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from lading.core.errors import AccessDenied, LadingError, UsageError, local_error
+from lading.core.keys import safe_join
 from lading.core.locks import exclusive_lock
 from lading.core.names import hidden_sibling
 from lading.pack.reuse import PackedDataset
@@ -140,7 +141,7 @@ def link_fetcher(entry: Path) -> Fetcher:
 
 def _place(entry: Path, cache_state: SyncState, item: TransferItem) -> TransferResult:
     key = item.info.key
-    source = entry.joinpath(*key.split("/"))
+    source = safe_join(entry, key)
     cached = cache_state.entries.get(key)
     try:
         st = os.lstat(source)

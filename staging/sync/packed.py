@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from lading.core.errors import ProblemFound
+from lading.core.keys import safe_join
 from lading.pack.reuse import PackedDataset, index_keys, listing_mismatches, read_packed
 from lading.stores.base import ObjectInfo
 from lading.sync.plan import Selection, SyncPlan, SyncRequest
@@ -37,7 +38,7 @@ def cached_datasets(entry: Path, keys: Iterable[str]) -> list[PackedDataset]:
     datasets = []
     for key in keys:
         try:
-            data = entry.joinpath(*key.split("/")).read_bytes()
+            data = safe_join(entry, key).read_bytes()
         except OSError:
             continue
         dataset = read_packed(key, data)
