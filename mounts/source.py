@@ -1,10 +1,9 @@
-"""Where the reader's bytes come from: the Store protocol, or S3's lean GET path when present.
+"""Where the reader's bytes come from: the store's streaming GET when it has one (S3 and GCS on
+obstore), else the Store protocol's ``read_range``.
 
-botocore costs milliseconds of CPU per request under the GIL, which caps small-file reads;
-:mod:`lading.stores.s3.fast` signs and sends the same version-guarded ranged GET for about a
-tenth of that, and streams the body, so the reader can serve the first blocks of a large GET
-before its last byte arrives. Both raise :mod:`lading.core.errors` exceptions (ObjectChanged when
-the object has a new version). One call is one attempt: the reader retries what is missing.
+The streaming GET is version-guarded and checked (a replaced object raises ObjectChanged) and
+hands the body over as it arrives, so the reader can serve the first blocks of a large GET
+before its last byte arrives. One call is one attempt: the reader retries what is missing.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from lading.stores import Store, TransientError
+from lading.stores.base import StreamingStore
 
 #: Told of each piece of the body once it is in place, in order: a view of the target buffer.
 Sink = Callable[[memoryview], None]
@@ -22,15 +22,22 @@ RangeStream = Callable[[str, int, int, str, memoryview, Sink], None]
 
 def range_streamer(store: Store) -> RangeStream:
     """The cheapest version-guarded, streaming ranged read this store offers."""
-    if getattr(getattr(store, "uri", None), "scheme", None) == "s3":
-        from lading.stores.s3.fast import fast_client_for
+    if isinstance(store, StreamingStore):
+        def streaming(key: str, start: int, end: int, version: str, into: memoryview, sink: Sink) -> None:
+            filled = 0
 
-        fast = fast_client_for(store)
-        if fast is not None:
-            def lean(key: str, start: int, end: int, version: str, into: memoryview, sink: Sink) -> None:
-                fast.get(key, sink, version, start, end, into=into)  # received straight into ``into``
+            def place(chunk: memoryview) -> None:
+                nonlocal filled
+                size = len(chunk)
+                if filled + size > len(into):
+                    raise TransientError(f"{key}: the store sent more bytes than asked for")
+                into[filled:filled + size] = chunk
+                sink(into[filled:filled + size])
+                filled += size
 
-            return lean
+            store.stream(key, place, version or None, start, end)
+
+        return streaming
 
     def generic(key: str, start: int, end: int, version: str, into: memoryview, sink: Sink) -> None:
         data = store.read_range(key, start, end, version)

@@ -41,6 +41,9 @@ The API:
     more are eligible; other responses pass through and don't consume the rule;
   * ``"norange"``: forward without the ``Range`` header, like a server that ignores ranges
     (200 with the whole object). Only requests with a Range header are eligible.
+  * ``"droptoken"``: an S3 ListObjectsV2 request is forwarded asking for 2 keys, and the answer
+    (truncated) comes back without its ``NextContinuationToken``, like a broken server. Only
+    ``?list-type=2`` requests are eligible.
 
   ``first=N`` fires on the next N matching requests; ``rate=P`` fires on a fraction P of them
   (seeded, so runs are repeatable); ``rate=1.0`` is a persistent failure. Rules are tried in the
@@ -58,6 +61,7 @@ from __future__ import annotations
 
 import http.client
 import random
+import re
 import socket
 import struct
 import threading
@@ -67,7 +71,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-FAULT_KINDS = ("slowdown", "429", "403", "reset", "truncate", "norange")
+FAULT_KINDS = ("slowdown", "429", "403", "reset", "truncate", "norange", "droptoken")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
                "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "expect"}
 _CHUNK = 256 * 1024
@@ -192,9 +196,14 @@ class _Handler(BaseHTTPRequestHandler):
             for name in range_names:  # like a server that ignores Range: 200, the whole object
                 del headers[name]
             dropped = "norange"
+        target = self.path
+        if "list-type=2" in query and proxy._pick(self.command, path, ("droptoken",)) is not None:
+            pairs = [(k, v) for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True) if k != "max-keys"]
+            target = path + "?" + urllib.parse.urlencode(pairs + [("max-keys", "2")])
+            dropped = "droptoken"
         try:
             upstream = proxy._open_upstream()
-            upstream.request(self.command, self.path, body=body, headers=headers)
+            upstream.request(self.command, target, body=body, headers=headers)
             response = upstream.getresponse()
         except OSError as err:
             proxy._record(Seen(self.command, path, query, None, Headers(self.headers.items())))
@@ -234,8 +243,10 @@ class _Handler(BaseHTTPRequestHandler):
         proxy = self.server.proxy
         length_header = response.getheader("Content-Length")
         has_body = self.command != "HEAD" and response.status not in (204, 304) and response.status >= 200
-        if has_body and length_header is None:
+        if has_body and (length_header is None or fault == "droptoken"):
             payload: bytes | None = response.read()  # chunked or close-delimited: buffer it
+            if fault == "droptoken":
+                payload = re.sub(rb"<NextContinuationToken>.*?</NextContinuationToken>", b"", payload)
             length = len(payload)
         else:
             payload = None

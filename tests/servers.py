@@ -163,7 +163,7 @@ def start_fake_gcs(log_dir: Path, port: int | None = None) -> Server:
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _spawn([str(fake_gcs_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-                   "-backend", "memory", "-external-url", url, "-log-level", "warn"],
+                   "-backend", "memory", "-external-url", url, "-public-host", "127.0.0.1", "-log-level", "warn"],
                   log_dir / f"fake-gcs-{port}.log")
     server = _started(Server("fake-gcs", port, proc), f"{url}/storage/v1/b", ready=200)
     server.env = {"STORAGE_EMULATOR_HOST": server.url, "GOOGLE_CLOUD_PROJECT": "test"}

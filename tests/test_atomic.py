@@ -3,7 +3,6 @@
 import os
 
 import pytest
-
 from lading.core.atomic import write_atomically
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import yaml
-
 from lading.context.bindmounts import validate_bind_mounts
 
 

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from lading.context import parse_size
 from lading.core.errors import UsageError
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pathspec
 import pytest
-
 from lading.context import check_context
 from lading.context.detignore import DEFAULT_DETIGNORE, IgnoreSpec, compile_rules
 from lading.core.errors import UsageError

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-
 from proxies import FaultProxy
 
 BUCKET = "lading-fix"

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from lading.context import DET_LIMIT_BYTES, check_context, det_size
 from lading.core.errors import NotFound, UsageError
 
@@ -284,8 +283,8 @@ def test_remedy_for_an_include_goes_to_the_includes_detignore(tmp_path):
 
 
 def test_explain_through_includes_and_symlinked_directories(tmp_path):
-    from lading.context.explain import explain, upload_name
     from lading.context.detignore import IgnoreSpec
+    from lading.context.explain import explain, upload_name
     from lading.context.walk import resolve_roots
 
     write(tmp_path / "ctx" / "model.py")

@@ -6,9 +6,8 @@ import pickle
 from pathlib import Path
 
 import pytest
-
-from lading.datasets import StoreDataset
 from lading.core.errors import NotFound
+from lading.datasets import StoreDataset
 
 
 @pytest.fixture

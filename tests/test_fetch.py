@@ -6,7 +6,6 @@ import os
 
 import boto3
 import pytest
-
 from proxies import FaultProxy
 
 BUCKET = "lading-fetch"

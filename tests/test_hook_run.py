@@ -10,11 +10,10 @@ from pathlib import Path
 
 import boto3
 import pytest
-
-from proxies import FaultProxy
 from lading.hooks.script import HookEntry, updated_text
 from lading.hooks.stage import VIEW_RECORD
 from lading.sync.state import RESERVED_NAMES
+from proxies import FaultProxy
 
 BUCKET = "lading-hook"
 SECRET = "lading-secret-VALUE-4242"

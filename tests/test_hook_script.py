@@ -6,7 +6,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from lading.core.errors import UsageError
 from lading.hooks.script import BEGIN, END, HookEntry, updated_text
 

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-
 from lading.core.errors import UnsafeKey, UsageError
 from lading.core.keys import find_collisions, safe_join
 from lading.stores.uri import parse_uri

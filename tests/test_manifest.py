@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from lading.core.errors import NotFound, UsageError
 from lading.selection.manifest import keys_under, load_manifest, parse_manifest
 

@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from servers import start_moto
 from test_mount_support import REPO, alive, mounted, put_objects, s3_client, wait_for
 

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_mount_support import REPO, alive, cli, force_unmount, mounted, put_objects, wait_for
 
 BUCKET = "mount-life"

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from test_mount_support import mounted, put_objects
 
 BUCKET = "mount-reads"

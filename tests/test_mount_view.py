@@ -8,11 +8,10 @@ import random
 from pathlib import Path
 
 import pytest
-
 from lading.mounts.tree import Tree
-from proxies import FaultProxy
 from lading.selection.sharding import select_for_rank
 from lading.stores.base import ObjectInfo
+from proxies import FaultProxy
 from test_mount_support import cli, mounted, put_objects
 
 BUCKET = "mount-view"

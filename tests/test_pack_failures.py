@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from lading.core.errors import ObjectChanged, ProblemFound, TransientError
 from lading.pack import PackOptions, plan_pack, run_pack, write_pack
 from lading.pack.sources import LocalSource
@@ -71,7 +70,7 @@ def test_store_upload_order_puts_index_last(tmp_path):
     store = FailingStore(dest, fail_at=0)
     write_pack(plan, LocalSource(source), StorePublisher(store, plan), str(dest))
     shards = [f"ds/v1/{shard.name}" for shard in plan.shards]
-    assert store.uploaded == shards + ["ds/v1/ds.manifest.json", "ds/v1/ds.index.json"]
+    assert store.uploaded == shards + ["ds/v1/ds.manifest.json", "ds/v1/ds.offsets.safetensors", "ds/v1/ds.index.json"]
 
 
 def test_write_failure_cleans_up_local_dest(tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from lading.core.retry import RetryPolicy
 from lading.datasets import ShardDataset
 from lading.pack import PackOptions, plan_pack, run_pack
-from lading.core.retry import RetryPolicy
 from lading.stores import StoreConfig, open_store
 
 

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import boto3
 import pytest
-
-from proxies import FaultProxy
-from lading.datasets import ShardDataset, StoreDataset
 from lading.core.errors import TransientError
-from lading.pack import PackOptions, plan_pack, run_pack
 from lading.core.retry import RetryPolicy
+from lading.datasets import ShardDataset, StoreDataset
+from lading.pack import PackOptions, plan_pack, run_pack
 from lading.stores import StoreConfig
+from proxies import FaultProxy
 
 BUCKET = "lading-pack"
 FAST_RETRY = RetryPolicy(attempts=2, base_delay=0.005, max_delay=0.01)
@@ -68,7 +67,7 @@ def test_pack_into_bucket_uploads_shards_then_manifest_then_index(s3, s3_env, tm
     prefix = "datasets/ds/v1/"
     shards = [prefix + shard.name for shard in plan.shards]
     assert len(shards) >= 3
-    assert order == shards + [prefix + "ds.manifest.json", prefix + "ds.index.json"]
+    assert order == shards + [prefix + "ds.manifest.json", prefix + "ds.offsets.safetensors", prefix + "ds.index.json"]
     index = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "ds.index.json")["Body"].read())
     for entry, shard_key in zip(index["shardlist"], shards):
         head = s3.head_object(Bucket=BUCKET, Key=shard_key)

@@ -10,7 +10,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from lading.core.errors import ProblemFound, UnsafeKey, UsageError
 from lading.pack import PackOptions, plan_pack, run_pack
 from lading.pack.grouping import group_samples, split_name

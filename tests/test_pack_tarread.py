@@ -9,7 +9,6 @@ import subprocess
 import tarfile
 
 import pytest
-
 from lading.pack.tarread import TarFormatError, iter_files
 
 NAMES = ["a.txt", "empty.bin", "dir/" + "n" * 120 + ".json", "x" * 130 + "/" + "y" * 110 + ".txt",

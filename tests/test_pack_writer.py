@@ -10,10 +10,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from lading.core.errors import ObjectChanged, ProblemFound
-from lading.pack import PackOptions, plan_pack, run_pack
-from lading.pack import execute, writer
+from lading.pack import PackOptions, execute, plan_pack, run_pack, writer
 from lading.pack.execute import WriteTask, interleave, split_tasks, write_shards
 from lading.pack.grouping import group_samples
 from lading.pack.sources import LocalSource

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from lading.core.errors import UsageError
 from lading.selection.sharding import assign_ranks, select_for_rank
 from lading.stores.base import ObjectInfo

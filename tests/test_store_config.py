@@ -4,7 +4,6 @@ import subprocess
 import sys
 
 import pytest
-
 from lading.cli.context import store_config
 from lading.core.errors import UsageError
 

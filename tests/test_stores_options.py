@@ -7,7 +7,6 @@ import sys
 
 import click
 from click.testing import CliRunner
-
 from lading.cli.store_options import STORE_OPTION_NAMES, pop_store_config, store_options
 
 

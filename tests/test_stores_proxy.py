@@ -6,9 +6,7 @@ import http.client
 import urllib.parse
 
 import pytest
-
 from proxies import FaultProxy
-
 
 _AUTH = ("AWS4-HMAC-SHA256 Credential=testing/20261121/us-east-1/s3/aws4_request, "
          "SignedHeaders=host, Signature=" + "0" * 64)

@@ -7,17 +7,15 @@ import hashlib
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import boto3
 import pytest
-
-from proxies import FaultProxy
-from servers import Server, free_port, wait_http
 from lading.core.errors import AccessDenied, NotFound, ObjectChanged, Throttled, TransientError
 from lading.core.retry import RetryPolicy
 from lading.stores import StoreConfig, open_store, parse_uri
 from lading.stores.s3.store import S3Store
+from proxies import FaultProxy
+from servers import Server, free_port, wait_http
 
 FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.005, max_delay=0.02)
 BUCKET = "lading-test"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from proxies import FaultProxy
 from sync_fixtures import read_tree, sample_objects
 

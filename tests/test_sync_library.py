@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from lading.core.errors import UnsafeKey
 from lading.stores.base import ObjectInfo
 from lading.stores.local import LocalStore
@@ -142,7 +141,6 @@ def test_delete_never_follows_symlinks_or_tampered_records(tmp_path):
 
 def test_snapshot_write_failure_is_one_line_and_leaves_no_temporary(tmp_path):
     import pytest
-
     from lading.core.errors import LadingError
 
     (tmp_path / STATE_NAME).mkdir()  # the rename onto it fails

@@ -11,7 +11,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 from proxies import FaultProxy
 from sync_fixtures import BUCKET, object_gets, put_objects, read_tree, s3_client, sample_objects, stray_temporaries

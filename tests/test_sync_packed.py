@@ -6,7 +6,6 @@ import json
 import os
 
 import pytest
-
 from proxies import FaultProxy
 from sync_fixtures import object_gets, read_tree, s3_client
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from proxies import FaultProxy
 from sync_fixtures import BUCKET, object_gets, put_objects, read_tree, s3_client, sample_objects, stray_temporaries
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from lading.core.errors import UsageError
 from lading.selection.topology import detect_topology
 

@@ -16,14 +16,13 @@ import os
 
 import google_crc32c
 import pytest
-
-from proxies import FaultProxy
 from lading.core.retry import RetryPolicy
 from lading.stores import StoreConfig, open_store
 from lading.stores.base import ObjectInfo
 from lading.transfer import TransferItem, TransferOptions, fetch_all
 from lading.transfer.files import is_temporary
 from lading.transfer.verify import IntegrityError
+from proxies import FaultProxy
 
 FAST_RETRY = RetryPolicy(attempts=6, base_delay=0.002, max_delay=0.01)
 SMALL_PARTS = TransferOptions(workers=4, part_size=4096, multipart_threshold=8192)

@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from lading.core.errors import ObjectChanged, TransientError
 from lading.core.retry import RetryPolicy
 from lading.stores.base import ObjectInfo

@@ -11,19 +11,18 @@ from pathlib import Path
 
 import boto3
 import pytest
-
-from proxies import FaultProxy
 from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, TransientError, UsageError
 from lading.core.retry import RetryPolicy
 from lading.stores import StoreConfig, open_store, parse_uri
 from lading.stores.base import ObjectInfo
-from lading.stores.s3.store import S3Store
 from lading.stores.s3.fast import FastS3Client, FastS3Store
 from lading.stores.s3.sign import Signer
+from lading.stores.s3.store import S3Store
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
 from lading.transfer.files import ResumeRecord, is_temporary, sidecar_path
 from lading.transfer.readers import StreamingReader, open_reader
 from lading.transfer.verify import IntegrityError
+from proxies import FaultProxy
 
 BUCKET = "transfer-test"
 FAST_RETRY = RetryPolicy(attempts=6, base_delay=0.002, max_delay=0.01)

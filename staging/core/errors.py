@@ -2,7 +2,7 @@
 
 Exit codes (documented in the README, mapped in exactly one place: ``lading.cli.errors``):
 0 success, 1 problem found, 2 usage, 3 not found, 4 permission/credentials,
-5 transient failure after retries, 130 interrupted.
+5 transient failure after retries, 6 local file system error, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -52,6 +52,13 @@ class TransientError(LadingError):
     exit_code = 5
 
 
+class LocalIOError(LadingError):
+    """The local file system failed a write: no space left, quota exceeded, a name or file too
+    large, an I/O error. Never retried: trying again cannot help."""
+
+    exit_code = 6
+
+
 class Throttled(TransientError):
     """The server asked us to slow down (503 SlowDown, 429)."""
 
@@ -69,7 +76,7 @@ class UnsafeKey(LadingError):
 
 
 _BY_CODE: dict[int, type[LadingError]] = {1: ProblemFound, 2: UsageError, 3: NotFound, 4: AccessDenied,
-                                          5: TransientError}
+                                          5: TransientError, 6: LocalIOError}
 
 
 def exit_code_for_failures(codes: Iterable[int], succeeded: int) -> int:
@@ -94,18 +101,28 @@ def error_for_exit_code(code: int) -> type[LadingError]:
 #: errno values that mean "you may not write here": permission bits, immutable files, read-only mounts.
 _DENIED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
            errno.EROFS: "read-only file system"}
+#: errno values of a file system that cannot take the write (exit 6), with what to do.
+_LOCAL_IO = {
+    errno.ENOSPC: "free space on that file system, or choose another destination",
+    errno.EDQUOT: "the disk quota is used up: free space, or choose another destination",
+    errno.ENAMETOOLONG: "a name is longer than the file system allows",
+    errno.EFBIG: "the file is larger than the file system allows",
+    errno.EIO: "the disk reported an I/O error",
+}
 
 
 def local_error(err: OSError, action: str, hint: str | None = None) -> LadingError:
     """A local file-system ``OSError`` as a one-line project error: ``cannot {action}: {reason}``.
 
     Permission denied, an immutable file and a read-only file system are exit 4; a missing
-    path 3; a file where a directory belongs (or the reverse) 2; anything else (disk full,
-    I/O error) 1.
+    path 3; a file where a directory belongs (or the reverse) 2; a full disk, a quota, a name
+    or file too large, an I/O error 6; anything else 1.
     """
     if err.errno in _DENIED:
         return AccessDenied(f"cannot {action}: {_DENIED[err.errno]}", hint)
     reason = err.strerror or str(err)
+    if err.errno in _LOCAL_IO:
+        return LocalIOError(f"cannot {action}: {reason}", hint or _LOCAL_IO[err.errno])
     if err.errno == errno.ENOENT:
         return NotFound(f"cannot {action}: {reason}", hint)
     if err.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):

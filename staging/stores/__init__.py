@@ -38,9 +38,9 @@ def open_store(location: str | StoreURI, config: StoreConfig | None = None) -> S
 
         return LocalStore(uri.prefix)
     if uri.scheme == "s3":
-        from lading.stores.s3.fast import FastS3Store
+        from lading.stores.s3.store import S3Store
 
-        return FastS3Store(uri, config)
+        return S3Store(uri, config)
     from lading.stores.gcs.store import GCSStore
 
     return GCSStore(uri, config)

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, runtime_checkable
 
+from lading.stores.config import StoreConfig
+
 #: Called with a number of bytes just transferred.
 ProgressCallback = Callable[[int], None]
 
@@ -57,4 +59,26 @@ class Store(Protocol):
 
     def upload(self, src: Path, key: str, progress: ProgressCallback | None = None) -> ObjectInfo:
         """Upload a local file (multipart or resumable when large) and return its metadata."""
+        ...
+
+
+class Fetched(Protocol):
+    """What one streamed GET delivered (see :class:`StreamingStore`)."""
+
+    nbytes: int
+    size: int
+    version: str
+
+
+@runtime_checkable
+class StreamingStore(Store, Protocol):
+    """A store that streams version-checked ranged GETs (S3 and GCS)."""
+
+    config: StoreConfig
+
+    def stream(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int = 0,
+               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+        """One GET of bytes ``[start, end)`` pinned to ``version``, each piece handed to ``sink``;
+        raise ObjectChanged when the answer is of another version. ``on_version`` hears the
+        answer's version before the first piece (to pin a resumed request to it)."""
         ...

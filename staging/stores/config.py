@@ -28,6 +28,14 @@ class StoreConfig:
     # endpoint and a region, the lean S3 path never imports botocore (a no-op sync is ~40% faster).
     env_credentials: tuple[str, str, str | None] | None = field(default=None, repr=False)
     ca_bundle: str | None = None
+    # Proxies from HTTPS_PROXY / HTTP_PROXY / NO_PROXY (either case), for obstore and boto3 alike.
+    https_proxy: str | None = None
+    http_proxy: str | None = None
+    no_proxy: str | None = None
+
+    def proxy_for(self, url: str) -> str | None:
+        """The proxy for requests to ``url`` (by its scheme), or None."""
+        return self.http_proxy if url.startswith("http://") else self.https_proxy
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **flags: Any) -> "StoreConfig":
@@ -68,7 +76,14 @@ def resolve_store_config(
         retry=RetryPolicy(attempts=_number(env, "LADING_RETRIES", "6", int)),
         env_credentials=None if profile or no_sign_request else _env_credentials(env),
         ca_bundle=env.get("AWS_CA_BUNDLE") or None,
+        https_proxy=_first(env, "HTTPS_PROXY", "https_proxy"),
+        http_proxy=_first(env, "HTTP_PROXY", "http_proxy"),
+        no_proxy=_first(env, "NO_PROXY", "no_proxy"),
     )
+
+
+def _first(env: Mapping[str, str], *names: str) -> str | None:
+    return next((env[name] for name in names if env.get(name)), None)
 
 
 def _env_credentials(env: Mapping[str, str]) -> tuple[str, str, str | None] | None:

@@ -3,8 +3,8 @@
 ``workers`` threads pull jobs from the item iterator themselves: a whole-object download for
 a small object, or the parts of a large one (:mod:`lading.transfer.large`), of which at most
 ``part_concurrency`` run at once. Items are consumed lazily, so memory holds one result per
-item and nothing per pending item. Per-request CPU limits small-object throughput, so S3 goes
-through the lean signed path of :mod:`lading.stores.s3.fast` when the store has one.
+item and nothing per pending item. S3 and GCS stream through obstore
+(:class:`lading.transfer.readers.StreamingReader`), which resumes a cut body.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from lading.core.errors import LadingError
-from lading.core.retry import DEFAULT_POLICY, with_retries
+from lading.core.retry import DEFAULT_POLICY
 from lading.stores.base import Store
 from lading.transfer.files import DirectoryMaker, as_lading_error, publish, remove_temporaries, temporary_path
 from lading.transfer.large import LargeContext, LargeDownload
@@ -46,7 +46,7 @@ def fetch_all(
     See :mod:`lading.transfer` for the contract.
     """
     policy = options.retry or getattr(getattr(store, "config", None), "retry", None) or DEFAULT_POLICY
-    reader = open_reader(store, options.fast_path, policy)
+    reader = open_reader(store, policy)
     try:
         return _Engine(reader, options, events).run(items)
     finally:
@@ -231,7 +231,7 @@ class _Engine:
                 verifier = Verifier(item.info, checksums=self.options.verify)
                 return self.reader.fetch_whole(item.info, tmp, verifier, self.events.on_bytes, self._checkpoint), verifier
 
-            nbytes, verifier = with_retries(once, self.reader.retry_policy)
+            nbytes, verifier = once()  # the reader retries (and resumes) on its own
             try:
                 verifier.check(nbytes)
                 return nbytes

@@ -9,7 +9,6 @@ they belong to, so an interrupted run resumes instead of starting over.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import threading
@@ -75,10 +74,8 @@ def as_lading_error(error: BaseException, dest: Path) -> LadingError:
     """Local I/O errors become one-line project errors; store errors pass through."""
     if isinstance(error, LadingError):
         return error
-    if isinstance(error, OSError) and error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return local_error(error, f"write {error.filename or dest}")  # exit 4
     if isinstance(error, OSError):
-        return LadingError(f"cannot write {error.filename or dest}: {error.strerror or error}")
+        return local_error(error, f"write {error.filename or dest}")  # exit 4, 6, ...
     return LadingError(f"{dest}: {error}")
 
 

@@ -127,7 +127,8 @@ class LargeDownload:
         """Fetch one part (with retries), record it, advance the checksum."""
         try:
             if self._error is None:
-                with_retries(lambda: self._fetch_part(index), self.ctx.reader.retry_policy)
+                reached = [self._part_start(index)]  # a retry resumes the part from here
+                with_retries(lambda: self._fetch_part(index, reached), self.ctx.reader.retry_policy)
                 with self._lock:
                     self.record.done.add(index)
                     self._save_record(force=False)
@@ -162,9 +163,11 @@ class LargeDownload:
             self.record.save(self.sidecar)
             self._saved_at = now
 
-    def _fetch_part(self, index: int) -> None:
-        start, end = self._part_start(index), self._part_end(index)
-        offset = start
+    def _fetch_part(self, index: int, reached: list[int]) -> None:
+        """One attempt at the rest of a part: bytes ``[reached[0], end)``; ``reached[0]`` moves on
+        with every byte written, so a body cut short is resumed by the next attempt, not refetched."""
+        end = self._part_end(index)
+        start = offset = reached[0]
 
         def sink(chunk: memoryview) -> None:
             nonlocal offset
@@ -179,14 +182,12 @@ class LargeDownload:
                 view = view[written:]
                 offset += written
             self.ctx.on_bytes(len(chunk))
+            reached[0] = offset
 
-        try:
-            md5_usable = self.ctx.reader.read_part(self.info, start, end, sink)
-        except BaseException:
-            self.ctx.on_bytes(start - offset)  # discard what this attempt delivered
-            raise
+        if start >= end:
+            return
+        md5_usable = self.ctx.reader.read_part(self.info, start, end, sink)
         if offset != end:
-            self.ctx.on_bytes(start - offset)
             raise TransientError(f"{self.info.key}: short ranged read ({offset - start} of {end - start} bytes)")
         if not md5_usable:
             self.verifier.skip_md5()

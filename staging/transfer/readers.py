@@ -1,5 +1,6 @@
-"""How the engine reads from a store: a lean streaming path when the store has one, else the
-Store protocol's ``download`` / ``read_range``.
+"""How the engine reads from a store: a version-checked streaming GET when the store has one
+(:class:`~lading.stores.base.StreamingStore`), else the Store protocol's ``download`` /
+``read_range``.
 
 Both readers deliver bytes the same way, so the engine's temporaries, verification and
 resume logic are one code path.
@@ -11,8 +12,9 @@ import os
 from pathlib import Path
 from typing import Callable, Protocol
 
-from lading.core.retry import RetryPolicy
-from lading.stores.base import ObjectInfo, Store
+from lading.core.errors import TransientError
+from lading.core.retry import RetryPolicy, with_retries
+from lading.stores.base import ObjectInfo, Store, StreamingStore
 from lading.transfer.verify import Verifier
 
 #: Receives each chunk of content in order (raises to abort).
@@ -49,10 +51,16 @@ def _version(info: ObjectInfo) -> str | None:
 
 
 class StreamingReader:
-    """Reads through a store's lean GET path (see :mod:`lading.stores.s3.fast`)."""
+    """Reads through a store's version-checked streaming GET (S3 and GCS on obstore).
 
-    def __init__(self, client: object, retry_policy: RetryPolicy) -> None:
-        self._client = client
+    A body cut short is resumed, not restarted: the next attempt is a Range request from the
+    bytes already written, pinned to the version of the first answer, and the checksum goes on
+    from where it was.
+    """
+
+    def __init__(self, store: StreamingStore, retry_policy: RetryPolicy) -> None:
+        self._store = store
+        #: For the engine's ranged parts; whole objects are retried (and resumed) in here.
         self.retry_policy = retry_policy
 
     def fetch_whole(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress,
@@ -60,39 +68,56 @@ class StreamingReader:
         """Stream the body to ``tmp``, hashing on the way."""
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         written = 0
-        try:
-            def sink(chunk: memoryview) -> None:
-                nonlocal written
-                checkpoint()
-                view = chunk
-                while view:
-                    view = view[os.write(fd, view):]
-                verifier.update(chunk)
-                written += len(chunk)
-                progress(len(chunk))
 
-            try:
-                result = self._client.get(info.key, sink, _version(info))  # type: ignore[attr-defined]
-            except BaseException:
-                progress(-written)
-                raise
-            if not result.etag_is_md5:
-                verifier.skip_md5()
-            return written
+        def sink(chunk: memoryview) -> None:
+            nonlocal written
+            checkpoint()
+            view = chunk
+            while view:
+                view = view[os.write(fd, view):]
+            verifier.update(chunk)
+            written += len(chunk)
+            progress(len(chunk))
+
+        version = _version(info)
+
+        def pin(answered: str) -> None:
+            nonlocal version
+            version = version or answered or None  # a resumed body must be of the same version
+
+        def attempt() -> None:
+            if written >= info.size and written:
+                return
+            fetched = self._store.stream(info.key, sink, version, written, on_version=pin)
+            if written < fetched.size:
+                raise TransientError(f"{info.key}: got {written} of {fetched.size} bytes")
+
+        try:
+            with_retries(attempt, self.retry_policy)
+        except BaseException:
+            progress(-written)
+            raise
         finally:
             os.close(fd)
+        if verifier.md5_mismatch(written) and not self._etag_is_md5(info.key):
+            verifier.skip_md5()
+        return written
 
     def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> bool:
-        """One ranged GET guarded by If-Match."""
-        return self._client.get(info.key, sink, _version(info), start, end).etag_is_md5  # type: ignore[attr-defined]
+        """One ranged GET pinned to the version; False when the listed MD5 is not the content's."""
+        self._store.stream(info.key, sink, _version(info), start, end)
+        return True
+
+    def _etag_is_md5(self, key: str) -> bool:
+        check = getattr(self._store, "etag_is_md5", None)
+        return True if check is None else bool(check(key))
 
     def close(self) -> None:
-        """Close pooled connections."""
-        self._client.close()  # type: ignore[attr-defined]
+        """Connections belong to the store."""
 
 
 class StoreReader:
-    """Reads through the Store protocol (local, GCS, and S3 without the lean path)."""
+    """Reads through the Store protocol (local directories)."""
 
     retry_policy = _NO_RETRY
 
@@ -135,12 +160,8 @@ class StoreReader:
         """Nothing to release."""
 
 
-def open_reader(store: Store, use_fast_path: bool, retry_policy: RetryPolicy) -> Reader:
-    """The lean reader when the store offers one (and it is allowed), else the Store protocol."""
-    if use_fast_path:
-        from lading.stores.s3.fast import fast_client_for
-
-        client = fast_client_for(store)
-        if client is not None:
-            return StreamingReader(client, retry_policy)
+def open_reader(store: Store, retry_policy: RetryPolicy) -> Reader:
+    """The streaming reader when the store has one (S3, GCS), else the Store protocol."""
+    if isinstance(store, StreamingStore):
+        return StreamingReader(store, retry_policy)
     return StoreReader(store)

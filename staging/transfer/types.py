@@ -36,8 +36,8 @@ class TransferOptions:
 
     ``verify`` checks checksums (the size is always checked). ``durable`` fsyncs each file and
     its directory before and after the rename (survives power loss, costs a disk flush per
-    file; an interrupted or killed process is safe either way). ``fast_path`` allows the lean
-    S3 GET path (:mod:`lading.stores.s3.fast`). ``retry`` overrides the store's retry policy.
+    file; an interrupted or killed process is safe either way). ``retry`` overrides the
+    store's retry policy.
     ``part_concurrency`` caps ranged reads in flight (beyond ~16 streams a server's per-object
     throughput drops; measured in bench/RESULTS.md), idle workers take small objects meanwhile.
     """
@@ -47,7 +47,6 @@ class TransferOptions:
     multipart_threshold: int = 64 << 20
     verify: bool = True
     durable: bool = False
-    fast_path: bool = True
     retry: RetryPolicy | None = None
     part_concurrency: int = 16
 

@@ -36,6 +36,7 @@ class Verifier:
         self._expected: str | None = None
         self._hasher: Hasher | None = None
         self._kind = ""
+        self._digest: bytes | None = None
         if not checksums:
             return  # size only
         if info.crc32c:
@@ -57,10 +58,19 @@ class Verifier:
         if self._kind == "MD5":
             self._hasher, self._expected, self._kind = None, None, ""
 
+    def md5_mismatch(self, size: int) -> bool:
+        """Whether the content has the right size but not the MD5 the listing promised (the
+        ETag of an SSE-KMS or SSE-C object is not its MD5). Call once, after the last byte."""
+        if self._kind != "MD5" or size != self.info.size or self._hasher is None:
+            return False
+        self._digest = self._hasher.digest()  # type: ignore[attr-defined]
+        return self._digest.hex() != self._expected
+
     def update(self, data: bytes | memoryview) -> None:
         """Feed the next bytes of the content."""
         if self._hasher is not None:
-            self._hasher.update(data)
+            # google_crc32c's C extension takes bytes only (not even a read-only memoryview).
+            self._hasher.update(bytes(data) if self._kind == "CRC32C" and isinstance(data, memoryview) else data)
 
     def update_from_file(self, fd: int, start: int, end: int) -> None:
         """Feed bytes ``[start, end)`` of an open file."""
@@ -81,7 +91,7 @@ class Verifier:
             raise IntegrityError(f"{self.info.key}: got {size} bytes, expected {self.info.size}")
         if self._hasher is None:
             return
-        digest = self._hasher.digest()  # type: ignore[attr-defined]
+        digest = self._digest or self._hasher.digest()  # type: ignore[attr-defined]
         actual = base64.b64encode(digest).decode() if self._kind == "CRC32C" else digest.hex()
         if actual != self._expected:
             raise IntegrityError(f"{self.info.key}: {self._kind} mismatch "

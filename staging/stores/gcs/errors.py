@@ -45,7 +45,7 @@ def translate(err: BaseException, what: str) -> BaseException:
     if isinstance(err, gcs_errors.DataCorruption):
         return TransientError(f"checksum mismatch downloading {what}")
     if isinstance(err, (gax.GoogleAPICallError, gcs_errors.InvalidResponse)):
-        return _from_status(status_of(err), err, what)
+        return from_response("", status_of(err), _short(err), what)
     if isinstance(err, gax.RetryError):
         return TransientError(f"gave up retrying {what}: {_short(err)}")
     if isinstance(err, ValueError) and "bucket name" in str(err).lower():
@@ -55,8 +55,9 @@ def translate(err: BaseException, what: str) -> BaseException:
     return err
 
 
-def _from_status(status: int, err: BaseException, what: str) -> LadingError:
-    message = _short(err)
+def from_response(code: str, status: int, message: str, what: str) -> LadingError:
+    """An error answer from GCS (HTTP ``status``; ``code`` is the JSON reason, unused) as a
+    project error; shared by the google-cloud-storage and obstore paths."""
     if status == 412:
         return ObjectChanged(f"{what} changed (precondition failed: the generation no longer matches)",
                              "the object was replaced while lading read it; run again")

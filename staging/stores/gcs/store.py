@@ -1,38 +1,47 @@
-"""Google Cloud Storage as a Store, through google-cloud-storage.
+"""Google Cloud Storage as a Store: reads through obstore, listings and uploads through
+google-cloud-storage.
 
 The prefix rule is the same as for S3 (see :mod:`lading.stores.s3.store`): ``gs://b/data`` and
 ``gs://b/data/`` list the objects under ``data/``, relative to it; zero-byte folder markers
 (``.../``) are skipped.
 
-Credentials come from the standard google-auth chain (``GOOGLE_APPLICATION_CREDENTIALS``, gcloud
-application-default credentials, the metadata server). With ``StoreConfig.gcs_anonymous`` (set by
-the CLI when ``STORAGE_EMULATOR_HOST`` is present) the client is anonymous and talks to
-``StoreConfig.gcs_endpoint``.
+Where each part goes:
 
-Retries: the library's own retries are disabled (``retry=None`` on every call); every call goes
-through :func:`staging.retry.with_retries`, like S3. Downloads resume from the bytes already
-written, guarded by ``ifGenerationMatch``. Objects are read raw (no decompressive transcoding),
-so the bytes match the stored size, MD5 and CRC32C.
+- obstore (:mod:`lading.stores.objstore`): GETs, pinned to the generation (the ``generation``
+  parameter) and checked against the ``x-goog-generation`` of the answer.
+- google-cloud-storage: listings and ``stat`` (obstore's GCS listing reports neither the
+  generation nor the MD5/CRC32C, which pin reads and verify downloads), and uploads (one request,
+  or a resumable session that continues from the bytes GCS committed).
+
+Credentials come from the standard google-auth chain (``GOOGLE_APPLICATION_CREDENTIALS``, gcloud
+application-default credentials, the metadata server), handed to obstore as a refreshing token
+provider. With ``StoreConfig.gcs_anonymous`` (``STORAGE_EMULATOR_HOST`` is set) both clients are
+anonymous and talk to ``StoreConfig.gcs_endpoint``. Retries: the SDKs' own are off; every call
+goes through :func:`lading.core.retry.with_retries`.
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import threading
+from datetime import timezone
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
-from lading.core.errors import NotFound, TransientError
+from lading.core.errors import LadingError, NotFound, ObjectChanged
 from lading.core.retry import with_retries
 from lading.stores.base import ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
-from lading.stores.gcs.errors import status_of, translate
+from lading.stores.gcs.errors import from_response, status_of, translate
 from lading.stores.gcs.upload import ResumableUpload
 from lading.stores.lazy import LazyClient, translated
-from lading.stores.uri import StoreURI, root_prefix
+from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options
+from lading.stores.uri import StoreURI
 
 T = TypeVar("T")
 _LIST_FIELDS = "items(name,size,generation,updated,md5Hash,crc32c),nextPageToken"
+_SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
 
 
 def md5_hex(md5_base64: str | None) -> str | None:
@@ -42,27 +51,93 @@ def md5_hex(md5_base64: str | None) -> str | None:
     return base64.b64decode(md5_base64).hex()
 
 
-class GCSStore:
-    """A bucket prefix on Google Cloud Storage (or the emulator).
+class GCSStore(ObstoreReads):
+    """A bucket prefix on Google Cloud Storage (or an emulator).
 
     Tunables (attributes): ``page_size`` objects per listing request; files larger than
     ``resumable_threshold`` upload through a resumable session in ``chunk_size`` chunks (a
     multiple of 256 KiB), which resumes after a failure from the bytes GCS committed.
     """
 
+    scheme = "gs"
+
     def __init__(self, uri: StoreURI, config: StoreConfig, *, page_size: int = 1000,
                  resumable_threshold: int = 8 << 20, chunk_size: int = 16 << 20) -> None:
-        self.uri = uri
-        self.config = config
-        self.url = str(uri)
-        self.bucket = uri.bucket
-        self.root = root_prefix(uri.prefix)
+        super().__init__(uri, config, from_response)
         self.page_size = page_size
         self.resumable_threshold = min(resumable_threshold, 8 << 20)  # the SDK's one-shot limit
         self.chunk_size = chunk_size
         self._client = LazyClient(self._build_client)
 
-    # -- client and the one retry/translation wrapper ------------------------------------------
+    # -- obstore ---------------------------------------------------------------------------------
+
+    def _build(self) -> Any:
+        from obstore.store import GCSStore as ObstoreGCS
+
+        cfg = self.config
+        options: dict[str, Any] = {"retry_config": NO_RETRIES,
+                                   "client_options": client_options(cfg, cfg.gcs_endpoint or "https://")}
+        if cfg.gcs_endpoint:
+            options["base_url"] = cfg.gcs_endpoint
+        if cfg.gcs_anonymous:  # an emulator: any bearer token will do
+            options["credential_provider"] = lambda: {"token": "anonymous", "expires_at": None}
+        elif cfg.no_sign_request:
+            options["skip_signature"] = True
+        else:
+            options["credential_provider"] = GoogleTokens()
+        return ObstoreGCS(self.bucket, **options)
+
+    def _pin(self, version: str) -> dict[str, Any]:
+        return {"version": version}
+
+    def _version_of(self, meta: dict[str, Any]) -> str:
+        return str(meta.get("version") or "")
+
+    def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
+               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+        """As :meth:`ObstoreReads.stream`; a pinned generation that is gone while the object
+        exists means the object was replaced."""
+        try:
+            return super().stream(key, sink, version, start, end, on_version)
+        except NotFound:
+            if version is None:
+                raise
+            try:
+                current = self.stat(key).version
+            except NotFound:
+                raise NotFound(f"not found: {self._where(key)}") from None
+            raise ObjectChanged(f"{self._where(key)} changed while lading read it (generation {version} "
+                                f"is now {current})", "the object was replaced; run again") from None
+
+    def _sdk_stat(self, key: str) -> ObjectInfo:
+        return self.stat(key)  # stat is google-cloud-storage's already
+
+    def _sdk_stream(self, key: str, sink: Sink, version: str | None, start: int, end: int | None,
+                    on_version: Callable[[str], None] | None) -> Fetched:
+        """A media GET through google-cloud-storage, pinned with ``generation`` and checked."""
+        info = self.stat(key) if version is None else None
+        version = version or (info.version if info else None)
+        if on_version is not None and version:
+            on_version(version)
+
+        def attempt(bucket: Any) -> tuple[bytes, int]:
+            blob = bucket.blob(self._path(key), generation=int(version) if version else None)
+            try:
+                data = blob.download_as_bytes(start=start or None, end=None if end is None else end - 1,
+                                              raw_download=True, checksum=None, retry=None,
+                                              timeout=self._timeout())
+            except Exception as err:
+                if status_of(err) == 416:
+                    return b"", start
+                raise
+            return data, int(blob.size) if blob.size is not None else start + len(data)
+
+        data, size = self._gcs_attempt(self._where(key), attempt)
+        if data:
+            sink(memoryview(data))
+        return Fetched(len(data), size, version or "")
+
+    # -- google-cloud-storage: listings, stat, uploads -----------------------------------------
 
     def _build_client(self) -> Any:
         import google.auth
@@ -92,19 +167,16 @@ class GCSStore:
             client._bucket_metadata_cache = None
         return client
 
-    def _where(self, key: str = "") -> str:
-        return f"gs://{self.bucket}/{self.root}{key}"
-
     def _timeout(self) -> tuple[float, float]:
         return (min(self.config.timeout, 10.0), self.config.timeout)
 
-    def _attempt(self, what: str, operation: Callable[[Any], T]) -> T:
+    def _gcs_attempt(self, what: str, operation: Callable[[Any], T]) -> T:
         """Run ``operation(bucket)`` once, translating any SDK error (no retry)."""
         return translated(lambda: operation(self._client.get().bucket(self.bucket)), translate, what)
 
-    def _call(self, what: str, operation: Callable[[Any], T]) -> T:
+    def _gcs_call(self, what: str, operation: Callable[[Any], T]) -> T:
         """Run ``operation(bucket)`` with translation and retries of transient failures."""
-        return with_retries(lambda: self._attempt(what, operation), self.config.retry)
+        return with_retries(lambda: self._gcs_attempt(what, operation), self.config.retry)
 
     # -- listing and metadata -------------------------------------------------------------------
 
@@ -120,7 +192,7 @@ class GCSStore:
                 page = next(iterator.pages, None)
                 return (list(page) if page is not None else []), iterator.next_page_token
 
-            blobs, token = self._call(self._where(prefix), fetch)
+            blobs, token = self._gcs_call(self._where(prefix), fetch)
             for blob in blobs:
                 info = self._info(blob, blob.name[len(self.root):])
                 if info.key and not (info.key.endswith("/") and info.size == 0):
@@ -136,63 +208,12 @@ class GCSStore:
 
     def stat(self, key: str) -> ObjectInfo:
         """Fetch one object's metadata."""
-        blob = self._call(self._where(key), lambda bucket: bucket.get_blob(
+        self._path(key)
+        blob = self._gcs_call(self._where(key), lambda bucket: bucket.get_blob(
             self.root + key, retry=None, timeout=self._timeout()))
         if blob is None:
             raise NotFound(f"not found: {self._where(key)}")
         return self._info(blob, key)
-
-    # -- reads ----------------------------------------------------------------------------------
-
-    def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
-        """Bytes ``[start, end)`` (fewer at the end), guarded by ``ifGenerationMatch``."""
-        if end <= start:
-            return b""
-
-        def attempt(bucket: Any) -> bytes:
-            try:
-                return bucket.blob(self.root + key).download_as_bytes(
-                    start=start, end=end - 1, raw_download=True, checksum=None,
-                    if_generation_match=int(version) if version else None,
-                    retry=None, timeout=self._timeout())
-            except Exception as err:
-                if status_of(err) == 416:
-                    return b""  # the range starts at or past the end of the object
-                raise
-
-        return self._call(self._where(key), attempt)
-
-    def download(
-        self,
-        key: str,
-        dest: Path,
-        version: str | None = None,
-        progress: ProgressCallback | None = None,
-    ) -> None:
-        """Stream the object into ``dest``; a broken transfer resumes where it stopped.
-
-        Every request is pinned with ``ifGenerationMatch`` (``version``, or the generation
-        stat'ed first), so a replaced object raises :class:`ObjectChanged` instead of mixing.
-        """
-        if version is None:
-            version = self.stat(key).version
-        with open(dest, "wb") as out:
-            sink = _Sink(out, progress)
-            size = self._call(self._where(key), lambda bucket: self._download_rest(bucket, key, sink, version))
-        if size is not None and sink.written != size:
-            raise TransientError(f"{self._where(key)}: got {sink.written} of {size} bytes")
-
-    def _download_rest(self, bucket: Any, key: str, sink: "_Sink", version: str) -> int | None:
-        sink.rewind_to_written()
-        blob = bucket.blob(self.root + key)
-        try:
-            blob.download_to_file(sink, start=sink.written or None, raw_download=True, checksum=None,
-                                  if_generation_match=int(version), retry=None, timeout=self._timeout())
-        except Exception as err:
-            if status_of(err) == 416 and sink.written:
-                return None  # everything was already written before the failure
-            raise
-        return blob.size  # set from the response headers when the server reports it
 
     # -- uploads --------------------------------------------------------------------------------
 
@@ -202,6 +223,7 @@ class GCSStore:
         A small upload that fails transiently is sent again whole (its reported progress taken
         back with a negative callback); a resumable one continues from the bytes GCS committed.
         """
+        self._path(key)
         size = os.path.getsize(src)
         if size > self.resumable_threshold:
             ResumableUpload(self, src, key, size, progress).run()
@@ -218,32 +240,34 @@ class GCSStore:
                     raise
             return self._info(blob, key)
 
-        return self._call(self._where(key), attempt)
+        return self._gcs_call(self._where(key), attempt)
 
 
-class _Sink:
-    """A write-only file object that counts bytes and reports progress."""
 
-    def __init__(self, out: BinaryIO, progress: ProgressCallback | None) -> None:
-        self.out, self.progress = out, progress
-        self.written = 0
 
-    def rewind_to_written(self) -> None:
-        """Drop anything past what we counted (a write cut short), before a resumed request."""
-        self.out.seek(self.written)
-        self.out.truncate()
+class GoogleTokens:
+    """google-auth's default credentials as obstore's credential provider (refreshed as needed)."""
 
-    def write(self, data: bytes) -> int:
-        """Append ``data`` and report it."""
-        self.out.write(data)
-        self.written += len(data)
-        if self.progress is not None and data:
-            self.progress(len(data))
-        return len(data)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._credentials: Any = None
 
-    def flush(self) -> None:
-        """Flush the underlying file."""
-        self.out.flush()
+    def __call__(self) -> dict[str, Any]:
+        import google.auth
+        from google.auth.transport.requests import Request
+
+        with self._lock:
+            try:
+                if self._credentials is None:
+                    self._credentials, _ = google.auth.default(scopes=[_SCOPE])
+                if not self._credentials.valid:
+                    self._credentials.refresh(Request())
+            except Exception as err:
+                mapped = translate(err, "Google credentials")
+                raise (mapped if isinstance(mapped, LadingError) else err) from err
+            expiry = self._credentials.expiry
+            return {"token": self._credentials.token,
+                    "expires_at": expiry.replace(tzinfo=timezone.utc) if expiry else None}
 
 
 class _ProgressReader:

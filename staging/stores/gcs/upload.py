@@ -27,7 +27,7 @@ class UploadTarget(Protocol):
 
     def _where(self, key: str) -> str: ...
 
-    def _call(self, where: str, operation: Callable[[Any], Any]) -> Any: ...
+    def _gcs_call(self, where: str, operation: Callable[[Any], Any]) -> Any: ...
 
     def _timeout(self) -> Any: ...
 
@@ -49,11 +49,11 @@ class ResumableUpload:
     def run(self) -> None:
         """Create the session, then send chunks until GCS reports the object complete."""
         crc = _crc32c_base64(self.src)
-        self.session_url = self.store._call(self.where, lambda bucket: bucket.blob(
+        self.session_url = self.store._gcs_call(self.where, lambda bucket: bucket.blob(
             self.store.root + self.key).create_resumable_upload_session(
                 size=self.size, checksum=None, retry=None, timeout=self.store._timeout()))
         while not self.done:
-            self.store._call(self.where, lambda bucket: self._step(bucket, crc))
+            self.store._gcs_call(self.where, lambda bucket: self._step(bucket, crc))
 
     def _step(self, bucket: Any, crc: str) -> None:
         session = bucket.client._http

@@ -74,7 +74,7 @@ def _from_client_error(err: BaseException, what: str) -> LadingError:
 
 def from_response(code: str, status: int, message: str, what: str) -> LadingError:
     """An S3 error response (error ``code`` from its XML body, HTTP ``status``) as a project
-    error; shared by the boto3 path and the lean path (:mod:`lading.stores.s3.fast`)."""
+    error; shared by the boto3 and obstore paths (:mod:`lading.stores.objstore`)."""
     message = message or code or str(status)
     if code in _CHANGED or status in (304, 412):
         return ObjectChanged(f"{what} changed (precondition failed: the ETag no longer matches)",

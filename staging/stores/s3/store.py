@@ -1,93 +1,188 @@
-"""S3 (and S3-compatible endpoints) as a Store, through boto3.
+"""S3 (and S3-compatible servers) as a Store: reads and listings through obstore, the rest
+through boto3.
 
 Prefix rule: a URI always names a *prefix*, like a directory. ``s3://b/data`` and
 ``s3://b/data/`` both mean "the keys under ``data/``", and keys are returned relative to it
 (``data/x/y.bin`` -> ``x/y.bin``). ``s3://b`` is the whole bucket. Zero-byte "folder marker"
 objects whose key ends in ``/`` are skipped. To address one object, split the URI at its last
-``/`` (:meth:`staging.stores.uri.StoreURI.split_name`): the parent prefix is the store, the
-last segment is the key.
+``/`` (:meth:`lading.stores.uri.StoreURI.split_name`).
 
-Retries: botocore's own retries are switched off (``total_max_attempts=1``); every call goes
-through :func:`staging.retry.with_retries` with ``StoreConfig.retry``, so throttling, server
-errors and network failures -- including a body that breaks off half-way, which botocore never
-retries -- are retried in one place, with exponential backoff and full jitter. Downloads resume
-from the bytes already written, guarded by ``If-Match`` so a replaced object is never mixed.
+Where each part goes:
+
+- obstore (:mod:`lading.stores.objstore`): listings, HEAD, GETs (version-guarded, streamed).
+- boto3: the credential chain (profiles, SSO, web identity, instance roles; handed to obstore as
+  a refreshing credential provider, unless the keys are plainly in the environment), the
+  bucket's region (HeadBucket, once, when none is configured or S3 answers with a redirect),
+  uploads (single PUT with Content-MD5, or parallel multipart), and whether an ETag is really
+  an MD5 (SSE-KMS / SSE-C objects), which obstore does not report.
 """
 
 from __future__ import annotations
 
 import base64
-import email.utils
 import hashlib
+import logging
 import os
-from datetime import datetime
+import re
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
-from lading.core.errors import ObjectChanged, TransientError
+from lading.core.errors import LadingError, ObjectChanged, TransientError
 from lading.core.retry import with_retries
 from lading.stores.base import ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
 from lading.stores.lazy import LazyClient, translated
-from lading.stores.s3.errors import client_error_code, translate
-from lading.stores.s3.listing import md5_of_etag
+from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options, status_and_code
+from lading.stores.s3.errors import from_response, translate
 from lading.stores.s3.upload import MultipartUpload
-from lading.stores.uri import StoreURI, root_prefix
+from lading.stores.uri import StoreURI
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 _READ_CHUNK = 1 << 20
+_MD5_HEX = re.compile(r"[0-9a-fA-F]{32}")
+#: Answers that mean "this bucket lives in another region".
+_REDIRECTS = {"PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException"}
 
 
-def _etag(raw: str | None) -> str:
+def md5_of_etag(etag: str) -> str | None:
+    """The hex MD5 a single-part ETag stands for, or None (multipart ``...-N``, or not hex)."""
+    return etag.lower() if _MD5_HEX.fullmatch(etag) else None
+
+
+def plain_etag(raw: str | None) -> str:
+    """An ETag without its quotes."""
     return (raw or "").strip('"')
 
 
-def parse_timestamp(value: str) -> datetime:
-    """S3 timestamps, fast: ISO 8601 in XML bodies, RFC 1123 in headers (dateutil as fallback)."""
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        pass
-    try:
-        return email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        from botocore.utils import parse_timestamp as slow_parse
-
-        return slow_parse(value)
-
-
-class S3Store:
+class S3Store(ObstoreReads):
     """A bucket prefix on S3 or an S3-compatible server.
 
-    Tunables (attributes, for callers and tests): ``page_size`` keys per listing request,
-    ``multipart_threshold`` / ``part_size`` / ``upload_workers`` for uploads.
+    Tunables (attributes, for callers and tests): ``multipart_threshold`` / ``part_size`` /
+    ``upload_workers`` for uploads. ``region`` is the region requests are signed for (resolved
+    on first use when not configured).
     """
 
-    def __init__(self, uri: StoreURI, config: StoreConfig, *, page_size: int = 1000,
-                 multipart_threshold: int = 64 << 20, part_size: int = 16 << 20,
-                 upload_workers: int = 8) -> None:
-        self.uri = uri
-        self.config = config
-        self.url = str(uri)
-        self.bucket = uri.bucket
-        self.root = root_prefix(uri.prefix)
-        self.page_size = page_size
+    scheme = "s3"
+
+    def __init__(self, uri: StoreURI, config: StoreConfig, *, multipart_threshold: int = 64 << 20,
+                 part_size: int = 16 << 20, upload_workers: int = 8) -> None:
+        super().__init__(uri, config, from_response)
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
         self.upload_workers = upload_workers
-        self._client = LazyClient(self._build_client)
+        self.region: str | None = config.region
+        self._boto = LazyClient(self._build_boto)
+        self._boto_session = LazyClient(self._new_session)
+        self._redirected = False
 
-    # -- client and the one retry/translation wrapper ------------------------------------------
+    # -- obstore ---------------------------------------------------------------------------------
 
-    def _build_client(self) -> Any:
+    def _build(self) -> Any:
+        from obstore.store import S3Store as ObstoreS3
+
+        cfg = self.config
+        if self.region is None:
+            self.region = self._discover_region()
+        options: dict[str, Any] = {"region": self.region, "retry_config": NO_RETRIES,
+                                   "client_options": client_options(cfg, cfg.endpoint_url or "https://")}
+        if cfg.endpoint_url:
+            options["endpoint"] = cfg.endpoint_url  # as given: FIPS, dual-stack, PrivateLink, IPv6
+            options["virtual_hosted_style_request"] = False
+        if cfg.no_sign_request:
+            options["skip_signature"] = True
+        elif cfg.env_credentials:
+            key, secret, token = cfg.env_credentials
+            options.update(access_key_id=key, secret_access_key=secret)
+            if token:
+                options["token"] = token
+        else:
+            from obstore.auth.boto3 import Boto3CredentialProvider
+
+            options["credential_provider"] = Boto3CredentialProvider(self._session())
+        return ObstoreS3(self.bucket, **options)
+
+    def _pin(self, version: str) -> dict[str, Any]:
+        return {"if_match": f'"{version}"'}
+
+    def _version_of(self, meta: dict[str, Any]) -> str:
+        return plain_etag(meta.get("e_tag"))
+
+    def _info(self, key: str, meta: dict[str, Any]) -> ObjectInfo:
+        etag = plain_etag(meta.get("e_tag"))
+        modified = meta.get("last_modified")
+        return ObjectInfo(key, int(meta["size"]), etag, modified.timestamp() if modified else 0.0,
+                          md5_of_etag(etag))
+
+    has_exact_listing = True
+
+    def _needs_exact_keys(self, meta: dict[str, Any]) -> bool:
+        return int(meta["size"]) == 0
+
+    def _exact_listing(self, prefix: str, after: str | None) -> Iterator[ObjectInfo]:
+        """ListObjectsV2 through boto3 from ``after`` on; a page marked truncated without a
+        continuation token is an error, never a short listing."""
+        where = self._where(prefix)
+        request: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.root + prefix, "MaxKeys": 1000}
+        if after is not None:
+            request["StartAfter"] = after
+        while True:
+            page = self._boto_call(where, lambda client: client.list_objects_v2(**request))
+            for item in page.get("Contents", ()):
+                key = item["Key"][len(self.root):]
+                if key and not (key.endswith("/") and int(item.get("Size", 0)) == 0):
+                    etag = plain_etag(item.get("ETag"))
+                    modified = item.get("LastModified")
+                    yield ObjectInfo(key, int(item.get("Size", 0)), etag,
+                                     modified.timestamp() if modified else 0.0, md5_of_etag(etag))
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+            if not token:
+                raise TransientError(f"the listing of {where} stopped early: the server marked a page "
+                                     "truncated without a continuation token")
+            request.pop("StartAfter", None)
+            request["ContinuationToken"] = token
+
+    def _translated(self, what: str, operation: Callable[[Any], Any]) -> Any:
+        """One attempt; an answer that the bucket is in another region re-resolves the region
+        once (as aws and rclone do) and tries again."""
+        try:
+            return super()._translated(what, operation)
+        except LadingError as err:
+            if self._redirected or not _is_redirect(err):
+                raise
+            self._redirected = True
+            region = self._discover_region()
+            log.info("%s: the bucket is in %s, not %s; using %s", self.url, region, self.region, region)
+            self.region = region
+            self._store = LazyClient(self._build)
+            return super()._translated(what, operation)
+
+    # -- boto3: credentials, region, uploads, SSE ------------------------------------------------
+
+    def _session(self) -> Any:
+        """boto3's session: the credential chain and the profile's region (built once)."""
+        return self._boto_session.get()
+
+    def _new_session(self) -> Any:
         import boto3
-        import botocore.session
+
+        cfg = self.config
+        keys: dict[str, Any] = {}
+        if cfg.env_credentials and not cfg.profile:
+            key, secret, token = cfg.env_credentials
+            keys = {"aws_access_key_id": key, "aws_secret_access_key": secret, "aws_session_token": token}
+        return translated(lambda: boto3.session.Session(profile_name=cfg.profile, region_name=cfg.region, **keys),
+                          translate, self._where())
+
+    def _build_boto(self) -> Any:
         from botocore import UNSIGNED
         from botocore.config import Config
 
         cfg = self.config
         options: dict[str, Any] = {
-            "retries": {"mode": "standard", "total_max_attempts": 1},  # ours, see module docstring
+            "retries": {"mode": "standard", "total_max_attempts": 1},  # ours: with_retries
             "max_pool_connections": cfg.max_pool_connections,
             "connect_timeout": min(cfg.timeout, 10.0),
             "read_timeout": cfg.timeout,
@@ -101,115 +196,91 @@ class S3Store:
             options["signature_version"] = UNSIGNED
         if cfg.endpoint_url:
             options["s3"] = {"addressing_style": "path"}
-        core = botocore.session.Session()
-        # botocore parses every LastModified with dateutil: about 60% of a listing's CPU.
-        core.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
-        session = boto3.session.Session(botocore_session=core, profile_name=cfg.profile, region_name=cfg.region)
-        return session.client("s3", endpoint_url=cfg.endpoint_url, config=Config(**options))
+        if cfg.proxy_for(cfg.endpoint_url or "https://"):
+            options["proxies"] = {"http": cfg.proxy_for("http://"), "https": cfg.proxy_for("https://")}
+        session = self._session()
+        return session.client("s3", endpoint_url=cfg.endpoint_url, region_name=self.region or None,
+                              config=Config(**options), verify=cfg.ca_bundle or None)
 
-    def _where(self, key: str = "") -> str:
-        return f"s3://{self.bucket}/{self.root}{key}"
+    def _discover_region(self) -> str:
+        """The bucket's region, from S3 itself (HeadBucket's ``x-amz-bucket-region``, which S3
+        also sends with a 301 or 403); the profile's region or us-east-1 when S3 does not say."""
+        session_region = self._session().region_name
+        try:
+            response = self._boto_attempt(self._where(), lambda client: client.head_bucket(Bucket=self.bucket))
+            headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        except LadingError as err:
+            headers = getattr(err.__cause__, "response", {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        return headers.get("x-amz-bucket-region") or session_region or "us-east-1"
 
-    def _attempt(self, what: str, operation: Callable[[Any], T]) -> T:
-        """Run ``operation(client)`` once, translating any SDK error (no retry)."""
-        return translated(lambda: operation(self._client.get()), translate, what)
+    def _boto_attempt(self, what: str, operation: Callable[[Any], T]) -> T:
+        """Run ``operation(boto3 client)`` once, translating any SDK error (no retry)."""
+        return translated(lambda: operation(self._boto.get()), translate, what)
 
-    def _call(self, what: str, operation: Callable[[Any], T]) -> T:
-        """Run ``operation(client)`` with translation and retries of transient failures."""
-        return with_retries(lambda: self._attempt(what, operation), self.config.retry)
+    def _boto_call(self, what: str, operation: Callable[[Any], T]) -> T:
+        """Run ``operation(boto3 client)`` with translation and retries of transient failures."""
+        return with_retries(lambda: self._boto_attempt(what, operation), self.config.retry)
 
-    # -- listing and metadata -------------------------------------------------------------------
-
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Yield objects under ``root + prefix`` in key order, one ListObjectsV2 page at a time."""
-        full_prefix = self.root + prefix
-        token: str | None = None
-        while True:
-            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix, "MaxKeys": self.page_size}
-            if token:
-                kwargs["ContinuationToken"] = token
-            page = self._call(self._where(prefix), lambda client: client.list_objects_v2(**kwargs))
-            for item in page.get("Contents", ()):
-                info = self._info_from_listing(item)
-                if info is not None:
-                    yield info
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return
-
-    def _info_from_listing(self, item: dict[str, Any]) -> ObjectInfo | None:
-        key = item["Key"][len(self.root):]
-        if not key or (key.endswith("/") and item.get("Size", 0) == 0):
-            return None  # the prefix itself, or a folder marker
-        etag = _etag(item.get("ETag"))
-        modified = item.get("LastModified")
-        return ObjectInfo(key, int(item.get("Size", 0)), etag,
-                          modified.timestamp() if modified else 0.0, md5_of_etag(etag))
-
-    def stat(self, key: str) -> ObjectInfo:
-        """HEAD one object."""
-        head = self._call(self._where(key), lambda client: client.head_object(
-            Bucket=self.bucket, Key=self.root + key))
-        etag = _etag(head.get("ETag"))
+    def _sdk_stat(self, key: str) -> ObjectInfo:
+        head = self._boto_call(self._where(key), lambda client: client.head_object(
+            Bucket=self.bucket, Key=self._path(key)))
+        etag = plain_etag(head.get("ETag"))
         modified = head.get("LastModified")
-        # With SSE-KMS or SSE-C the ETag is not the MD5 of the content.
         encrypted = head.get("ServerSideEncryption") == "aws:kms" or "SSECustomerAlgorithm" in head
         return ObjectInfo(key, int(head.get("ContentLength", 0)), etag,
                           modified.timestamp() if modified else 0.0, None if encrypted else md5_of_etag(etag))
 
-    # -- reads ----------------------------------------------------------------------------------
-
-    def _get(self, client: Any, key: str, byte_range: str | None, version: str | None) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self.root + key}
-        if byte_range:
-            kwargs["Range"] = byte_range
+    def _sdk_stream(self, key: str, sink: Sink, version: str | None, start: int, end: int | None,
+                    on_version: Callable[[str], None] | None) -> Fetched:
+        """GetObject through boto3 (If-Match, and the answer's ETag checked), body in pieces."""
+        request: dict[str, Any] = {"Bucket": self.bucket, "Key": self._path(key)}
         if version:
-            kwargs["IfMatch"] = f'"{version}"'
-        return client.get_object(**kwargs)
+            request["IfMatch"] = f'"{version}"'
+        if start or end is not None:
+            request["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        where = self._where(key)
+        try:
+            response = self._boto_attempt(where, lambda client: client.get_object(**request))
+        except LadingError as err:
+            if getattr(err.__cause__, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode") == 416:
+                return Fetched(0, start, version or "")
+            raise
+        body = response["Body"]
+        try:
+            got = plain_etag(response.get("ETag"))
+            if version and got and got != version:
+                raise ObjectChanged(f"{where} changed while lading read it", "the object was replaced; run again")
+            if on_version is not None:
+                on_version(got)
+            ranged = response.get("ContentRange")
+            size = int(ranged.rsplit("/", 1)[1]) if ranged else int(response.get("ContentLength", 0))
+            skip = start if (start or end is not None) and not ranged else 0  # a server ignoring Range
+            want = (size if end is None else min(end, size)) - start
+            delivered = 0
+            for chunk in self._boto_attempt(where, lambda _client: body.iter_chunks(1 << 20)):
+                view = memoryview(chunk)
+                if skip:
+                    dropped = min(skip, len(view))
+                    view, skip = view[dropped:], skip - dropped
+                view = view[:max(want - delivered, 0)]
+                if view:
+                    sink(view)
+                    delivered += len(view)
+        finally:
+            body.close()
+        if delivered != want:
+            raise TransientError(f"{where}: the body ended after {delivered} of {want} bytes")
+        return Fetched(delivered, size, got)
 
-    def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
-        """Bytes ``[start, end)`` (fewer at the end of the object), guarded by ``If-Match``."""
-        if end <= start:
-            return b""
-
-        def attempt(client: Any) -> bytes:
-            try:
-                response = self._get(client, key, f"bytes={start}-{end - 1}", version)
-            except Exception as err:
-                if client_error_code(err)[1] == 416:
-                    return b""  # the range starts at or past the end of the object
-                raise
-            body = response["Body"]
-            try:
-                _check_version(response, version, self._where(key))
-                if _range_start(response) is None:  # a server that ignores Range: skip ahead
-                    return _read_slice(body, start, end - start)
-                return body.read()
-            finally:
-                body.close()
-
-        return self._call(self._where(key), attempt)
-
-    def download(
-        self,
-        key: str,
-        dest: Path,
-        version: str | None = None,
-        progress: ProgressCallback | None = None,
-    ) -> None:
-        """Stream the object into ``dest``; a broken transfer resumes where it stopped.
-
-        The first response's ETag (or ``version``) guards every resumed request with
-        ``If-Match``, so the file never mixes two versions: a replaced object raises
-        :class:`ObjectChanged`.
-        """
-        with open(dest, "wb") as out:
-            _Download(self, key, out, version, progress).run()
-
-    # -- uploads --------------------------------------------------------------------------------
+    def etag_is_md5(self, key: str) -> bool:
+        """Whether the object's ETag is the MD5 of its bytes (not so with SSE-KMS or SSE-C)."""
+        head = self._boto_call(self._where(key), lambda client: client.head_object(
+            Bucket=self.bucket, Key=self.root + key))
+        return head.get("ServerSideEncryption") != "aws:kms" and "SSECustomerAlgorithm" not in head
 
     def upload(self, src: Path, key: str, progress: ProgressCallback | None = None) -> ObjectInfo:
         """Upload ``src``; multipart (parallel parts, each retried) above ``multipart_threshold``."""
+        self._path(key)
         size = os.path.getsize(src)
         if size < self.multipart_threshold:
             self._put_single(src, key, size)
@@ -227,92 +298,15 @@ class S3Store:
                 client.put_object(Bucket=self.bucket, Key=self.root + key, Body=body,
                                   ContentLength=size, ContentMD5=digest)
 
-        self._call(self._where(key), attempt)
+        self._boto_call(self._where(key), attempt)
 
 
-class _Download:
-    """One resumable download: state kept across attempts by :func:`with_retries`."""
-
-    def __init__(self, store: S3Store, key: str, out: BinaryIO, version: str | None,
-                 progress: ProgressCallback | None) -> None:
-        self.store, self.key, self.out, self.progress = store, key, out, progress
-        self.etag = version
-        self.written = 0
-        self.total: int | None = None
-
-    def run(self) -> None:
-        self.store._call(self.store._where(self.key), self._attempt)
-        if self.total is not None and self.written != self.total:
-            raise TransientError(f"{self.store._where(self.key)}: got {self.written} of {self.total} bytes")
-
-    def _attempt(self, client: Any) -> None:
-        if self.total is not None and self.written >= self.total:
-            return
-        self.out.seek(self.written)
-        self.out.truncate()
-        byte_range = f"bytes={self.written}-" if self.written else None
-        response = self.store._get(client, self.key, byte_range, self.etag)
-        body = response["Body"]
-        try:
-            if self.etag is None:
-                self.etag = _etag(response.get("ETag"))
-            where = self.store._where(self.key)
-            _check_version(response, self.etag, where)
-            if self.total is None:
-                self.total = _total_size(response)
-            if byte_range and _range_start(response) != self.written:
-                self._restart(response, where)
-            for chunk in body.iter_chunks(_READ_CHUNK):
-                self.out.write(chunk)
-                self.written += len(chunk)
-                if self.progress is not None:
-                    self.progress(len(chunk))
-        finally:
-            body.close()
-
-    def _restart(self, response: dict[str, Any], where: str) -> None:
-        """The server ignored our Range and sent the whole object: start the file over."""
-        if _range_start(response) is not None:
-            raise TransientError(f"{where}: the server answered a different range than asked")
-        self.out.seek(0)
-        self.out.truncate()
-        if self.progress is not None and self.written:
-            self.progress(-self.written)
-        self.written = 0
-
-
-def _check_version(response: dict[str, Any], version: str | None, where: str) -> None:
-    """Catch a server that ignores If-Match and sends another version."""
-    etag = _etag(response.get("ETag"))
-    if version and etag and etag != version:
-        raise ObjectChanged(f"{where} changed while lading read it",
-                            "the object was replaced during the transfer; run again")
-
-
-def _range_start(response: dict[str, Any]) -> int | None:
-    """First byte of a 206 response (``Content-Range: bytes A-B/TOTAL``), None for a 200."""
-    content_range = response.get("ContentRange") or ""
-    first = content_range.removeprefix("bytes ").split("-", 1)[0]
-    return int(first) if first.isdigit() else None
-
-
-def _read_slice(body: Any, skip: int, length: int) -> bytes:
-    """Read ``length`` bytes after discarding ``skip``, without holding more than a chunk extra."""
-    while skip > 0:
-        dropped = body.read(min(skip, _READ_CHUNK))
-        if not dropped:
-            return b""
-        skip -= len(dropped)
-    return body.read(length)
-
-
-def _total_size(response: dict[str, Any]) -> int:
-    content_range = response.get("ContentRange")
-    if content_range and "/" in content_range:
-        total = content_range.rsplit("/", 1)[1]
-        if total.isdigit():
-            return int(total)
-    return int(response.get("ContentLength", 0))
+def _is_redirect(err: LadingError) -> bool:
+    cause = err.__cause__
+    if cause is None:
+        return False
+    status, code = status_and_code(cause)
+    return status == 301 or code in _REDIRECTS
 
 
 def md5_base64_of_file(path: Path) -> str:

@@ -23,9 +23,9 @@ class UploadTarget(Protocol):
 
     def _where(self, key: str) -> str: ...
 
-    def _call(self, where: str, operation: Callable[[Any], Any]) -> Any: ...
+    def _boto_call(self, where: str, operation: Callable[[Any], Any]) -> Any: ...
 
-    def _attempt(self, where: str, operation: Callable[[Any], Any]) -> Any: ...
+    def _boto_attempt(self, where: str, operation: Callable[[Any], Any]) -> Any: ...
 
 _MIN_PART = 5 << 20
 _MAX_PARTS = 10_000
@@ -44,7 +44,7 @@ class MultipartUpload:
     def run(self) -> None:
         """Upload every part and complete the upload; abort it if anything fails."""
         store = self.store
-        created = store._call(self.where, lambda client: client.create_multipart_upload(
+        created = store._boto_call(self.where, lambda client: client.create_multipart_upload(
             Bucket=store.bucket, Key=self.full_key))
         upload_id = created["UploadId"]
         try:
@@ -52,7 +52,7 @@ class MultipartUpload:
             with ThreadPoolExecutor(max_workers=max(1, min(store.upload_workers, count))) as pool:
                 etags = list(pool.map(lambda n: self._part(upload_id, n), range(1, count + 1)))
             parts = [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, start=1)]
-            store._call(self.where, lambda client: client.complete_multipart_upload(
+            store._boto_call(self.where, lambda client: client.complete_multipart_upload(
                 Bucket=store.bucket, Key=self.full_key, UploadId=upload_id, MultipartUpload={"Parts": parts}))
         except BaseException:
             self._abort(upload_id)
@@ -63,7 +63,7 @@ class MultipartUpload:
         with open(self.src, "rb") as handle:
             data = os.pread(handle.fileno(), self.part_size, offset)
         digest = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
-        response = self.store._call(self.where, lambda client: client.upload_part(
+        response = self.store._boto_call(self.where, lambda client: client.upload_part(
             Bucket=self.store.bucket, Key=self.full_key, UploadId=upload_id, PartNumber=number,
             Body=data, ContentMD5=digest))
         if self.progress is not None:
@@ -72,7 +72,7 @@ class MultipartUpload:
 
     def _abort(self, upload_id: str) -> None:
         try:
-            self.store._attempt(self.where, lambda client: client.abort_multipart_upload(
+            self.store._boto_attempt(self.where, lambda client: client.abort_multipart_upload(
                 Bucket=self.store.bucket, Key=self.full_key, UploadId=upload_id))
         except Exception:  # best effort: the original error is the one to report
             pass

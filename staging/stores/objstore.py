@@ -1,0 +1,512 @@
+"""Reads through `obstore` (Rust ``object_store``), shared by the S3 and GCS backends.
+
+What this layer guarantees, whatever the server does:
+
+- **Version-checked reads.** Every GET is pinned to the version asked for (S3: ``If-Match``
+  with the ETag; GCS: the ``generation`` parameter) *and* the version in the response is
+  compared with it: a server that ignores the condition (rclone's ``serve s3`` does, and so does
+  fake-gcs-server) yields :class:`ObjectChanged`, never bytes of two versions.
+- **Errors classified once** (:func:`translate`): 404 -> NotFound, 401/403 -> AccessDenied,
+  412/304 -> ObjectChanged, 429/503 -> Throttled, 5xx and network failures -> TransientError.
+  Only obstore's exceptions are translated: a local ``OSError`` raised by a caller's sink (a
+  full disk, say) passes through untouched, so it is never mistaken for a network failure.
+- **Resumable bodies.** :meth:`ObstoreReads.stream` is one attempt that reports every byte it
+  delivered; callers resume a cut body with a Range request from there, pinned to the version.
+- **Fork safety.** The obstore store is built lazily per process (:class:`LazyClient`).
+
+obstore's own retries are off (``max_retries=0``): one retry policy, ours
+(:func:`lading.core.retry.with_retries`), counts every attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from lading.core.errors import LadingError, ObjectChanged, TransientError, UnsafeKey, UsageError
+from lading.core.keys import key_parts
+from lading.core.retry import with_retries
+from lading.stores.base import ObjectInfo, ProgressCallback
+from lading.stores.config import StoreConfig
+from lading.stores.lazy import LazyClient
+from lading.stores.uri import StoreURI, root_prefix
+
+#: Receives each piece of a body, in order.
+Sink = Callable[[memoryview], None]
+#: An error response as a project error: (error code from the body, HTTP status, message, what).
+FromResponse = Callable[[str, int, str, str], LadingError]
+
+log = logging.getLogger(__name__)
+#: obstore gathers a body into pieces of at least a chunk; a cut body loses only the piece in
+#: flight, so smaller pieces resume closer to where it broke, larger ones cost less Python per
+#: byte. A GET's chunk is an eighth of its range, within these bounds.
+_MIN_CHUNK, _MAX_CHUNK = 64 << 10, 1 << 20
+_STATUS = re.compile(r"status code: (\d{3})")
+_S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
+_PATH_NAMED = re.compile(r'[Pp]ath "([^"]*)"')
+_JSON_REASON = re.compile(r'"reason"\s*:\s*"([A-Za-z0-9 ]+)"')
+_NETWORK_WORDS = ("error sending request", "connection", "timed out", "timeout", "dns error",
+                  "broken pipe", "reset by peer", "unexpected eof", "error decoding response body",
+                  "body", "incomplete", "io error", "hyper")
+
+
+def client_options(config: StoreConfig, endpoint: str | None) -> dict[str, Any]:
+    """obstore's HTTP client settings from ours: timeouts, TLS roots, proxies."""
+    options: dict[str, Any] = {
+        "connect_timeout": timedelta(seconds=min(config.timeout, 10.0)),
+        "read_timeout": timedelta(seconds=config.timeout),  # between two reads of a body
+        "timeout": timedelta(hours=1),  # a whole request; read_timeout catches a stalled one
+        "pool_idle_timeout": timedelta(seconds=60),
+    }
+    if endpoint and endpoint.startswith("http://"):
+        options["allow_http"] = True
+    if config.ca_bundle and not (endpoint or "").startswith("http://"):
+        options["root_certificate"] = _read_pem(config.ca_bundle)
+    proxy = config.proxy_for(endpoint or "https://")
+    if proxy:
+        options["proxy_url"] = proxy
+        if config.no_proxy:
+            options["proxy_excludes"] = config.no_proxy
+    return options
+
+
+NO_RETRIES = {"max_retries": 0}
+
+#: The process that started obstore's runtime (its Rust threads). A process forked from it
+#: inherits a runtime without threads, on which every call hangs (tokio is not fork-safe):
+#: there the stores read through their SDKs instead (see :meth:`ObstoreReads.obstore_usable`).
+_runtime_owner: int | None = None
+
+
+def obstore_usable() -> bool:
+    """False in a process forked after obstore started in an ancestor (DataLoader workers forked
+    from a training process that already read through obstore, say)."""
+    return _runtime_owner is None or _runtime_owner == os.getpid()
+
+
+def _note_runtime() -> None:
+    global _runtime_owner
+    if _runtime_owner is None:
+        _runtime_owner = os.getpid()
+
+
+def _read_pem(path: str) -> bytes:
+    """The CA bundle's certificates (obstore takes their PEM text, not a path)."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as err:
+        raise UsageError(f"cannot read the CA bundle {path} (AWS_CA_BUNDLE): {err.strerror or err}") from None
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """What one GET delivered: its byte count, and the object's size and version as answered."""
+
+    nbytes: int
+    size: int
+    version: str
+
+
+def status_and_code(err: BaseException) -> tuple[int, str]:
+    """HTTP status and error code that an obstore error message carries (0, "" when none)."""
+    text = str(err)
+    status = _STATUS.search(text)
+    code = _S3_CODE.search(text) or _JSON_REASON.search(text)
+    return (int(status.group(1)) if status else 0), (code.group(1) if code else "")
+
+
+def translate(err: BaseException, what: str, from_response: FromResponse) -> BaseException:
+    """An obstore exception as a project error (anything else is returned unchanged)."""
+    import obstore.exceptions as ox
+
+    if isinstance(err, LadingError) or not isinstance(err, (ox.BaseError, FileNotFoundError)):
+        return err
+    status, code = status_and_code(err)
+    message = _first_line(err)
+    if isinstance(err, (FileNotFoundError, ox.NotFoundError)):
+        return from_response(code or "NoSuchKey", status or 404, message, what)
+    if isinstance(err, (ox.PreconditionError, ox.NotModifiedError)):
+        return from_response(code or "PreconditionFailed", status or 412, message, what)
+    if isinstance(err, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
+        return from_response(code or "AccessDenied", status or 403, message, what)
+    if isinstance(err, ox.InvalidPathError) or "invalid path" in str(err).lower():
+        named = _PATH_NAMED.search(str(err))
+        key = named.group(1) if named else "?"
+        return UnsafeKey(f"unsafe key {key!r} under {what}: a path with an empty, '.' or '..' segment",
+                         "rename or move the object: such keys cannot be listed here, not even to skip them")
+    if status:
+        return from_response(code, status, message, what)
+    if "token request" in str(err).lower() or "credential" in str(err).lower():
+        return from_response("InvalidToken", 401, message, what)
+    # No HTTP status: the request never got an answer, or its body broke off.
+    return TransientError(f"network error on {what}: {message}", _network_hint(err))
+
+
+def _network_hint(err: BaseException) -> str | None:
+    text = str(err).lower()
+    if "connect" in text or "dns" in text:
+        return "check the endpoint (--endpoint-url / AWS_ENDPOINT_URL), proxies and the network"
+    return None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).split("\n", 1)[0].strip() or type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class ObstoreReads:
+    """list / stat / read_range / download / stream over an obstore store.
+
+    A backend provides :meth:`_build` (the obstore store for this process), how a version pins
+    a GET (:meth:`_pin`), how to read the version out of obstore's metadata (:meth:`_version_of`)
+    and how an error response maps to a project error (``from_response``).
+    """
+
+    scheme = ""
+
+    def __init__(self, uri: StoreURI, config: StoreConfig, from_response: FromResponse) -> None:
+        self.uri = uri
+        self.config = config
+        self.url = str(uri)
+        self.bucket = uri.bucket
+        self.root = root_prefix(uri.prefix)
+        self._from_response = from_response
+        self._store: LazyClient[Any] = LazyClient(self._build)
+        self._ranges_ignored = False  # set once a server answers a ranged GET with a whole object
+
+    # -- what a backend provides ------------------------------------------------------------------
+
+    def _build(self) -> Any:
+        raise NotImplementedError
+
+    def _pin(self, version: str) -> dict[str, Any]:
+        """GetOptions that ask the server for exactly ``version``."""
+        raise NotImplementedError
+
+    def _version_of(self, meta: dict[str, Any]) -> str:
+        """The version (as :class:`ObjectInfo` spells it) of obstore's ObjectMeta."""
+        raise NotImplementedError
+
+    # -- shared machinery -------------------------------------------------------------------------
+
+    def _where(self, key: str = "") -> str:
+        return f"{self.scheme}://{self.bucket}/{self.root}{key}"
+
+    def _path(self, key: str) -> str:
+        """The object path of ``key``; UnsafeKey for a key that could escape or alias the root."""
+        key_parts(key)
+        return self.root + key
+
+    def _translated(self, what: str, operation: Callable[[Any], Any]) -> Any:
+        """One attempt at ``operation(store)``; obstore errors come out as project errors."""
+        _note_runtime()
+        try:
+            return operation(self._store.get())
+        except Exception as err:
+            mapped = translate(err, what, self._from_response)
+            if mapped is err:
+                raise
+            raise mapped from err
+
+    def _call(self, what: str, operation: Callable[[Any], Any]) -> Any:
+        """``operation(store)`` with translation and our retries of transient failures."""
+        return with_retries(lambda: self._translated(what, operation), self.config.retry)
+
+    def _check_version(self, meta: dict[str, Any], version: str | None, key: str) -> str:
+        got = self._version_of(meta)
+        if version and got and got != version:
+            raise ObjectChanged(f"{self._where(key)} changed while lading read it (asked for version "
+                                f"{version}, the server sent {got})", "the object was replaced; run again")
+        return got
+
+    # -- the Store protocol -----------------------------------------------------------------------
+
+    def stat(self, key: str) -> ObjectInfo:
+        """HEAD one object."""
+        import obstore
+
+        if not obstore_usable():
+            return self._sdk_stat(key)
+        path = self._path(key)
+        meta = self._call(self._where(key), lambda store: obstore.head(store, path))
+        return self._info(key, meta)
+
+    def _info(self, key: str, meta: dict[str, Any]) -> ObjectInfo:
+        modified = meta.get("last_modified")
+        return ObjectInfo(key, int(meta["size"]), self._version_of(meta),
+                          modified.timestamp() if modified else 0.0)
+
+    def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
+        """Bytes ``[start, end)`` (fewer at the end of the object) of ``version``."""
+        if end <= start:
+            return b""
+        pieces: list[bytes] = []
+
+        def attempt() -> None:
+            pieces.clear()
+            self.stream(key, lambda chunk: pieces.append(bytes(chunk)), version, start, end)
+
+        with_retries(attempt, self.config.retry)
+        return b"".join(pieces)
+
+    def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
+               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+        """One GET of bytes ``[start, end)`` (to the end when ``end`` is None), pinned to and checked
+        against ``version``, each piece handed to ``sink`` as it arrives.
+
+        Raises project errors; a body cut short raises TransientError after the pieces already
+        handed over (the caller counts them and resumes from there, pinned to the version that
+        ``on_version`` was told of before the first piece). A range starting at or past
+        the end of the object delivers nothing. Errors raised by ``sink`` pass through as they are.
+        """
+        import obstore
+
+        if not obstore_usable():
+            return self._sdk_stream(key, sink, version, start, end, on_version)
+        where, path = self._where(key), self._path(key)
+        ranged = bool(start) or end is not None
+        if ranged and self._ranges_ignored:
+            return self._stream_sliced(key, sink, version, start, end, on_version)
+        options: dict[str, Any] = self._pin(version) if version else {}
+        if ranged:
+            options["range"] = (start, end) if end is not None else {"offset": start}
+        try:
+            result = self._translated(where, lambda store: obstore.get(store, path, options=options))
+        except LadingError as err:
+            if _unsatisfiable(err):
+                return Fetched(0, start, version or "")
+            if ranged and "non-partial response" in str(err.__cause__):
+                log.warning("%s answers range requests with whole objects; reading whole objects and "
+                            "keeping the ranges asked for (slower)", self.url)
+                self._ranges_ignored = True
+                return self._stream_sliced(key, sink, version, start, end, on_version)
+            raise
+        got = self._check_version(result.meta, version, key)
+        if on_version is not None:
+            on_version(got)
+        first, last = result.range
+        delivered = self._drain(result, where, sink, _chunk_for(last - first))
+        if delivered != last - first:
+            raise TransientError(f"{where}: the body ended after {delivered} of {last - first} bytes")
+        return Fetched(delivered, int(result.meta["size"]), got)
+
+    def _drain(self, result: Any, where: str, sink: Sink, chunk: int = _MIN_CHUNK) -> int:
+        """Hand a GET's body to ``sink`` piece by piece; return how many bytes it got."""
+        chunks = iter(result.stream(min_chunk_size=chunk))
+        delivered = 0
+        while True:
+            try:
+                chunk = next(chunks)
+            except StopIteration:
+                return delivered
+            except Exception as err:  # the body broke off: obstore's error, translated
+                mapped = translate(err, where, self._from_response)
+                raise mapped from err
+            view = memoryview(chunk)
+            sink(view)
+            delivered += len(view)
+
+    def _stream_sliced(self, key: str, sink: Sink, version: str | None, start: int,
+                       end: int | None, on_version: Callable[[str], None] | None) -> Fetched:
+        """For a server that ignores Range: GET the whole (pinned, checked) object and hand over
+        only bytes ``[start, end)``."""
+        import obstore
+
+        where, path = self._where(key), self._path(key)
+        options: dict[str, Any] = self._pin(version) if version else {}
+        result = self._translated(where, lambda store: obstore.get(store, path, options=options))
+        got = self._check_version(result.meta, version, key)
+        if on_version is not None:
+            on_version(got)
+        size = int(result.meta["size"])
+        stop = size if end is None else min(end, size)
+        position = delivered = 0
+
+        def keep(view: memoryview) -> None:
+            nonlocal position, delivered
+            lo, hi = max(start - position, 0), min(stop - position, len(view))
+            if lo < hi:
+                sink(view[lo:hi])
+                delivered += hi - lo
+            position += len(view)
+
+        self._drain(result, where, keep)
+        if delivered != max(stop - start, 0):
+            raise TransientError(f"{where}: the body ended after {delivered} of {stop - start} bytes")
+        return Fetched(delivered, size, got)
+
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        version: str | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        """Stream the object into ``dest``; a cut body resumes from the bytes already written,
+        pinned to the first response's version (so the file never mixes two versions)."""
+        with open(dest, "wb") as out:
+            resume_into(self, key, out.write, version, progress)
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Yield objects under ``root + prefix`` in key order, a page at a time.
+
+        obstore normalises keys (it drops a trailing ``/`` and refuses empty, ``.`` and ``..``
+        segments); from the first entry where that could matter (an empty object, or a key it
+        cannot represent) the listing goes on through the backend's SDK, after the last key
+        already yielded, so every key comes out exactly as stored. A page that fails transiently is asked for again from the last key yielded (a listing
+        ``offset``), within the retry policy. obstore follows continuation tokens but cannot tell
+        a last page from one a server marked truncated without a token; so when the listing ends,
+        one more request starting after the last key must find nothing, or the listing is an
+        error (never a short listing)."""
+        where = self._where(prefix)
+        if (not obstore_usable() or prefix and not prefix.endswith("/")) and self.has_exact_listing:
+            yield from self._exact_listing(prefix, None)  # obstore lists directories, not name prefixes
+            return
+        last: str | None = None
+        held: dict[str, Any] | None = None  # an entry that may be a folder marker, until the next one
+        try:
+            for page in self._pages(prefix, lambda: last):
+                for meta in page:
+                    if last is not None and meta["path"] <= last:
+                        continue  # a resumed page may repeat its first key (GCS offsets include it)
+                    if held is not None:
+                        if not meta["path"].startswith(held["path"] + "/"):
+                            yield from self._exact_listing(prefix, last)  # an empty object, or a lone marker
+                            return
+                        held = None  # "dir/" followed by "dir/...": a folder marker, skipped
+                    if self._needs_exact_keys(meta):
+                        held = meta
+                        continue
+                    last = meta["path"]
+                    info = self._listed(meta)
+                    if info is not None:
+                        yield info
+            if held is not None:
+                yield from self._exact_listing(prefix, last)
+                return
+        except UnsafeKey:
+            if not self.has_exact_listing:
+                raise
+            yield from self._exact_listing(prefix, last)  # obstore cannot represent a key
+            return
+        if last is not None and self._call(where, lambda store: self._has_keys_after(store, prefix, last)):
+            raise TransientError(f"the listing of {where} stopped early: the server marked a page truncated "
+                                 "without a continuation token", "run again; if it persists, the server's "
+                                 "listing is broken")
+
+    # -- the SDK paths: in a forked child of a process that used obstore ------------------------
+
+    def _sdk_stat(self, key: str) -> ObjectInfo:
+        """HEAD through the backend's SDK."""
+        raise NotImplementedError
+
+    def _sdk_stream(self, key: str, sink: Sink, version: str | None, start: int, end: int | None,
+                    on_version: Callable[[str], None] | None) -> Fetched:
+        """:meth:`stream` through the backend's SDK, with the same version check."""
+        raise NotImplementedError
+
+    #: Whether :meth:`_exact_listing` exists (a listing through the SDK, with keys exactly as stored).
+    has_exact_listing = False
+
+    def _needs_exact_keys(self, meta: dict[str, Any]) -> bool:
+        """Whether obstore's rendering of this entry may not be the stored key (obstore drops a
+        trailing ``/``, so a folder marker ``dir/`` looks like an empty object ``dir``). Such an
+        entry followed by keys under it is a marker; otherwise the SDK listing decides."""
+        return False
+
+    def _exact_listing(self, prefix: str, after: str | None) -> Iterator[ObjectInfo]:
+        """The rest of the listing after key ``after``, with keys exactly as stored."""
+        raise NotImplementedError
+
+    def _open_listing(self, store: Any, prefix: str, after: str | None) -> Iterator[list[dict[str, Any]]]:
+        import obstore
+
+        full_prefix = self.root + prefix or None
+        if after is None:
+            return iter(obstore.list(store, full_prefix, chunk_size=1000))
+        return iter(obstore.list(store, full_prefix, offset=after, chunk_size=1000))
+
+    def _has_keys_after(self, store: Any, prefix: str, last: str) -> bool:
+        page = next(self._open_listing(store, prefix, last), [])
+        return any(meta["path"] > last for meta in page)
+
+    def _pages(self, prefix: str, resume_after: Callable[[], str | None]) -> Iterator[list[dict[str, Any]]]:
+        """obstore's listing stream, page by page; a transient failure reopens it after
+        ``resume_after()`` (the last key the caller took), up to the retry policy's attempts."""
+        where = self._where(prefix)
+        policy = self.config.retry
+        failures = 0
+        pages = self._call(where, lambda store: self._open_listing(store, prefix, None))
+        while True:
+            try:
+                page = self._translated(where, lambda _store: next(pages, None))
+            except TransientError as err:
+                failures += 1
+                if failures >= policy.attempts:
+                    raise
+                log.info("listing %s failed (%s); resuming after the last key", where, err)
+                time.sleep(policy.delay(failures))
+                after = resume_after()
+                pages = self._call(where, lambda store: self._open_listing(store, prefix, after))
+                continue
+            if page is None:
+                return
+            yield page
+
+    def _listed(self, meta: dict[str, Any]) -> ObjectInfo | None:
+        key = meta["path"][len(self.root):]
+        if not key or (key.endswith("/") and int(meta["size"]) == 0):
+            return None  # the prefix itself, or a folder marker
+        return self._info(key, meta)
+
+
+def resume_into(reads: ObstoreReads, key: str, write: Callable[[memoryview], Any], version: str | None,
+                progress: ProgressCallback | None) -> int:
+    """Fetch a whole object through ``write``, resuming a cut body with Range requests pinned to
+    the version of the first answer; returns the size. Retries follow ``reads.config.retry``."""
+    written = 0
+    pinned = version
+    size: int | None = None
+
+    def sink(chunk: memoryview) -> None:
+        nonlocal written
+        write(chunk)
+        written += len(chunk)
+        if progress is not None:
+            progress(len(chunk))
+
+    def pin(version: str) -> None:
+        nonlocal pinned
+        pinned = pinned or version or None
+
+    def attempt() -> None:
+        nonlocal size
+        if size is not None and written >= size:
+            return
+        fetched = reads.stream(key, sink, pinned, written, on_version=pin)
+        size = fetched.size
+        if written != size:
+            raise TransientError(f"{reads._where(key)}: got {written} of {size} bytes")
+
+    with_retries(attempt, reads.config.retry)
+    return written
+
+
+def _chunk_for(length: int) -> int:
+    return max(_MIN_CHUNK, min(_MAX_CHUNK, length // 8))
+
+
+def _unsatisfiable(err: LadingError) -> bool:
+    """A 416: the range starts at or past the end of the object."""
+    cause = err.__cause__
+    return cause is not None and status_and_code(cause)[0] == 416
+
+
+__all__ = ["Fetched", "NO_RETRIES", "ObstoreReads", "Sink", "client_options", "resume_into", "translate"]
