@@ -24,7 +24,9 @@ SYNC_HELP = """Copy SOURCE (s3://, gs://, a path) into DEST for this rank, incre
 \b
 DEST is a template (default /tmp/data-rank{rank}) with {rank}, {local_rank},
 {node_rank} and {world_size}. Files appear atomically and verified; keys
-that would escape DEST are refused.
+that would escape DEST are refused. In a SageMaker job, DEST defaults to the
+input channel's directory ($SM_CHANNEL_<NAME>) when the job has one channel,
+or the one --channel names.
 
 \b
 Examples:
@@ -32,10 +34,13 @@ Examples:
   lading sync s3://bucket/train /data/r{rank} --distribution sharded --balance bytes
   lading sync gs://bucket/imgs --include '*.jpg' --exclude 'tmp/*' --dry-run --json
   lading sync s3://bucket/p --manifest keys.json --delete
+  lading sync s3://bucket/p --manifest train.manifest    # augmented: writes DEST/manifest.jsonl
+  lading sync s3://bucket/train --channel training      # SageMaker: into $SM_CHANNEL_TRAINING
 
 \b
-Topology: flags > torchrun/Determined (RANK...) > Horovod > OpenMPI > MPICH/Intel MPI >
-SLURM > rank 0 of 1. See `lading topology`.
+Topology: flags > torchrun/Determined/Ray (RANK...) > Horovod > OpenMPI > MPICH/Intel MPI >
+SLURM > SageMaker (SM_CURRENT_HOST) > Kubernetes Indexed Job (JOB_COMPLETION_INDEX) >
+rank 0 of 1. See `lading topology`.
 Sharding: keys sorted, key i -> rank i mod world_size; --balance bytes: largest first to
 the least-loaded rank. The union over ranks is exactly the source.
 Node cache: with several ranks on this node (or --cache-dir), a replicated source is
@@ -53,11 +58,15 @@ failure after retries, 130 interrupted."""
 TOPOLOGY_HELP = """Show the rank, world size and node layout lading detects, and where each value came from.
 
 \b
-Sources, first match wins: flags; torchrun/Determined (RANK, WORLD_SIZE,
-LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK); Horovod (HOROVOD_*); OpenMPI
-(OMPI_COMM_WORLD_*); MPICH/Intel MPI (PMI_RANK, PMI_SIZE, MPI_LOCALRANKID,
-MPI_LOCALNRANKS); SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
-SLURM_NTASKS_PER_NODE, SLURM_NODEID); otherwise rank 0 of 1.
+Sources, first match wins: flags; torchrun/Determined/Ray Train/PyTorchJob (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK or NODE_RANK); Horovod
+(HOROVOD_*); OpenMPI (OMPI_COMM_WORLD_*); MPICH/Intel MPI (PMI_RANK, PMI_SIZE,
+MPI_LOCALRANKID, MPI_LOCALNRANKS); SLURM (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+SLURM_NTASKS_PER_NODE, SLURM_NODEID); SageMaker (node rank = SM_CURRENT_HOST's index
+in SM_HOSTS or /opt/ml/input/config/resourceconfig.json, local world size =
+SM_NUM_GPUS, rank = node rank x local world size + local rank); a Kubernetes Indexed
+Job / JobSet pod (node rank = JOB_COMPLETION_INDEX; with --world-size the rank is
+derived the same way); otherwise rank 0 of 1.
 
 \b
 Examples:
@@ -65,6 +74,7 @@ Examples:
   lading topology --json                        # for scripts
   RANK=3 WORLD_SIZE=8 LOCAL_WORLD_SIZE=4 lading topology
   lading topology --rank 1 --world-size 2       # flags win over the environment
+  SM_CURRENT_HOST=algo-2 SM_HOSTS='["algo-1","algo-2"]' SM_NUM_GPUS=8 lading topology
 
 \b
 Exit codes: 0 ok, 2 usage (a value that is not an integer, rank >= world size)."""
@@ -88,6 +98,19 @@ def _topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _resolve_topology(values: Mapping[str, int | None], env: Mapping[str, str] = os.environ) -> Topology:
     return detect_topology(env, {name: values.get(name) for name in FIELDS})
+
+
+def default_dest(dest: str | None, channel: str | None, env: Mapping[str, str] = os.environ) -> str:
+    """DEST as given; else the SageMaker channel's directory (--channel, or the only one); else
+    /tmp/data-rank{rank}."""
+    from lading.selection.sagemaker import channel_dest
+
+    if dest is not None:
+        if channel is not None:
+            raise UsageError("give DEST or --channel, not both")
+        return dest
+    directory = channel_dest(env, channel)
+    return DEFAULT_DEST if directory is None else directory.replace("{", "{{").replace("}", "}}")
 
 
 def render_dest(template: str, topology: Topology) -> Path:
@@ -268,8 +291,11 @@ def _report_failures(summary: Any) -> int:
 
 @click.command(help=SYNC_HELP, short_help="Copy a bucket into per-rank directories, incrementally.")
 @click.argument("source")
-@click.argument("dest", default=DEFAULT_DEST)
+@click.argument("dest", required=False, default=None)
 @_topology_options
+@click.option("--channel", metavar="NAME", default=None,
+              help="SageMaker: sync into this input channel's directory ($SM_CHANNEL_<NAME>) "
+                   "(default without DEST: the job's only channel).")
 @click.option("--distribution", type=click.Choice(["replicated", "sharded"]), default="replicated",
               show_default=True, help="Every rank gets everything, or a disjoint shard per rank.")
 @click.option("--balance", type=click.Choice(["count", "bytes"]), default="count", show_default=True,
@@ -304,6 +330,7 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
     config = pop_store_config(options)
     topology = _resolve_topology(options)  # what is left: the topology flags
     uri = parse_uri(source)
+    dest = default_dest(dest, options.pop("channel", None))
     target = render_dest(dest, topology)
     _check_sharded_dest(dest, distribution, topology)
     manifest = load_manifest(manifest_file) if manifest_file else None

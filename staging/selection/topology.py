@@ -6,7 +6,8 @@ whose rank variable is set supplies the rest, in this order:
 ============================  ======================================================================
 launcher                      variables (rank, size, local rank, local size, node rank)
 ============================  ======================================================================
-torchrun / Determined         RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK
+torchrun / Determined /       RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (else
+Ray Train / PyTorchJob        NODE_RANK, which Ray Train sets)
 Horovod                       HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE,
                               HOROVOD_CROSS_RANK
 OpenMPI                       OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE, _NODE_RANK
@@ -15,36 +16,51 @@ SLURM                         SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_N
                               SLURM_NODEID
 ============================  ======================================================================
 
+Then two launchers that describe nodes, not processes (one process per node runs the entry
+point or hook; the ranks it will start are ``node_rank * local_world_size + local_rank``):
+
+- SageMaker (:mod:`lading.selection.sagemaker`): node rank = index of ``SM_CURRENT_HOST`` among
+  the sorted ``SM_HOSTS`` (or ``resourceconfig.json``'s ``current_host`` and ``hosts``), local
+  world size = ``SM_NUM_GPUS`` (at least 1), world size = hosts x local world size, rank =
+  node rank x local world size + local rank (0 unless ``--local-rank``).
+- Kubernetes Indexed Jobs (JobSet): node rank = ``JOB_COMPLETION_INDEX``. The world size is
+  not in the environment: with ``--world-size`` the rank is derived as above, otherwise the
+  process is rank 0 of 1 on node ``JOB_COMPLETION_INDEX``.
+
 With none of them, the process is rank 0 of 1. A missing local size means one process per node
 (local rank 0 of 1, node rank = rank); a missing node rank is ``rank // local_world_size``.
-The environment is always passed in as a mapping: this module never reads ``os.environ``.
+The environment is always passed in as a mapping: this module never reads ``os.environ``
+(SageMaker's ``resourceconfig.json`` is read from a path that callers may pass).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping
 
 from lading.core.errors import UsageError
+from lading.selection.sagemaker import read_hosts
 
 FIELDS = ("rank", "world_size", "local_rank", "local_world_size", "node_rank")
 
 
 @dataclass(frozen=True)
 class Launcher:
-    """A launcher's name and the variable it uses for each field (None: it has none)."""
+    """A launcher's name and the variable it uses for each field (None: it has none; a tuple:
+    the first of these that is set)."""
 
     name: str
     rank: str
     world_size: str
     local_rank: str | None
     local_world_size: str | None
-    node_rank: str | None
+    node_rank: str | tuple[str, ...] | None
 
 
 LAUNCHERS: tuple[Launcher, ...] = (
-    Launcher("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"),
+    Launcher("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", ("GROUP_RANK", "NODE_RANK")),
     Launcher("horovod", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
              "HOROVOD_CROSS_RANK"),
     Launcher("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -82,25 +98,54 @@ def _parse_int(text: str, origin: str) -> int:
     return int(match.group(1))
 
 
-def _from_launcher(env: Mapping[str, str]) -> tuple[str, dict[str, tuple[int, str]]]:
+#: Launchers that place nodes, not processes: the rank is derived from the node rank.
+NODE_LAUNCHERS = ("sagemaker", "indexed-job")
+
+
+@dataclass
+class _Found:
+    """What a launcher's environment says: (value, origin) per field, and the number of nodes
+    when the launcher knows it (SageMaker's hosts)."""
+
+    launcher: str = "none"
+    fields: dict[str, tuple[int, str]] = field(default_factory=dict)
+    nodes: int | None = None
+
+
+def _from_launcher(env: Mapping[str, str], resource_config: str | Path | None) -> _Found:
     for launcher in LAUNCHERS:
         if env.get(launcher.rank, "").strip() == "":
             continue
         found: dict[str, tuple[int, str]] = {}
         for name in FIELDS:
-            variable = getattr(launcher, name)
-            if variable and env.get(variable, "").strip() != "":
-                found[name] = (_parse_int(env[variable], variable), variable)
-        return launcher.name, found
-    return "none", {}
+            variables = getattr(launcher, name)
+            for variable in (variables,) if isinstance(variables, str) else variables or ():
+                if env.get(variable, "").strip() != "":
+                    found[name] = (_parse_int(env[variable], variable), variable)
+                    break
+        return _Found(launcher.name, found)
+    hosts = read_hosts(env, resource_config)
+    if hosts is not None:
+        found = {"node_rank": (hosts.node_rank, hosts.origin)}
+        if hosts.gpus:  # SM_NUM_GPUS=0 on CPU instances: one process per host
+            found["local_world_size"] = (hosts.gpus, "SM_NUM_GPUS")
+        return _Found("sagemaker", found, nodes=len(hosts.hosts))
+    if env.get("JOB_COMPLETION_INDEX", "").strip() != "":
+        index = _parse_int(env["JOB_COMPLETION_INDEX"], "JOB_COMPLETION_INDEX")
+        return _Found("indexed-job", {"node_rank": (index, "JOB_COMPLETION_INDEX")})
+    return _Found()
 
 
-def detect_topology(env: Mapping[str, str], explicit: Mapping[str, int | None] | None = None) -> Topology:
+def detect_topology(env: Mapping[str, str], explicit: Mapping[str, int | None] | None = None,
+                    resource_config: str | Path | None = None) -> Topology:
     """Resolve the topology: ``explicit`` values (None = not given) > launcher variables > defaults.
 
+    ``resource_config`` is SageMaker's ``resourceconfig.json`` (default: in ``SM_INPUT_CONFIG_DIR``,
+    else ``/opt/ml/input/config``); it is read only when no other launcher's variables are set.
     Raises :class:`UsageError` for non-integers and inconsistent values (rank >= world size ...).
     """
-    launcher, found = _from_launcher(env)
+    detected = _from_launcher(env, resource_config)
+    launcher, found = detected.launcher, detected.fields
     for name, value in (explicit or {}).items():
         if name not in FIELDS:
             raise ValueError(f"unknown topology field {name!r}")
@@ -114,6 +159,8 @@ def detect_topology(env: Mapping[str, str], explicit: Mapping[str, int | None] |
             values[name] = value
             sources[name] = how
 
+    if launcher in NODE_LAUNCHERS:
+        _derive_from_node(values, sources, detected.nodes)
     fill("rank", 0, "default")
     fill("world_size", 1, "default")
     # No local information: assume one process per node, the conservative choice for caching.
@@ -127,6 +174,17 @@ def detect_topology(env: Mapping[str, str], explicit: Mapping[str, int | None] |
     topology = Topology(**values, launcher=launcher, sources=sources)
     _validate(topology)
     return topology
+
+
+def _derive_from_node(values: dict[str, int], sources: dict[str, str], nodes: int | None) -> None:
+    """A launcher that placed this node, not this process: world size = nodes x local world
+    size, rank = node rank x local world size + local rank (when the world size is known)."""
+    local_size = values.get("local_world_size", 1)
+    if "world_size" not in values and nodes is not None:
+        values["world_size"], sources["world_size"] = nodes * local_size, "derived"
+    if "rank" not in values and "world_size" in values and "node_rank" in values:
+        values["rank"] = values["node_rank"] * local_size + values.get("local_rank", 0)
+        sources["rank"] = "derived"
 
 
 def _validate(topology: Topology) -> None:
