@@ -11,7 +11,13 @@ from typing import Any, Callable, Mapping
 
 import click
 from lading.cli.context import AppState
-from lading.cli.progress import DEFAULT_INTERVAL, Throttle, byte_bar, human, line_interval
+from lading.cli.progress import (
+    DEFAULT_INTERVAL,
+    Throttle,
+    byte_bar,
+    human,
+    line_interval,
+)
 from lading.cli.store_options import pop_store_config, store_options
 from lading.core.errors import UsageError
 from lading.selection.topology import FIELDS, Topology, detect_topology
@@ -75,6 +81,7 @@ Examples:
   RANK=3 WORLD_SIZE=8 LOCAL_WORLD_SIZE=4 lading topology
   lading topology --rank 1 --world-size 2       # flags win over the environment
   SM_CURRENT_HOST=algo-2 SM_HOSTS='["algo-1","algo-2"]' SM_NUM_GPUS=8 lading topology
+  SM_CURRENT_HOST=algo-2 SM_HOSTS='["algo-1","algo-2"]' SM_NUM_GPUS=8 lading topology
 
 \b
 Exit codes: 0 ok, 2 usage (a value that is not an integer, rank >= world size)."""
@@ -98,6 +105,19 @@ def _topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _resolve_topology(values: Mapping[str, int | None], env: Mapping[str, str] = os.environ) -> Topology:
     return detect_topology(env, {name: values.get(name) for name in FIELDS})
+
+
+def default_dest(dest: str | None, channel: str | None, env: Mapping[str, str] = os.environ) -> str:
+    """DEST as given; else the SageMaker channel's directory (--channel, or the only one); else
+    /tmp/data-rank{rank}."""
+    from lading.selection.sagemaker import channel_dest
+
+    if dest is not None:
+        if channel is not None:
+            raise UsageError("give DEST or --channel, not both")
+        return dest
+    directory = channel_dest(env, channel)
+    return DEFAULT_DEST if directory is None else directory.replace("{", "{{").replace("}", "}}")
 
 
 def default_dest(dest: str | None, channel: str | None, env: Mapping[str, str] = os.environ) -> str:
@@ -315,28 +335,40 @@ def _report_failures(summary: Any) -> int:
               help="Parallel transfers.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--json", "json_out", is_flag=True, help="Print only JSON: the summary, or the plan with --dry-run.")
+@click.option("--snapshot", metavar="FILE", default=None,
+              help="Take the objects and their versions from a snapshot (lading snapshot) instead of "
+                   "listing SOURCE; every read is pinned to them. SOURCE may also be the snapshot itself.")
 @store_options
 @click.pass_obj
 def sync(state: AppState, source: str, dest: str, distribution: str, balance: str, include: tuple[str, ...],
-         exclude: tuple[str, ...], manifest_file: str | None, delete: bool, allow_empty: bool,
+         exclude: tuple[str, ...], manifest_file: str | None, snapshot: str | None, delete: bool,
+         allow_empty: bool,
          cache_dir: str | None, no_cache: bool,
          workers: int, dry_run: bool, json_out: bool, **options: Any) -> int:
     """``lading sync``: see SYNC_HELP."""
     from lading.selection.manifest import load_manifest
     from lading.stores import open_store, parse_uri
-    from lading.sync import DEFAULT_CACHE_ROOT, SyncRequest, plan_only, run_sync, use_node_cache
+    from lading.sync import (
+        DEFAULT_CACHE_ROOT,
+        SyncRequest,
+        plan_only,
+        run_sync,
+        use_node_cache,
+    )
     from lading.transfer import TransferOptions
 
     config = pop_store_config(options)
     topology = _resolve_topology(options)  # what is left: the topology flags
     uri = parse_uri(source)
     dest = default_dest(dest, options.pop("channel", None))
+    dest = default_dest(dest, options.pop("channel", None))
     target = render_dest(dest, topology)
     _check_sharded_dest(dest, distribution, topology)
     manifest = load_manifest(manifest_file) if manifest_file else None
+    store = open_store(uri, config, snapshot=snapshot)  # SOURCE may itself be a snapshot file
+    uri = parse_uri(store.url)
     request = SyncRequest(str(uri), target, include, exclude, manifest, distribution, balance,
                           topology.rank, topology.world_size, delete, allow_empty)
-    store = open_store(uri, config)
     if dry_run:
         plan = plan_only(store, request, workers)
         click.echo(json.dumps(plan.to_json(), indent=2)) if json_out else _print_plan(plan)

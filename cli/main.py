@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "hook": ("lading.cli.cmd_hook", "hook", "Startup-hook downloads for Determined (init, run)."),
     "fetch": ("lading.cli.cmd_hook", "fetch", "Download one object or prefix if missing or changed."),
     "cache": ("lading.cli.cmd_cache", "cache", "List or clear the node cache of lading.datasets."),
+    "snapshot": ("lading.cli.cmd_snapshot", "snapshot", "List a prefix once; pin every later read to it (diff two)."),
     "bind-mounts": ("lading.cli.cmd_hook", "bind_mounts", "Validate an experiment config's bind_mounts."),
 }
 

@@ -14,9 +14,16 @@ from pathlib import Path
 
 from lading.core.errors import NotFound
 from lading.core.keys import safe_join
-from lading.hooks.stage import QuietStageEvents, StageEvents, StageResult, stage_object, stage_prefix
+from lading.hooks.stage import (
+    QuietStageEvents,
+    StageEvents,
+    StageResult,
+    stage_object,
+    stage_prefix,
+)
 from lading.stores import Store, StoreConfig, StoreURI, open_store, parse_uri
 from lading.stores.base import ObjectInfo
+from lading.stores.snapshot import is_snapshot
 from lading.transfer import TransferOptions
 
 
@@ -55,6 +62,10 @@ def stage_source(source: str, dest: str, config: StoreConfig | None = None,
     ``force`` lets one object replace a file at DEST that lading did not write (refused otherwise).
     """
     uri = parse_uri(source)
+    if uri.scheme == "file" and is_snapshot(uri.prefix):  # a snapshot stands for its whole prefix
+        store = open_store(uri, config)
+        root = Path(dest.rstrip("/") or "/")
+        return Staged(stage_prefix(store, store.url, root, options, events), root)
     found = _find_object(uri, config)
     if found is not None:
         store, info = found

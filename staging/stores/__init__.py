@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 # The errors a Store raises, key validation and the retry policy are part of the protocol's
 # surface: re-exported so that mounts/ depends on staging.stores alone.
 from lading.core.errors import (
@@ -29,10 +32,24 @@ __all__ = [
 ]
 
 
-def open_store(location: str | StoreURI, config: StoreConfig | None = None) -> Store:
-    """Open the store a URI names. The SDK is imported and the client built only on first use."""
+def open_store(location: str | StoreURI, config: StoreConfig | None = None, *,
+               snapshot: str | Path | None = None) -> Store:
+    """Open the store a URI names. The SDK is imported and the client built only on first use.
+
+    A snapshot file (``lading snapshot``) in place of the URI opens its source, pinned to the
+    recorded versions; ``snapshot=`` pins another location (a mirror with the same versions).
+    """
+    if snapshot is not None:
+        from lading.stores.snapshot import SnapshotStore
+
+        return SnapshotStore(open_store(location, config), snapshot)
     uri = parse_uri(location) if isinstance(location, str) else location
     config = config or StoreConfig.from_env()
+    if uri.scheme == "file" and os.path.isfile(uri.prefix):
+        from lading.stores.snapshot import SnapshotStore, is_snapshot, read_header
+
+        if is_snapshot(uri.prefix):
+            return SnapshotStore(open_store(read_header(uri.prefix).source, config), uri.prefix)
     if uri.scheme == "file":
         from lading.stores.local import LocalStore
 
