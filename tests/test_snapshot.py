@@ -216,7 +216,7 @@ def test_binary_search_agrees_with_the_file_for_random_key_sets(tmp_path):
                     store.stat(probe)
 
 
-def test_fetch_and_hook_run_take_a_snapshot_as_source(lading, bucket, tmp_path):
+def test_fetch_takes_a_snapshot_as_source(lading, bucket, tmp_path):
     client = client_for(bucket)
     for i in range(4):
         client.put_object(Bucket=BUCKET, Key=f"hook/h{i}.bin", Body=body(i))
