@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 
 from lading.core.errors import NotFound, UnsafeKey, UsageError
 from lading.core.keys import find_collisions, key_parts
-from lading.selection.manifest import Manifest, keys_under
+from lading.selection.manifest import Manifest, keys_under, share_records
 from lading.selection.sharding import BALANCES, DISTRIBUTIONS, select_for_rank
 from lading.stores.base import ObjectInfo, Store
 from lading.sync.state import RESERVED_NAMES, SyncState
@@ -69,6 +69,7 @@ class Selection:
     listed: int = 0
     matched: int = 0
     markers: int = 0
+    records: tuple[int, ...] | None = None  # augmented manifest: this rank's lines (share_records)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,11 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
     if unsafe or clashes:  # unsafe keys and clashes in one report, not one kind per run
         _refuse(unsafe, clashes, request.source)
     mine = select_for_rank(kept, request.rank, request.world_size, request.distribution, request.balance)
-    return Selection(mine, listed=listed, matched=len(kept), markers=markers)
+    records = None
+    if request.manifest is not None and request.manifest.augmented:  # a line's objects stay together
+        mine, records = share_records(request.manifest, request.source, kept, mine, request.rank,
+                                      request.world_size, request.distribution, request.balance)
+    return Selection(mine, listed=listed, matched=len(kept), markers=markers, records=records)
 
 
 def _refuse_empty(request: SyncRequest, objects: int) -> None:

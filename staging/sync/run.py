@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lading.selection.manifest import write_local_manifest
 from lading.stores.base import Store
 from lading.sync.apply import NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
 from lading.sync.into import sync_into
@@ -34,9 +35,14 @@ def run_sync(
     """List, plan and apply; through the node cache in ``cache_root`` when given."""
     selection = select_objects(store, request, options.workers)
     if cache_root is not None:
-        return sync_through_cache(store, selection, request, Path(cache_root), options, events)
-    summary = sync_into(store_fetcher(store), selection, request, options, events)
-    summary.downloaded_bytes = summary.bytes
+        summary = sync_through_cache(store, selection, request, Path(cache_root), options, events)
+    else:
+        summary = sync_into(store_fetcher(store), selection, request, options, events)
+        summary.downloaded_bytes = summary.bytes
+    if request.manifest is not None and selection.records is not None and not summary.failed:
+        # an augmented manifest: its lines, refs rewritten to paths in DEST, once every object is there
+        write_local_manifest(request.manifest, request.source, Path(request.dest), selection.records,
+                             {info.key for info in selection.objects})
     return summary
 
 
