@@ -22,17 +22,17 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "hook": ("lading.cli.cmd_hook", "hook", "Startup-hook downloads for Determined (init, run)."),
     "fetch": ("lading.cli.cmd_hook", "fetch", "Download one object or prefix if missing or changed."),
     "cache": ("lading.cli.cmd_cache", "cache", "List or clear the node cache of lading.datasets."),
+    "cat": ("lading.cli.cmd_cat", "cat", "Stream objects in order to stdout or a named pipe (Pipe mode)."),
     "snapshot": ("lading.cli.cmd_snapshot", "snapshot", "List a prefix once; pin every later read to it (diff two)."),
     "bind-mounts": ("lading.cli.cmd_hook", "bind_mounts", "Validate an experiment config's bind_mounts."),
 }
 
 EXIT_CODES_HELP = """\b
 Exit codes:
-  0  success            3  not found
-  1  problem found      4  permission or credentials
-  2  usage error        5  transient failure after retries
-                         6  local disk full, name too long, I/O error
-                       130  interrupted"""
+    0  success                 4  permission or credentials
+    1  problem found           5  transient failure after retries
+    2  usage error             6  local disk: full, read-only, name too long
+    3  not found             130  interrupted"""
 
 
 def enable_debug_logging() -> None:
