@@ -31,7 +31,7 @@ EXIT_CODES_HELP = """\b
 Exit codes:
     0  success                 4  permission or credentials
     1  problem found           5  transient failure after retries
-    2  usage error             6  local disk: full, read-only, name too long
+    2  usage error             6  local disk: full, quota, name too long
     3  not found             130  interrupted"""
 
 
