@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import urllib.parse
@@ -85,6 +86,7 @@ def store_env(request, tmp_path):
 
 READER = r"""
 import json, sys
+sys.modules["torch"] = None  # not needed to iterate by hand; importing it would only slow the start
 from lading.datasets import ShardDataset
 from lading.stores import StoreConfig
 index, cache, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
@@ -140,15 +142,20 @@ def test_second_epoch_makes_no_get(store_env, tmp_path):
     epochs = []
     for epoch in range(2):
         dataset.set_epoch(epoch)
-        # spawn: obstore (the S3/GCS client) is not fork-safe once the parent has used it
         loader = torch_data.DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=keys_of,
-                                       multiprocessing_context="spawn")
+                                       multiprocessing_context="fork")
         epochs.append([key for batch in loader for key in batch])
         if epoch == 0:
             assert shard_gets(proxy) == Counter({name: 1 for name in shards})
             proxy.reset_counts()
     assert proxy.count("GET") == 0 and proxy.count("HEAD") == 0, "epoch two went to the store"
     assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(expected()) and epochs[0] != epochs[1]
+    # what a spawned worker gets: a pickled copy, without the offsets table, which it reads again
+    # from the node cache, not from the store
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert clone.index._table is None
+    assert [s["__key__"] for s in clone] == epochs[1]
+    assert proxy.count("GET") == 0 and proxy.count("HEAD") == 0
 
 
 def test_eviction_under_a_small_limit_while_reading(s3_env, tmp_path):

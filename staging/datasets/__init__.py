@@ -29,7 +29,20 @@ from lading.datasets.slots import worker_slot as _worker_slot  # noqa: F401 - by
 from lading.datasets.store import StoreDataset
 
 __all__ = [
-    "DEFAULT_DECODERS", "DatasetIndex", "Deal", "EpochOrder", "MixedDataset", "NodeCache", "PackedDataset",
-    "REMAINDERS", "RecordDataset", "ShardDataset", "ShardRef", "ShardSpan", "StoreDataset", "default_cache_root",
-    "iter_shard", "load_index",
+    "DEFAULT_DECODERS",
+    "REMAINDERS",
+    "DatasetIndex",
+    "Deal",
+    "EpochOrder",
+    "MixedDataset",
+    "NodeCache",
+    "PackedDataset",
+    "RecordDataset",
+    "ShardDataset",
+    "ShardRef",
+    "ShardSpan",
+    "StoreDataset",
+    "default_cache_root",
+    "iter_shard",
+    "load_index",
 ]

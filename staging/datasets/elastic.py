@@ -93,7 +93,9 @@ class ElasticIterable:
                 yield fetch(position(local))
 
     def __iter__(self) -> Iterator[Any]:
-        from lading import datasets as package  # looked up there, so a test can stand in a slot
+        from lading import (
+            datasets as package,  # looked up there, so a test can stand in a slot
+        )
 
         worker, num_workers = package._worker_slot()
         return self.iter_worker(worker, num_workers)

@@ -77,7 +77,7 @@ class MixOrder:
 
 
 class _MixEpoch:
-    def __init__(self, mixed: "MixedDataset", epoch: int) -> None:
+    def __init__(self, mixed: MixedDataset, epoch: int) -> None:
         self.mixed = mixed
         self.order = MixOrder(mixed.quotas, mixed.seed, epoch)
         self.before = mixed.draws_before(epoch)
@@ -142,7 +142,7 @@ class MixedDataset(ElasticIterable):
             raise UsageError(f"weights={weights}: one non-negative weight per dataset, not all zero")
         self.weights = weights
         if block is None:
-            smallest = min((w for w in weights if w > 0)) / sum(weights)
+            smallest = min(w for w in weights if w > 0) / sum(weights)
             block = min(1 << 20, max(1000, math.ceil(100 / smallest)))
         self.quotas = apportion(weights, block)
         self.seed = seed

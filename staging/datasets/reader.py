@@ -171,7 +171,7 @@ class ShardReader:
         if warming is not None:
             try:
                 warming.result()
-            except Exception:  # noqa: BLE001 - the foreground open below raises it properly
+            except Exception:
                 pass
         buffer, closer = self._map(number)
         table = self.table()
@@ -226,7 +226,7 @@ class ShardReader:
     def _warm(self, number: int) -> None:
         try:
             self.cache().open(self.source(number)).close()
-        except Exception as err:  # noqa: BLE001 - logged; the reader's own open raises it
+        except Exception as err:
             log.debug("prefetching %s failed: %s", self.shards[number].uri, err)
             raise
 

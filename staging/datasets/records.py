@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from lading.core.errors import UsageError
-from lading.datasets.decode import Decoder, DecodeOption, decoder_for, decoders_for
+from lading.datasets.decode import DecodeOption, Decoder, decoder_for, decoders_for
 from lading.datasets.index import store_for
 from lading.stores.base import ObjectInfo
 from lading.stores.config import StoreConfig
@@ -41,7 +41,8 @@ class RecordDataset:
         body = self.info.size - header_bytes
         if body < 0 or (body % record_size and not allow_partial):
             raise UsageError(f"{uri} has {self.info.size} bytes: not {header_bytes} header bytes plus whole "
-                             f"records of {record_size}", "check record_size and header_bytes, or pass allow_partial=True")
+                             f"records of {record_size}",
+                             "check record_size and header_bytes, or pass allow_partial=True")
         self.count = max(0, body) // record_size
         if callable(decode) and not isinstance(decode, bool):
             self.decoder: Decoder | None = decode
@@ -96,7 +97,8 @@ class RecordDataset:
             chunks = [self._read(*runs[0])]
         else:
             if self._pool is None or self._pid != os.getpid():
-                self._pool, self._pid = ThreadPoolExecutor(self.threads, thread_name_prefix="lading-records"), os.getpid()
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="lading-records")
+                self._pid = os.getpid()
             chunks = list(self._pool.map(lambda run: self._read(run[0], run[1]), runs))
         found: dict[int, bytes] = {}
         size = self.record_size

@@ -15,7 +15,7 @@ _TORCH_BASES: list[tuple[type, ...]] = []
 
 def worker_slot() -> tuple[int, int]:
     """``(worker id, number of workers)`` of the DataLoader worker running this code, else (0, 1)."""
-    if "torch" not in sys.modules:
+    if sys.modules.get("torch") is None:  # not imported (a DataLoader worker has it)
         return 0, 1
     from torch.utils.data import get_worker_info
 
@@ -25,7 +25,7 @@ def worker_slot() -> tuple[int, int]:
 
 def distributed_slot() -> tuple[int, int]:
     """``(rank, world size)`` from an initialised torch.distributed process group, else (0, 1)."""
-    if "torch" not in sys.modules:
+    if sys.modules.get("torch") is None:  # not imported (a DataLoader worker has it)
         return 0, 1
     import torch.distributed as dist
 
@@ -42,7 +42,7 @@ def torch_bases(kind: str) -> tuple[type, ...]:
     :mod:`lading.datasets.shards`). torch is imported only when a dataset is created.
     """
     if not _TORCH_BASES:
-        if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
+        if importlib.util.find_spec("torch") is None:  # not installed (or blocked in sys.modules)
             _TORCH_BASES.append(())
             _TORCH_BASES.append(())
         else:

@@ -34,17 +34,15 @@ import struct
 import sys
 from array import array
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from lading.core.errors import ProblemFound
+from lading.pack.plan import OFFSETS_SUFFIX, PackPlan
 from lading.pack.tarformat import member_size, padding
-
-if TYPE_CHECKING:
-    from lading.pack.plan import PackPlan
 
 FORMAT = "lading-offsets"
 VERSION = "1"
-SUFFIX = ".offsets.safetensors"
+SUFFIX = OFFSETS_SUFFIX
 
 #: (name, safetensors dtype, array typecode), in file order.
 _ARRAYS = (
@@ -94,7 +92,7 @@ def _check_typecodes() -> None:
             raise RuntimeError(f"array typecode {code!r} is not {_ITEMSIZE[dtype]} bytes here")
 
 
-def table_from_plan(plan: "PackPlan") -> OffsetsTable:
+def table_from_plan(plan: PackPlan) -> OffsetsTable:
     """Every member's data offset and size, computed from the plan (the writer follows it)."""
     shard_samples, sample_members, key_offsets = array("Q", [0]), array("Q", [0]), array("Q", [0])
     member_offset, member_sizes, member_ext = array("Q"), array("Q"), array("I")

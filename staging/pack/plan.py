@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 
 from lading.core.errors import UsageError
 from lading.pack.grouping import Sample
-from lading.pack.offsets import SUFFIX as OFFSETS_SUFFIX
 from lading.pack.tarformat import BLOCK, archive_size, member_size
 
 _PLAIN_SIZE_LIMIT = 8 ** 11  # sizes from here on need a pax record (see tarformat)
 
 DEFAULT_SHARD_SIZE = 150_000_000
+#: The offsets file next to the index (format: :mod:`lading.pack.offsets`).
+OFFSETS_SUFFIX = ".offsets.safetensors"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
