@@ -51,6 +51,9 @@ _STATUS = re.compile(r"status code: (\d{3})")
 _S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
 _PATH_NAMED = re.compile(r'[Pp]ath "([^"]*)"')
 _JSON_REASON = re.compile(r'"reason"\s*:\s*"([A-Za-z0-9 ]+)"')
+_BAD_CERTIFICATE = re.compile(r"InvalidCertificate\(\s*([A-Za-z]+)")
+#: ASCII control characters: S3 and GCS keys may hold them, obstore's paths may not.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _NETWORK_WORDS = ("error sending request", "connection", "timed out", "timeout", "dns error",
                   "broken pipe", "reset by peer", "unexpected eof", "error decoding response body",
                   "body", "incomplete", "io error", "hyper")
@@ -143,6 +146,10 @@ def translate(err: BaseException, what: str, from_response: FromResponse) -> Bas
                          "rename or move the object: such keys cannot be listed here, not even to skip them")
     if status:
         return from_response(code, status, message, what)
+    certificate = _BAD_CERTIFICATE.search(str(err))
+    if certificate:  # a configuration problem: retrying cannot help
+        return LadingError(f"TLS certificate not trusted for {what}: {certificate.group(1)}",
+                           "point AWS_CA_BUNDLE at a PEM bundle with the CA that signed the server's certificate")
     if "token request" in str(err).lower() or "credential" in str(err).lower():
         return from_response("InvalidToken", 401, message, what)
     # No HTTP status: the request never got an answer, or its body broke off.
@@ -232,7 +239,7 @@ class ObstoreReads:
         """HEAD one object."""
         import obstore
 
-        if not obstore_usable():
+        if not obstore_usable() or _CONTROL.search(key):
             return self._sdk_stat(key)
         path = self._path(key)
         meta = self._call(self._where(key), lambda store: obstore.head(store, path))
@@ -268,7 +275,7 @@ class ObstoreReads:
         """
         import obstore
 
-        if not obstore_usable():
+        if not obstore_usable() or _CONTROL.search(key):
             return self._sdk_stream(key, sink, version, start, end, on_version)
         where, path = self._where(key), self._path(key)
         ranged = bool(start) or end is not None

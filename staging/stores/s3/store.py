@@ -27,13 +27,13 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 
-from lading.core.errors import LadingError, ObjectChanged, TransientError
+from lading.core.errors import AccessDenied, LadingError, ObjectChanged, TransientError
 from lading.core.retry import with_retries
 from lading.stores.base import ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
 from lading.stores.lazy import LazyClient, translated
 from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options, status_and_code
-from lading.stores.s3.errors import from_response, translate
+from lading.stores.s3.errors import CREDENTIALS_HINT, from_response, translate
 from lading.stores.s3.upload import MultipartUpload
 from lading.stores.uri import StoreURI
 
@@ -99,7 +99,10 @@ class S3Store(ObstoreReads):
         else:
             from obstore.auth.boto3 import Boto3CredentialProvider
 
-            options["credential_provider"] = Boto3CredentialProvider(self._session())
+            session = self._session()
+            if translated(session.get_credentials, translate, self._where()) is None:
+                raise AccessDenied(f"no AWS credentials found for {self._where()}", CREDENTIALS_HINT)
+            options["credential_provider"] = Boto3CredentialProvider(session)
         return ObstoreS3(self.bucket, **options)
 
     def _pin(self, version: str) -> dict[str, Any]:
