@@ -121,6 +121,9 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     from lading.mounts.fuse_lib import load_mfusepy
 
     mfusepy = load_mfusepy()
+    # SIGUSR1 goes to the stats thread's sigwait only: block it before any thread starts (FUSE's,
+    # and obstore's runtime threads, which the listing below starts), so every thread inherits it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     # FUSE callbacks wait for the GIL while fetch threads hold it; hand it over sooner.
     sys.setswitchinterval(SWITCH_INTERVAL)
     started = time.monotonic()
@@ -145,7 +148,6 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
                         disk_held=disk.held if disk is not None else 0)
         log.info("stats %s", json.dumps(snapshot, sort_keys=True))
 
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})  # inherited by every FUSE thread
     threading.Thread(target=_stats_on_signal, args=(dump,), daemon=True, name="lading-stats").start()
     served = threading.Event()
 
