@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator
 
 import boto3
 import pytest
+from urllib.parse import unquote
 from botocore.config import Config
 from lading.core.errors import NotFound, ObjectChanged, UnsafeKey
 from lading.core.retry import RetryPolicy
@@ -433,8 +434,8 @@ def test_a_resumed_download_never_mixes_versions(backend, tmp_path):
         else:
             assert dest.read_bytes() == old, "the download mixed two versions or took the new one"
         assert rule.fired == 1
-        media = [r for r in proxy.requests if r.method == "GET" and r.path in (
-            f"/{backend.bucket}/c/obj", f"/{backend.bucket}/c%2Fobj", f"/download/storage/v1/b/{backend.bucket}/o/c%2Fobj")]
+        media = [r for r in proxy.requests if r.method == "GET" and unquote(r.path) in (
+            f"/{backend.bucket}/c/obj", f"/download/storage/v1/b/{backend.bucket}/o/c/obj")]
     assert len(media) >= 2 and media[0].fault == "truncate"  # the cut GET, then at least one more
 
 

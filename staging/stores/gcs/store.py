@@ -83,6 +83,9 @@ class GCSStore(ObstoreReads):
             options["credential_provider"] = lambda: {"token": "anonymous", "expires_at": None}
         elif cfg.no_sign_request:
             options["skip_signature"] = True
+            # A provider (never called: nothing is signed) keeps obstore from opening
+            # GOOGLE_APPLICATION_CREDENTIALS, which a public read does not need.
+            options["credential_provider"] = lambda: {"token": "anonymous", "expires_at": None}
         else:
             options["credential_provider"] = GoogleTokens()
         return ObstoreGCS(self.bucket, **options)
