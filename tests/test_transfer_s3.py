@@ -219,10 +219,7 @@ def test_missing_object_and_missing_bucket_are_not_found(s3, s3_env, tmp_path):
         list(missing.list())
 
 
-@pytest.mark.parametrize("size", [100, pytest.param(20_000, marks=pytest.mark.xfail(strict=True, reason=(
-    "bug: ranged downloads never ask etag_is_md5 (StreamingReader.read_part always returns True and "
-    "LargeDownload checks the listed MD5), so a large SSE-KMS object fails with an MD5 mismatch")))],
-    ids=["whole", "ranged"])
+@pytest.mark.parametrize("size", [100, 20_000], ids=["whole", "ranged"])
 def test_sse_kms_etag_is_not_taken_for_an_md5(s3, s3_env, tmp_path, size):
     """An SSE-KMS object's ETag is no MD5 of its bytes. When the bytes do not match the listed MD5,
     the reader asks S3 (a HEAD through boto3, ``S3Store.etag_is_md5``) and, for an encrypted

@@ -235,7 +235,10 @@ class LargeDownload:
         try:
             if error is None:
                 self._advance_hash(blocking=True)
-                self.verifier.check(os.fstat(self._fd).st_size)
+                size = os.fstat(self._fd).st_size
+                if self.verifier.md5_mismatch(size) and not self.ctx.reader.etag_is_md5(self.info.key):
+                    self.verifier.skip_md5()  # SSE-KMS / SSE-C: the ETag is not the content's MD5
+                self.verifier.check(size)
                 publish(self.tmp, self.item.dest, self._fd, self.ctx.options.durable)
                 self.sidecar.unlink(missing_ok=True)
         except (LadingError, OSError) as err:

@@ -41,6 +41,11 @@ class Reader(Protocol):
         False when the server says the listed MD5 is not the content's (SSE-KMS, SSE-C)."""
         ...
 
+    def etag_is_md5(self, key: str) -> bool:
+        """Whether the listed MD5 really is the content's (asked only after a mismatch: an
+        SSE-KMS or SSE-C object's ETag is not its MD5)."""
+        ...
+
     def close(self) -> None:
         """Release connections."""
         ...
@@ -99,7 +104,7 @@ class StreamingReader:
             raise
         finally:
             os.close(fd)
-        if verifier.md5_mismatch(written) and not self._etag_is_md5(info.key):
+        if verifier.md5_mismatch(written) and not self.etag_is_md5(info.key):
             verifier.skip_md5()
         return written
 
@@ -108,7 +113,8 @@ class StreamingReader:
         self._store.stream(info.key, sink, _version(info), start, end)
         return True
 
-    def _etag_is_md5(self, key: str) -> bool:
+    def etag_is_md5(self, key: str) -> bool:
+        """Ask the store (S3 answers with a HEAD through boto3); True when it cannot tell."""
         check = getattr(self._store, "etag_is_md5", None)
         return True if check is None else bool(check(key))
 
@@ -154,6 +160,10 @@ class StoreReader:
     def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> bool:
         """``store.read_range`` guarded by the version."""
         sink(memoryview(self._store.read_range(info.key, start, end, _version(info))))
+        return True
+
+    def etag_is_md5(self, key: str) -> bool:
+        """Local files and GCS objects have no such ETags."""
         return True
 
     def close(self) -> None:
