@@ -120,6 +120,11 @@ def delete(store: Store, key: str, version: str | None = None) -> bool:
         current = read(store, key)
         if current is None or current[1] != version:
             return False
+    else:
+        try:
+            store.stat(key)  # S3 and GCS answer a delete of a missing key as a success
+        except NotFound:
+            return False
     try:
         if kind == "s3":
             _s3_delete(store, key, version)
