@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "cache": ("lading.cli.cmd_cache", "cache", "List or clear the node cache of lading.datasets."),
     "cat": ("lading.cli.cmd_cat", "cat", "Stream objects in order to stdout or a named pipe (Pipe mode)."),
     "snapshot": ("lading.cli.cmd_snapshot", "snapshot", "List a prefix once; pin every later read to it (diff two)."),
+    "datasets": ("lading.cli.cmd_datasets", "datasets", "Datasets cached by lading.datalayer: list, show, rm."),
     "bind-mounts": ("lading.cli.cmd_hook", "bind_mounts", "Validate an experiment config's bind_mounts."),
 }
 

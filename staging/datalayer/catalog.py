@@ -100,7 +100,10 @@ def describe(uri: str | Location, config: StoreConfig | None = None,
     many shards this node's cache holds at the recorded version."""
     location = uri if isinstance(uri, Location) else Location.parse(uri)
     store = open_store(location.uri, config or StoreConfig.from_env())
-    infos = list(store.list())
+    try:
+        infos = list(store.list())
+    except NotFound:  # a local directory that does not exist
+        infos = []
     index = read_index(store, location)
     claim = read_claim(store)
     if index is None and claim is None and not infos:
@@ -188,7 +191,10 @@ def remove(uri: str | Location, config: StoreConfig | None = None, ttl: float = 
     found = read_claim(store)
     took_over = None
     if found is None:
-        infos = list(store.list())
+        try:
+            infos = list(store.list())
+        except NotFound:
+            infos = []
         if not infos:
             raise NotFound(f"no dataset at {location}", f"lading datasets list {location.root}")
         claims.check_conditional_writes(store)

@@ -392,7 +392,8 @@ def _remove_empty_dirs(root: Path, prefix: str) -> None:
     base = safe_join(root, prefix.rstrip("/")) if prefix.strip("/") else root
     if base.is_dir():
         for directory, _, _ in sorted(os.walk(base), key=lambda entry: -len(entry[0])):
-            _rmdir(Path(directory))
+            if Path(directory) != root:  # the store's own root stays
+                _rmdir(Path(directory))
     current = base
     while current != root and root in current.parents:
         if not _rmdir(current):
