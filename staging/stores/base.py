@@ -62,8 +62,10 @@ class Store(Protocol):
         ...
 
 
-class Fetched(Protocol):
-    """What one streamed GET delivered (see :class:`StreamingStore`)."""
+@dataclass(frozen=True)
+class Fetched:
+    """What one streamed GET delivered: its byte count, and the object's size and version as
+    the store answered (see :class:`StreamingStore`)."""
 
     nbytes: int
     size: int

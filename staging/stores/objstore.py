@@ -24,7 +24,6 @@ import logging
 import os
 import re
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -32,7 +31,7 @@ from typing import Any, Callable, Iterator
 from lading.core.errors import LadingError, ObjectChanged, TransientError, UnsafeKey, UsageError
 from lading.core.keys import key_parts
 from lading.core.retry import with_retries
-from lading.stores.base import ObjectInfo, ProgressCallback
+from lading.stores.base import Fetched, ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
 from lading.stores.lazy import LazyClient
 from lading.stores.uri import StoreURI, root_prefix
@@ -106,15 +105,6 @@ def _read_pem(path: str) -> bytes:
             return handle.read()
     except OSError as err:
         raise UsageError(f"cannot read the CA bundle {path} (AWS_CA_BUNDLE): {err.strerror or err}") from None
-
-
-@dataclass(frozen=True)
-class Fetched:
-    """What one GET delivered: its byte count, and the object's size and version as answered."""
-
-    nbytes: int
-    size: int
-    version: str
 
 
 def status_and_code(err: BaseException) -> tuple[int, str]:

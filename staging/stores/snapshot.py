@@ -36,7 +36,7 @@ from lading.core.atomic import write_atomically
 from lading.core.errors import NotFound, ObjectChanged, UsageError, local_error
 from lading.core.keys import key_parts
 from lading.core.names import hidden_sibling
-from lading.stores.base import ObjectInfo, ProgressCallback, Store
+from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, Store
 from lading.stores.config import StoreConfig
 
 FORMAT_VERSION = 1
@@ -193,7 +193,7 @@ class SnapshotStore:
             info = self.stat(key)
             data = self.read_range(key, start, info.size if end is None else end, version)
             sink(memoryview(data))
-            return _Fetched(len(data), info.size, info.version)
+            return Fetched(len(data), info.size, info.version)
         return self._pinned(key, lambda pinned: streaming(key, sink, pinned, start, end, on_version), version)
 
     def upload(self, src: Path, key: str, progress: ProgressCallback | None = None) -> ObjectInfo:
@@ -241,13 +241,6 @@ class SnapshotStore:
             line = handle.readline()
             found = _info(line, self.path, 0) if line else None
             return found if found is not None and found.key == key else None
-
-
-@dataclass(frozen=True)
-class _Fetched:
-    nbytes: int
-    size: int
-    version: str
 
 
 def _record(info: ObjectInfo) -> dict[str, Any]:
