@@ -141,7 +141,7 @@ class _ShardEpoch:
 
     def __init__(self, order: EpochOrder, reader: ShardReader, finish: Callable[[Sample], Any]) -> None:
         self.order, self.reader, self.finish = order, reader, finish
-        self._window = -1
+        self._window = self._first = -1
 
     def begin(self, position: int) -> None:
         self.reader.upcoming(self.order.shards_from(position))
@@ -150,8 +150,10 @@ class _ShardEpoch:
         window = position // self.order.window
         if window != self._window:  # shards behind this window are done: let eviction have them
             self._window = window
-            first, slot = self.order.first_slot(position), self.order.slot
-            self.reader.release(lambda number: slot[number] < first)
+            first = self.order.first_slot(position)
+            if first != self._first:
+                self._first, slot = first, self.order.slot
+                self.reader.release(lambda number: slot[number] < first)
         shard, index = self.order.locate(position)
         return self.finish(self.reader.sample(shard, index))
 
