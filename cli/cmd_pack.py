@@ -36,6 +36,8 @@ Output (under DEST, or DEST/NAME/VERSION/ with --version):
   NAME-000000.tar ...   POSIX tar shards, balanced by bytes around --shard-size,
                         fixed mtime/owner/mode: same input and seed, same bytes
   NAME.manifest.json    a SageMaker ManifestFile listing the shards
+  NAME.offsets.safetensors  where each sample and file sits in the shards
+                        (random access: lading.datasets.PackedDataset)
   NAME.index.json       the wids shard index (url, nsamples, filesize, etag);
                         written last, so a reader never sees it before its shards
 Read the shards from training code with lading.datasets.ShardDataset.
