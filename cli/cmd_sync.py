@@ -81,7 +81,6 @@ Examples:
   RANK=3 WORLD_SIZE=8 LOCAL_WORLD_SIZE=4 lading topology
   lading topology --rank 1 --world-size 2       # flags win over the environment
   SM_CURRENT_HOST=algo-2 SM_HOSTS='["algo-1","algo-2"]' SM_NUM_GPUS=8 lading topology
-  SM_CURRENT_HOST=algo-2 SM_HOSTS='["algo-1","algo-2"]' SM_NUM_GPUS=8 lading topology
 
 \b
 Exit codes: 0 ok, 2 usage (a value that is not an integer, rank >= world size)."""
@@ -105,19 +104,6 @@ def _topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _resolve_topology(values: Mapping[str, int | None], env: Mapping[str, str] = os.environ) -> Topology:
     return detect_topology(env, {name: values.get(name) for name in FIELDS})
-
-
-def default_dest(dest: str | None, channel: str | None, env: Mapping[str, str] = os.environ) -> str:
-    """DEST as given; else the SageMaker channel's directory (--channel, or the only one); else
-    /tmp/data-rank{rank}."""
-    from lading.selection.sagemaker import channel_dest
-
-    if dest is not None:
-        if channel is not None:
-            raise UsageError("give DEST or --channel, not both")
-        return dest
-    directory = channel_dest(env, channel)
-    return DEFAULT_DEST if directory is None else directory.replace("{", "{{").replace("}", "}}")
 
 
 def default_dest(dest: str | None, channel: str | None, env: Mapping[str, str] = os.environ) -> str:
