@@ -267,3 +267,30 @@ def test_lading_cache_lists_and_clears(s3_env, tmp_path, lading):
     (tmp_path / "open").chmod(0o777)
     bad = lading("cache", "list", "--cache-dir", str(tmp_path / "open"))
     assert bad.returncode == 2 and "others can write" in bad.stderr
+
+
+def test_a_list_of_shards_is_checked_against_the_store(s3_env, tmp_path):
+    """Without an index there is no recorded version: each process stats the shard (a HEAD, no
+    GET) and a cached copy is reused only at the object's current version."""
+    import boto3
+
+    config = StoreConfig.from_env()
+    bucket = make_bucket("s3", config)
+    index, shards = pack_into(bucket, tmp_path, config)
+    uris = [f"{bucket}/ds/{name}" for name in shards]
+    cache = tmp_path / "cache"
+    first = {s["__key__"]: s["bin"] for s in ShardDataset(uris, cache_dir=cache)}
+    assert first == expected()
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        settings = StoreConfig.from_env(endpoint_url=proxy.url)
+        assert {s["__key__"] for s in ShardDataset(uris, cache_dir=cache, config=settings)} == set(expected())
+        assert proxy.count("GET") == 0 and proxy.count("HEAD") == len(shards)
+        # replace one shard with another (a copy of its neighbour): the cache must not serve the old one
+        client = boto3.client("s3")
+        name = bucket.split("://")[1]
+        replacement = client.get_object(Bucket=name, Key=f"ds/{shards[1]}")["Body"].read()
+        client.put_object(Bucket=name, Key=f"ds/{shards[0]}", Body=replacement)
+        proxy.reset_counts()
+        keys = Counter(s["__key__"] for s in ShardDataset(uris, cache_dir=cache, config=settings))
+        assert shard_gets(proxy) == Counter({shards[0]: 1})
+        assert max(keys.values()) == 2  # shards[1]'s samples now come twice

@@ -105,6 +105,7 @@ class ShardReader:
         self._warming: dict[int, Future[None]] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._stated: dict[str, tuple[str, int]] = {}
         self.pid = os.getpid()
 
     # -- sources ---------------------------------------------------------------------------------
@@ -120,13 +121,26 @@ class ShardReader:
         return self.source_of(self.shards[number])
 
     def source_of(self, ref: ShardRef) -> ShardSource:
-        """Where ``ref`` comes from, with the version and size the index recorded."""
+        """Where ``ref`` comes from, with the version and size the index recorded. A shard given
+        without them (a bare list of shards) is stat'ed once per process, so a cached copy is
+        reused only at the object's current version."""
         config = self.config
+        key = parse_uri(ref.uri).split_name()[1]
 
         def store() -> Any:
             return store_for(ref.uri, config)[0]
 
-        return ShardSource(ref.uri, store, parse_uri(ref.uri).split_name()[1], ref.etag, ref.filesize)
+        version, size = ref.etag, ref.filesize
+        if version is None:
+            with self._lock:
+                known = self._stated.get(ref.uri)
+            if known is None:
+                info = store().stat(key)
+                known = (info.version, info.size)
+                with self._lock:
+                    self._stated[ref.uri] = known
+            version, size = known
+        return ShardSource(ref.uri, store, key, version, size)
 
     def table(self) -> OffsetsTable | None:
         """The dataset's offsets table (read through the node cache), if the pack wrote one."""
