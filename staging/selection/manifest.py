@@ -235,7 +235,8 @@ def share_records(manifest: Manifest, source: str, kept: Sequence[T], mine: Sequ
     rule. A line goes to the rank that owns its first kept ref, and that rank also fetches the
     line's other refs, so every line is complete on exactly one rank (an object two lines share
     may be fetched by two ranks). A line whose refs were all filtered out is left out; a line
-    without any ref goes to rank ``index mod world_size``. Replicated: every line, every object. A key that would shadow DEST's ``manifest.jsonl`` is refused.
+    without any ref goes to rank ``index mod world_size``. Replicated: every line, every object.
+    A key that would shadow DEST's ``manifest.jsonl`` is refused.
     """
     by_key = {info.key: info for info in kept}
     clash = [key for key in by_key if key == LOCAL_MANIFEST or key.startswith(LOCAL_MANIFEST + "/")]
@@ -260,7 +261,8 @@ def share_records(manifest: Manifest, source: str, kept: Sequence[T], mine: Sequ
         wanted.update(present)
     if replicated:
         return list(mine), tuple(lines)
-    return sorted((info for info in kept if info.key in wanted), key=lambda info: info.key), tuple(lines)
+    mine = [info for info in kept if info.key in wanted]
+    return sorted(mine, key=lambda info: info.key), tuple(lines)
 
 
 def local_lines(manifest: Manifest, source: str, lines: Sequence[int], present: set[str]) -> list[str]:
