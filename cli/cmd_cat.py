@@ -16,8 +16,9 @@ CAT_HELP = """Stream the objects of SOURCE, in order, to stdout or a named pipe.
 \b
 For readers that consume one stream (tar, TFRecord readers, ffmpeg), like SageMaker's
 Pipe mode. SOURCE is a prefix (objects in key order), one object, a shard list in
-braces (s3://b/pets/pets-{000000..000031}.tar, in that order) or, with --manifest,
-the manifest's objects in its order (ManifestFile, augmented manifest or key list).
+braces (s3://b/pets/pets-{000000..000031}.tar, in that order), a snapshot file
+(lading snapshot) or, with --manifest, the manifest's objects in its order
+(ManifestFile, augmented manifest or key list).
 Several GETs run ahead of the reader (--workers), in memory bounded by --max-memory,
 each pinned to the version the listing reported: an object replaced mid-stream stops
 the stream with exit 1 naming it, never mixed bytes.
@@ -76,12 +77,15 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
               help="Bytes per ranged GET.")
 @click.option("--max-memory", callback=_size, metavar="SIZE", default="256MiB", show_default=True,
               help="Bound on bytes fetched but not yet written.")
+@click.option("--snapshot", metavar="FILE", default=None,
+              help="Take the objects and versions from a snapshot (lading snapshot) instead of listing SOURCE.")
 @click.option("--allow-empty", is_flag=True, help="Stream nothing when SOURCE has no objects; default: exit 3.")
 @click.option("--dry-run", is_flag=True, help="List the objects in stream order (key, size, version); read none.")
 @store_options
 def cat(source: str, fifo: str | None, manifest_file: str | None, include: tuple[str, ...],
         exclude: tuple[str, ...], distribution: str, balance: str, shuffle: bool, seed: int, workers: int,
-        part_size: int, max_memory: int, allow_empty: bool, dry_run: bool, **options: Any) -> int:
+        part_size: int, max_memory: int, snapshot: str | None, allow_empty: bool, dry_run: bool,
+        **options: Any) -> int:
     """``lading cat``: see CAT_HELP."""
     from lading.selection import stream
     from lading.selection.manifest import load_manifest
@@ -89,7 +93,7 @@ def cat(source: str, fifo: str | None, manifest_file: str | None, include: tuple
     config = pop_store_config(options)
     topology = _resolve_topology(options)
     manifest = load_manifest(manifest_file) if manifest_file else None
-    store, location, keys = stream.open_source(source, config, manifest)
+    store, location, keys = stream.open_source(source, config, manifest, snapshot)
     request = stream.StreamRequest(location, manifest, include, exclude, distribution, balance, topology.rank,
                                    topology.world_size, shuffle, seed, allow_empty)
     try:

@@ -377,3 +377,21 @@ def test_gcs_stream(gcs_env):
                          capture_output=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout == everything(sorted(OBJECTS)[:5])
+
+
+def test_a_snapshot_pins_the_stream(lading, tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    for i in range(3):
+        (source / f"{i}.bin").write_bytes(body(i, 5000))
+    snap = tmp_path / "s.snap.jsonl"
+    assert lading("snapshot", str(source), "-o", str(snap)).returncode == 0
+    out = subprocess.run([sys.executable, "-m", "lading", "cat", str(snap)], capture_output=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == b"".join(body(i, 5000) for i in range(3))
+    out = subprocess.run([sys.executable, "-m", "lading", "cat", str(source), "--snapshot", str(snap)],
+                         capture_output=True, cwd=REPO)
+    assert out.returncode == 0 and out.stdout == b"".join(body(i, 5000) for i in range(3))
+    (source / "1.bin").write_bytes(b"edited")
+    out = subprocess.run([sys.executable, "-m", "lading", "cat", str(snap)], capture_output=True, cwd=REPO)
+    assert out.returncode == 1 and b"1.bin" in out.stderr and out.stdout == body(0, 5000)

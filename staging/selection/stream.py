@@ -144,16 +144,20 @@ def _shard_list(source: str) -> tuple[StoreURI, list[str]]:
     return StoreURI(first.scheme, first.bucket, root), keys
 
 
-def open_source(source: str, config: StoreConfig | None = None,
-                manifest: Manifest | None = None) -> tuple[Store, str, list[str] | None]:
+def open_source(source: str, config: StoreConfig | None = None, manifest: Manifest | None = None,
+                snapshot: str | Path | None = None) -> tuple[Store, str, list[str] | None]:
     """The store to read, its location as a string, and the keys when SOURCE names them itself.
 
     SOURCE with braces is a shard list; SOURCE not ending in ``/`` names one object when an
     object of that name exists (one HEAD), as ``lading fetch`` decides; otherwise it is a prefix.
-    With a manifest, SOURCE is always the prefix the manifest's keys are relative to.
+    With a manifest or a ``snapshot`` (``lading snapshot``: the objects and versions it recorded),
+    SOURCE is always a prefix.
     """
     from lading.stores import open_store
 
+    if snapshot is not None:
+        store = open_store(source, config, snapshot=snapshot)
+        return store, store.url, None
     if manifest is None and _BRACES.search(source):
         root, keys = _shard_list(source)
         return open_store(root, config), str(root), keys
