@@ -103,8 +103,12 @@ def cat(source: str, fifo: str | None, manifest_file: str | None, include: tuple
             stream.release_waiting_reader(fifo)
         raise
     if dry_run:
-        for info in objects:
-            click.echo(f"{info.key}\t{info.size}\t{info.version}")
+        try:
+            for info in objects:
+                click.echo(f"{info.key}\t{info.size}\t{info.version}")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _silence_stdout()
         return 0
     fd = stream.open_fifo(stream.make_fifo(fifo)) if fifo else sys.stdout.fileno()
     try:

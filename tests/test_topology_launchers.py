@@ -39,6 +39,8 @@ def test_sagemaker_local_rank_flag_gives_each_gpu_its_rank(tmp_path):
     env = {"SM_CURRENT_HOST": "algo-3", "SM_HOSTS": HOSTS, "SM_NUM_GPUS": "4"}
     ranks = [detect_topology(env, {"local_rank": i}, resource_config=no_file(tmp_path)).rank for i in range(4)]
     assert ranks == [8, 9, 10, 11]  # what torchrun --node_rank 2 --nproc_per_node 4 will number them
+    per_host = detect_topology(env, {"local_world_size": 1}, resource_config=no_file(tmp_path))
+    assert values(per_host) == (2, 3, 0, 1, 2)  # one rank per host: one shard per host
 
 
 @pytest.mark.parametrize("gpus", [None, "0"])
