@@ -342,3 +342,33 @@ def test_the_index_records_the_build(tmp_path):
     assert block["function"].endswith("make") and block["built_by"]["pid"] > 0 and block["built_at"]
     assert index["lading"]["version"] == "v1"
     assert all(shard["url"].startswith(block["build"] + "/") for shard in index["shardlist"])
+
+
+def test_the_readme_example_with_a_dataloader_and_elastic_resume(s3_env, tmp_path):
+    from torch.utils.data import DataLoader
+
+    config = StoreConfig.from_env(s3_env)
+    uri = make_bucket("s3", config)
+
+    @dl.cached(uri, "mnist", "v1", shuffle=True, seed=0, batch_size=4, config=config, shard_size=2000,
+               cache_dir=tmp_path / "node-cache", rank=0, world_size=1)
+    def mnist():
+        for index in range(24):
+            yield {"image": np.full((28, 28), index, np.uint8), "label": index % 10}
+
+    train = mnist()
+    loader = DataLoader(train, batch_size=4, num_workers=2, multiprocessing_context="fork")
+    seen, state = [], None
+    for step, batch in enumerate(loader, start=1):
+        assert batch["image"].dtype == torch.uint8 and batch["image"].shape == (4, 28, 28)
+        assert torch.equal(batch["label"], batch["image"][:, 0, 0].long() % 10)
+        seen += batch["image"][:, 0, 0].tolist()
+        if step == 3:
+            state = train.state_dict(samples_seen=step * 4)
+    assert sorted(seen) == list(range(24))
+
+    resumed = mnist()  # another process after a restart: reuses the version, resumes the epoch
+    resumed.load_state_dict(state)
+    rest = [v for batch in DataLoader(resumed, batch_size=4, num_workers=1, multiprocessing_context="fork")
+            for v in batch["image"][:, 0, 0].tolist()]
+    assert sorted(seen[:12] + rest) == list(range(24))

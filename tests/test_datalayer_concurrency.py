@@ -229,10 +229,10 @@ def test_three_processes_at_once_run_the_function_once(bucket, trials, tmp_path)
     assert "_lading_claim.json" not in keys and "trial.index.json" in keys
 
 
-@pytest.mark.parametrize("mode", ["hang", "hang-upload"])
-def test_a_killed_builder_leaves_no_index_and_its_claim_expires(mode, s3_env, trials, tmp_path):
-    config = StoreConfig.from_env(s3_env)
-    uri = make_bucket("s3", config)
+@pytest.mark.parametrize("scheme,mode", [("s3", "hang"), ("s3", "hang-upload"), ("gs", "hang-upload")])
+def test_a_killed_builder_leaves_no_index_and_its_claim_expires(scheme, mode, request, trials, tmp_path):
+    config = StoreConfig.from_env(request.getfixturevalue("s3_env" if scheme == "s3" else "gcs_env"))
+    uri = make_bucket(scheme, config)
     trial = trials(uri, tmp_path / "state", ttl=1.5)
     builder = trial.start("builder", mode=mode)
     poll(lambda: (trial.state / "marker").exists() or builder.poll() is not None, "the builder to get going")

@@ -31,6 +31,8 @@ from lading.stores.base import Store
 from lading.stores.config import StoreConfig
 
 log = logging.getLogger(__name__)
+#: Stores (by URL) whose conditional writes this process has checked.
+_CHECKED: set[str] = set()
 
 
 class VersionConflict(UsageError):
@@ -90,7 +92,6 @@ def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint
     deadline = started + options.wait_timeout
     observer = Observer(clock=clock)
     waited_on: str | None = None
-    probed = False
     delay = 0.1
     while True:
         index = read_index(store, location)
@@ -101,9 +102,7 @@ def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint
         stale_build: str | None = None
         mine = ClaimRecord(fingerprint=fingerprint, ttl=options.claim_ttl)
         if found is None:
-            if not probed:
-                claims.check_conditional_writes(store)
-                probed = True
+            _check_conditional_writes(store)
             claim = Claim.create(store, mine)
         else:
             other, version = found
@@ -112,9 +111,7 @@ def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint
                 raise BuildFailed(f"the build of {location} by {other.describe()} failed: {other.error}",
                                   "fix the function and call it again (the next call builds again)")
             if other.state == "failed" or observer.expired(other, version):
-                if not probed:
-                    claims.check_conditional_writes(store)
-                    probed = True
+                _check_conditional_writes(store)
                 claim = Claim.take_over(store, mine, version)
                 if claim is not None:
                     why = "failed" if other.state == "failed" else f"expired (no heartbeat for {other.ttl:g}s)"
@@ -137,6 +134,13 @@ def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint
                               f"{location})")
         sleep(min(delay * random.uniform(0.8, 1.2), max(0.0, deadline - now)))
         delay = min(delay * 1.5, options.max_poll)
+
+
+def _check_conditional_writes(store: Store) -> None:
+    """Once per process and store: refuse a server that ignores conditional writes."""
+    if store.url not in _CHECKED:
+        claims.check_conditional_writes(store)
+        _CHECKED.add(store.url)
 
 
 def _refuse_other_build(location: Location, other: ClaimRecord, fingerprint: str) -> None:
