@@ -158,17 +158,17 @@ def _details(details: dict[str, Any]) -> list[str]:
         cache = details.get("node_cache")
         lines += [
             f"  samples      {_count(details['samples'])}",
-            f"  shards       {details['shards']} ({human(details['shard_bytes'])}; {details['objects']} objects, "
-            f"{human(details['bytes'])} in all)",
+            (f"  shards       {details['shards']} ({human(details['shard_bytes'])}; {details['objects']} objects, "
+             f"{human(details['bytes'])} in all)"),
             "  fields       " + (", ".join(f"{e['field']} ({e['type']})" for e in fields.values()) or "-"),
             f"  keys         {(details.get('encoding') or {}).get('keys', '-')}",
             f"  fingerprint  {details.get('fingerprint') or '- (not built by lading.datalayer)'}",
             f"  function     {details.get('function') or '-'}",
-            f"  built        {details.get('built_at') or '-'} by pid {built_by.get('pid', '?')} on "
-            f"{built_by.get('host', '?')} (user {built_by.get('user', '?')}) in {details.get('build_seconds')}s",
+            (f"  built        {details.get('built_at') or '-'} by pid {built_by.get('pid', '?')} on "
+             f"{built_by.get('host', '?')} (user {built_by.get('user', '?')}) in {details.get('build_seconds')}s"),
             f"  store check  {details.get('store_check')}",
-            "  node cache   " + ("none here" if cache is None else f"{cache['current']} current, {cache['stale']} "
-                                 f"stale, {cache['absent']} absent in {cache['root']}"),
+            "  node cache   " + ("none here" if cache is None else (f"{cache['current']} current, {cache['stale']} "
+                                                                 f"stale, {cache['absent']} absent in {cache['root']}")),
         ]
     else:
         lines.append(f"  objects      {details['objects']} ({human(details['bytes'])}), no index")

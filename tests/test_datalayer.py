@@ -9,11 +9,10 @@ import pickle
 import uuid
 from pathlib import Path
 
+import lading.datalayer as dl
 import numpy as np
 import pytest
 import torch
-
-import lading.datalayer as dl
 from lading.core.errors import ProblemFound, UsageError
 from lading.datalayer.encoding import Encoder
 from lading.datalayer.fingerprint import fingerprint
@@ -152,7 +151,7 @@ def test_versions_are_immutable(tmp_path):
     make()
 
     @dl.cached(str(tmp_path), "data", "v1")
-    def make():  # noqa: F811 - another build under the same name and version
+    def make():  # another build under the same name and version
         return [{"n": 2}]
 
     with pytest.raises(dl.VersionConflict, match="immutable|new version"):
@@ -201,7 +200,7 @@ def test_an_explicit_fingerprint_replaces_the_code(tmp_path):
     make()
 
     @dl.cached(str(tmp_path), "explicit", "v1", fingerprint="mnist-2024")
-    def make():  # noqa: F811 - refactored code, same data: the recorded fingerprint says so
+    def make():  # refactored code, same data: the recorded fingerprint says so
         return [{"n": 1} for _ in range(1)]
 
     assert not make.ensure().built

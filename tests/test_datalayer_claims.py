@@ -7,7 +7,6 @@ import threading
 import uuid
 
 import pytest
-
 from lading.core.errors import UsageError
 from lading.datalayer.claim import Claim, ClaimLost, ClaimRecord, Observer, is_live, read_claim
 from lading.stores import claims, open_store

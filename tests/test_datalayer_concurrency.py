@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-
 from lading.stores import claims, open_store
 from lading.stores.config import StoreConfig
 
@@ -319,8 +318,11 @@ def test_datasets_cli_list_show_and_rm_refusing_a_claimed_version(bucket, trials
     os.kill(builder.pid, signal.SIGKILL)
     builder.wait()
     # Once the dead builder's claim is two TTLs without a heartbeat, rm takes it over.
-    removed = poll(lambda: (lambda r: r if r.returncode == 0 else None)(lading("datasets", "rm", version, "--yes",
-                                                                              "--json")), "rm to succeed")
+    def rm_once():
+        result = lading("datasets", "rm", version, "--yes", "--json")
+        return result if result.returncode == 0 else None
+
+    removed = poll(rm_once, "rm to succeed")
     assert json.loads(removed.stdout)["removed"][0]["took_over"]["pid"] == builder.pid
     assert objects(version, config) == []
 

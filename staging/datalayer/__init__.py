@@ -29,7 +29,7 @@ from lading.datalayer.ensure import BuildFailed, BuildOptions, Outcome, VersionC
 from lading.datalayer.layout import Location
 
 __all__ = [
-    "BuildFailed", "BuildOptions", "CachedFunction", "ClaimLost", "ClaimRecord", "DEFAULT_SHUFFLE_BUFFER", "Decode",
+    "DEFAULT_SHUFFLE_BUFFER", "BuildFailed", "BuildOptions", "CachedFunction", "ClaimLost", "ClaimRecord", "Decode",
     "Encoder", "Location", "Outcome", "Removed", "VersionConflict", "VersionSummary", "WaitTimeout", "cached",
     "describe", "ensure", "list_versions", "node_cache_status", "open_dataset", "remove", "resolve_slot",
 ]

@@ -164,9 +164,14 @@ def build_version(store: Store, location: Location, samples: Iterable[Any], clai
     """Encode ``samples`` and publish them as ``location`` (the claim held); the index written."""
     started = time.time()
     encoder = Encoder()
+    try:
+        produced = iter(samples)
+    except TypeError:
+        raise UsageError(f"{function} returned a {type(samples).__name__}, not samples",
+                         "return a list of sample dicts, or yield them") from None
     spool = Spool(spool_dir)
     try:
-        for sample in samples:
+        for sample in produced:
             spool.add(*encoder.encode(sample))
             if encoder.samples % _CHECK_EVERY == 0:
                 claim.check()

@@ -199,19 +199,31 @@ def _build(store: Store, location: Location, claim: Claim, produce: Callable[[],
                               spool_dir=options.spool_dir)
     except ClaimLost:
         claim.stop()
-        _remove_build(store, claim.record.build)
+        _remove_unpublished(store, location, claim.record.build)
         raise
     except Exception as err:
         claim.fail(err.message if isinstance(err, LadingError) else f"{type(err).__name__}: {err}")
-        _remove_build(store, claim.record.build)
+        _remove_unpublished(store, location, claim.record.build)
         raise
     except BaseException:
         claim.release()
-        _remove_build(store, claim.record.build)
+        _remove_unpublished(store, location, claim.record.build)
         raise
     claim.release()
     log.info("%s: built %s samples", location, block_of(index).get("samples"))
     return Outcome(location, index, built=True, waited=waited)
+
+
+def _remove_unpublished(store: Store, location: Location, build: str) -> None:
+    """After a failed build: remove its folder, unless an index naming it was published (a failure
+    after the index was created must not take the shards of a complete version)."""
+    try:
+        index = read_index(store, location)
+    except LadingError as err:
+        log.warning("%s: could not check the index before removing %s: %s", location, build, err)
+        return
+    if index is None or block_of(index).get("build") != build:
+        _remove_build(store, build)
 
 
 def _remove_build(store: Store, build: str) -> None:

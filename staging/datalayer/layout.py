@@ -58,7 +58,7 @@ class Location:
         text = uri.rstrip("/")
         head, _, version = text.rpartition("/")
         root, _, name = head.rpartition("/")
-        if not root or not name or not version or root.endswith(":/") or root.endswith(":"):
+        if not root or not name or not version or root.endswith((":/", ":")):
             raise UsageError(f"{uri!r} does not name a dataset version", "write STORE_URI/NAME/VERSION, "
                              "e.g. s3://bucket/cache/mnist/v1")
         return cls.of(root, name, version)
