@@ -38,6 +38,12 @@ def make_bucket(scheme: str, config: StoreConfig) -> str:
     return f"{scheme}://{name}/cache"
 
 
+@pytest.fixture(autouse=True)
+def node_cache_root(tmp_path, monkeypatch):
+    """Datasets read through a node cache of this test's own (not ~/.cache/lading)."""
+    monkeypatch.setenv("LADING_CACHE_DIR", str(tmp_path / "default-node-cache"))
+
+
 @pytest.fixture(params=["s3", "gs", "local"])
 def where(request, tmp_path):
     """(store URI, config) on moto, fake-gcs-server or a local directory."""

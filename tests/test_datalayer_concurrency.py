@@ -347,3 +347,38 @@ def test_datasets_help_has_examples_and_exit_codes(lading):
         result = lading(*args)
         assert result.returncode == 0
         assert "Examples:" in result.stdout and "Exit codes:" in result.stdout
+
+
+TORCHRUN_SCRIPT = r'''
+import json, os, sys
+import lading.datalayer as dl
+
+STATE = sys.argv[2]
+
+
+@dl.cached(sys.argv[1], "ranked", "v1", shard_size=500, cache_dir=os.path.join(STATE, "node-cache"))
+def samples():
+    with open(os.path.join(STATE, "runs"), "a") as runs:
+        runs.write(f"{os.getpid()}\n")
+    return [{"n": n, "pad": b"p" * 100} for n in range(30)]
+
+
+dataset = samples()  # no process group: rank and world size from torchrun's RANK / WORLD_SIZE
+with open(os.path.join(STATE, f"rank-{os.environ['RANK']}.json"), "w") as out:
+    json.dump({"rank": dataset.rank, "world_size": dataset.world_size, "n": [s["n"] for s in dataset]}, out)
+'''
+
+
+def test_under_torchrun_every_rank_calls_it_one_builds_each_reads_its_share(s3_env, tmp_path):
+    config = StoreConfig.from_env(s3_env)
+    uri = make_bucket("s3", config)
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          str(script), uri, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ))
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]
+    assert sorted(ranks[0]["n"] + ranks[1]["n"]) == list(range(30))  # disjoint shares, every sample once
+    assert len((tmp_path / "runs").read_text().split()) == 1
