@@ -212,7 +212,7 @@ class ShardDataset(ElasticIterable):
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.cache_limit = cache_limit
         self.prefetch = prefetch
-        if self.cache_dir is not None or cache_limit is not None:
+        if self.cache_dir is not None or cache_limit is not None or not all(ref.local for ref in self.shards):
             NodeCache(self.cache_dir, cache_limit)  # refuse a bad root or limit now, not in a worker
 
     @property
