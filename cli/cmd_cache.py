@@ -23,7 +23,8 @@ The cache root is --cache-dir, else $LADING_CACHE_DIR, else $XDG_CACHE_HOME/ladi
 are skipped (and counted as busy); files the cache did not download are never removed.
 
 \b
-Exit codes: 0 ok, 2 usage (bad option, a cache root others can write to or not yours)."""
+Exit codes: 0 ok, 2 usage (bad option or duration), 4 a cache root that is not
+yours or that others can write to."""
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from lading.core.errors import UsageError
+from lading.core.errors import AccessDenied
 from lading.datasets import NodeCache, ShardDataset
 from lading.datasets.cache import ShardSource, iter_entries, summarize
 from lading.pack import PackOptions, plan_pack, run_pack
@@ -223,15 +223,17 @@ def test_unsafe_cache_roots_are_refused(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
-    with pytest.raises(UsageError, match="others can write to it"):
+    with pytest.raises(AccessDenied, match="others can write to it"):
         NodeCache(shared)
     foreign = tmp_path / "foreign"
     foreign.mkdir(mode=0o700)
     if os.getuid() != 0:
         pytest.skip("needs root to give a directory to another user")
     os.chown(foreign, 4242, -1)
-    with pytest.raises(UsageError, match="owned by uid 4242"):
+    with pytest.raises(AccessDenied, match="owned by uid 4242"):
         NodeCache(foreign)
+    with pytest.raises(AccessDenied, match="owned by uid 4242"):
+        ShardDataset([f"s3://bucket/{name}.tar" for name in "ab"], cache_dir=foreign)
 
 
 def test_default_root_follows_lading_cache_dir(tmp_path, monkeypatch):
@@ -266,7 +268,7 @@ def test_lading_cache_lists_and_clears(s3_env, tmp_path, lading):
     (tmp_path / "open").mkdir()
     (tmp_path / "open").chmod(0o777)
     bad = lading("cache", "list", "--cache-dir", str(tmp_path / "open"))
-    assert bad.returncode == 2 and "others can write" in bad.stderr
+    assert bad.returncode == 4 and "others can write" in bad.stderr
 
 
 def test_a_list_of_shards_is_checked_against_the_store(s3_env, tmp_path):

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from lading.core.atomic import write_atomically
-from lading.core.errors import ObjectChanged, ProblemFound, UsageError
+from lading.core.errors import AccessDenied, ObjectChanged, ProblemFound, UsageError
 from lading.stores.base import Store
 
 log = logging.getLogger(__name__)
@@ -81,16 +81,20 @@ def parse_limit(limit: int | str | None) -> int | None:
 
 
 def check_root(root: Path) -> None:
-    """Refuse a cache root not owned by this user or writable by group or others."""
+    """Refuse (AccessDenied, exit 4, as ``lading sync`` refuses its node cache) a cache root that
+    is not a directory owned by this user, or that group or others can write to. A symlink is
+    judged by its target."""
     st = os.stat(root)
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"cache directory {root} is not a directory")
-    if st.st_uid != os.getuid():
-        raise UsageError(f"refusing cache directory {root}: it is owned by uid {st.st_uid}, not by you",
-                         "set LADING_CACHE_DIR (or cache_dir=) to a directory of your own")
+    if st.st_uid != os.geteuid():
+        raise AccessDenied(f"refusing cache directory {root}: it is owned by uid {st.st_uid}, not by you "
+                           f"(uid {os.geteuid()}); its shards would feed your training",
+                           "set LADING_CACHE_DIR (or cache_dir=) to a directory of your own")
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UsageError(f"refusing cache directory {root}: others can write to it (mode {stat.S_IMODE(st.st_mode):o})",
-                         f"chmod go-w {root}, or use another directory")
+        raise AccessDenied(f"refusing cache directory {root}: others can write to it "
+                           f"(mode {stat.S_IMODE(st.st_mode):04o}); its shards would feed your training",
+                           f"chmod go-w {root}, or use another directory")
 
 
 def _digest(text: str) -> str:
