@@ -69,6 +69,18 @@ def _checked(header: bytes) -> None:
         raise TarFormatError("header checksum mismatch: not a tar archive, or a damaged one")
 
 
+def _member_name(header: bytes | memoryview, pax: dict[str, str], long_name: str | None) -> str:
+    """A file member's name: pax ``path``, else a GNU long name, else the ustar prefix/name."""
+    name = pax.get("path") or long_name
+    if name is None:
+        header = bytes(header)
+        name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        if header[257:262] == b"ustar" and header[345] != 0:
+            prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            name = f"{prefix}/{name}"
+    return name
+
+
 def iter_files(read: Callable[[int], bytes]) -> Iterator[tuple[str, bytes]]:
     """``(name, data)`` of every regular file in the tar stream ``read``, in order."""
     long_name: str | None = None
@@ -92,12 +104,7 @@ def iter_files(read: Callable[[int], bytes]) -> Iterator[tuple[str, bytes]]:
             long_name = data.rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
         if kind in _FILE_TYPES:
-            name = pax.get("path") or long_name
-            if name is None:
-                name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                if header[257:262] == b"ustar" and header[345] != 0:
-                    prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                    name = f"{prefix}/{name}"
+            name = _member_name(header, pax, long_name)
             yield name, data
         long_name, pax = None, {}  # per-member records apply to the next entry only ('g' is ignored)
 
@@ -128,12 +135,7 @@ def iter_member_spans(buffer: bytes | memoryview) -> Iterator[tuple[str, int, in
             long_name = bytes(view[start:start + size]).rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
         if kind in _FILE_TYPES:
-            name = pax.get("path") or long_name
-            if name is None:
-                name = header[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                if header[257:262] == b"ustar" and header[345] != 0:
-                    prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                    name = f"{prefix}/{name}"
+            name = _member_name(header, pax, long_name)
             yield name, start, size
         long_name, pax = None, {}
     if position < end and any(view[position:end]):
