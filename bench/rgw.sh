@@ -8,11 +8,13 @@
 #   bench/rgw.sh stop      stop the daemons started here, by their recorded PIDs
 #   bench/rgw.sh status    exit 0 when S3 answers
 #
-# Environment: RGW_DIR (/tmp/lading-rgw), RGW_PORT (7480), RGW_STORE (memstore|bluestore),
+# Environment: RGW_DIR (/tmp/lading-rgw), RGW_PORT (7480), RGW_MON_PORT (3300: give a second
+# cluster its own, with its own RGW_DIR and RGW_PORT), RGW_STORE (memstore|bluestore),
 # RGW_MEM_BYTES (memstore capacity, 12 GiB).
 set -euo pipefail
 dir=${RGW_DIR:-/tmp/lading-rgw}
 port=${RGW_PORT:-7480}
+mon_port=${RGW_MON_PORT:-3300}
 store=${RGW_STORE:-memstore}
 conf="$dir/ceph.conf"
 
@@ -27,7 +29,7 @@ write_config() {
   cat >"$conf" <<CONF
 [global]
 fsid = $fsid
-mon host = v2:127.0.0.1:3300
+mon host = v2:127.0.0.1:$mon_port
 mon initial members = a
 public network = 127.0.0.0/8
 auth cluster required = none
@@ -99,7 +101,7 @@ do_start() {
   local fsid; fsid=$(cat /proc/sys/kernel/random/uuid)
   write_config "$fsid"
   ceph-authtool --create-keyring "$dir/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null
-  monmaptool --create --fsid "$fsid" --addv a '[v2:127.0.0.1:3300]' "$dir/monmap" >/dev/null
+  monmaptool --create --fsid "$fsid" --addv a "[v2:127.0.0.1:$mon_port]" "$dir/monmap" >/dev/null
   ceph-mon -c "$conf" --mkfs -i a --monmap "$dir/monmap" --keyring "$dir/keyring"
   spawn ceph-mon ceph-mon -c "$conf" -i a
   wait_for 60 timeout 3 ceph -c "$conf" mon stat
