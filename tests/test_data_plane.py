@@ -208,3 +208,22 @@ def test_a_process_forked_after_obstore_started_still_reads(scheme, request, tmp
         pytest.fail("a forked child hung reading through the store")
     assert child.exitcode == 0
     assert queue.get(timeout=5) == (["a.bin"], b"0123", 10)
+
+
+def test_one_sdk_page_after_an_empty_object_then_obstore_again(s3_env, proxy):
+    """An empty object costs one exact (boto3) page of 1,000 keys, not the rest of the listing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = s3_client(s3_env)
+    objects = {"a-empty": b"", **{f"k{i:04d}": b"x" for i in range(1100)}}
+    put_objects(client, {}, create=True)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda item: client.put_object(Bucket=BUCKET, Key=f"data/{item[0]}", Body=item[1]),
+                      objects.items()))
+    store = open_store(SOURCE, StoreConfig(endpoint_url=proxy.url, region="us-east-1"))
+    proxy.reset_counts()
+    assert [info.key for info in store.list()] == sorted(objects)
+    listings = [seen for seen in proxy.requests if "list-type=2" in seen.query]
+    by_sdk = [seen for seen in listings if "object_store" not in (seen.headers.get("User-Agent") or "")]
+    assert len(by_sdk) == 1  # one exact page (keys a-empty .. k0998)
+    assert any("start-after=data%2Fk0998" in seen.query for seen in listings if seen not in by_sdk)

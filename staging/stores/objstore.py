@@ -26,7 +26,7 @@ import re
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 from lading.core.errors import LadingError, ObjectChanged, TransientError, UnsafeKey, UsageError
 from lading.core.keys import key_parts
@@ -355,19 +355,33 @@ class ObstoreReads:
         """Yield objects under ``root + prefix`` in key order, a page at a time.
 
         obstore normalises keys (it drops a trailing ``/`` and refuses empty, ``.`` and ``..``
-        segments); from the first entry where that could matter (an empty object, or a key it
-        cannot represent) the listing goes on through the backend's SDK, after the last key
-        already yielded, so every key comes out exactly as stored. A page that fails transiently is asked for again from the last key yielded (a listing
-        ``offset``), within the retry policy. obstore follows continuation tokens but cannot tell
-        a last page from one a server marked truncated without a token; so when the listing ends,
-        one more request starting after the last key must find nothing, or the listing is an
-        error (never a short listing)."""
-        where = self._where(prefix)
+        segments). Where that could matter (an empty object that is not a ``dir/`` marker with
+        keys under it, or a key obstore cannot represent) one page is listed through the backend's
+        SDK, after the last key already yielded, and obstore takes over again after that page: every
+        key comes out exactly as stored. A page that fails transiently is asked for again from the
+        last key yielded (a listing ``offset``), within the retry policy. obstore follows
+        continuation tokens but cannot tell a last page from one a server marked truncated without
+        a token; so when the listing ends, one more request starting after the last key must find
+        nothing, or the listing is an error (never a short listing)."""
         if (not obstore_usable() or prefix and not prefix.endswith("/")) and self.has_exact_listing:
             yield from self._exact_listing(prefix, None)  # obstore lists directories, not name prefixes
             return
-        last: str | None = None
-        held: dict[str, Any] | None = None  # an entry that may be a folder marker, until the next one
+        after: str | None = None
+        while True:
+            ambiguous, after = yield from self._fast_run(prefix, after)
+            if not ambiguous:
+                return
+            infos, after, more = self._exact_page(prefix, after)
+            yield from infos
+            if not more:
+                return
+
+    def _fast_run(self, prefix: str, after: str | None) -> Generator[ObjectInfo, None, tuple[bool, str | None]]:
+        """obstore's listing after key ``after``: yields what it renders exactly; returns (False, _)
+        at the end, or (True, the last key yielded) when the next entry needs the SDK's listing."""
+        where = self._where(prefix)
+        last = after
+        held: dict[str, Any] | None = None  # an empty entry that may be a folder marker, until the next one
         try:
             for page in self._pages(prefix, lambda: last):
                 for meta in page:
@@ -375,8 +389,7 @@ class ObstoreReads:
                         continue  # a resumed page may repeat its first key (GCS offsets include it)
                     if held is not None:
                         if not meta["path"].startswith(held["path"] + "/"):
-                            yield from self._exact_listing(prefix, last)  # an empty object, or a lone marker
-                            return
+                            return True, last  # an empty object, or a lone marker: ask the SDK
                         held = None  # "dir/" followed by "dir/...": a folder marker, skipped
                     if self._needs_exact_keys(meta):
                         held = meta
@@ -385,18 +398,18 @@ class ObstoreReads:
                     info = self._listed(meta)
                     if info is not None:
                         yield info
-            if held is not None:
-                yield from self._exact_listing(prefix, last)
-                return
         except UnsafeKey:
             if not self.has_exact_listing:
                 raise
-            yield from self._exact_listing(prefix, last)  # obstore cannot represent a key
-            return
-        if last is not None and self._call(where, lambda store: self._has_keys_after(store, prefix, last)):
+            return True, last  # obstore cannot represent a key here
+        if held is not None:
+            return True, last
+        if last is not None and last != after and self._call(
+                where, lambda store: self._has_keys_after(store, prefix, last)):
             raise TransientError(f"the listing of {where} stopped early: the server marked a page truncated "
                                  "without a continuation token", "run again; if it persists, the server's "
                                  "listing is broken")
+        return False, last
 
     # -- the SDK paths: in a forked child of a process that used obstore ------------------------
 
@@ -422,6 +435,11 @@ class ObstoreReads:
         """The rest of the listing after key ``after``, with keys exactly as stored."""
         raise NotImplementedError
 
+    def _exact_page(self, prefix: str, after: str | None) -> tuple[list[ObjectInfo], str | None, bool]:
+        """One page after key ``after``, keys exactly as stored: (objects, the page's last stored
+        key, whether more may follow)."""
+        raise NotImplementedError
+
     def _open_listing(self, store: Any, prefix: str, after: str | None) -> Iterator[list[dict[str, Any]]]:
         import obstore
 
@@ -440,7 +458,8 @@ class ObstoreReads:
         where = self._where(prefix)
         policy = self.config.retry
         failures = 0
-        pages = self._call(where, lambda store: self._open_listing(store, prefix, None))
+        first = resume_after()
+        pages = self._call(where, lambda store: self._open_listing(store, prefix, first))
         while True:
             try:
                 page = self._translated(where, lambda _store: next(pages, None))

@@ -123,29 +123,35 @@ class S3Store(ObstoreReads):
         return int(meta["size"]) == 0
 
     def _exact_listing(self, prefix: str, after: str | None) -> Iterator[ObjectInfo]:
-        """ListObjectsV2 through boto3 from ``after`` on; a page marked truncated without a
+        """ListObjectsV2 through boto3 from ``after`` on, page by page."""
+        while True:
+            infos, after, more = self._exact_page(prefix, after)
+            yield from infos
+            if not more:
+                return
+
+    def _exact_page(self, prefix: str, after: str | None) -> tuple[list[ObjectInfo], str | None, bool]:
+        """One ListObjectsV2 page through boto3 after ``after``; a page marked truncated without a
         continuation token is an error, never a short listing."""
         where = self._where(prefix)
         request: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.root + prefix, "MaxKeys": 1000}
         if after is not None:
             request["StartAfter"] = after
-        while True:
-            page = self._boto_call(where, lambda client: client.list_objects_v2(**request))
-            for item in page.get("Contents", ()):
-                key = item["Key"][len(self.root):]
-                if key and not (key.endswith("/") and int(item.get("Size", 0)) == 0):
-                    etag = plain_etag(item.get("ETag"))
-                    modified = item.get("LastModified")
-                    yield ObjectInfo(key, int(item.get("Size", 0)), etag,
-                                     modified.timestamp() if modified else 0.0, md5_of_etag(etag))
-            if not page.get("IsTruncated"):
-                return
-            token = page.get("NextContinuationToken")
-            if not token:
-                raise TransientError(f"the listing of {where} stopped early: the server marked a page "
-                                     "truncated without a continuation token")
-            request.pop("StartAfter", None)
-            request["ContinuationToken"] = token
+        page = self._boto_call(where, lambda client: client.list_objects_v2(**request))
+        contents = page.get("Contents", ())
+        infos = []
+        for item in contents:
+            key = item["Key"][len(self.root):]
+            if key and not (key.endswith("/") and int(item.get("Size", 0)) == 0):
+                etag = plain_etag(item.get("ETag"))
+                modified = item.get("LastModified")
+                infos.append(ObjectInfo(key, int(item.get("Size", 0)), etag,
+                                        modified.timestamp() if modified else 0.0, md5_of_etag(etag)))
+        more = bool(page.get("IsTruncated"))
+        if more and not page.get("NextContinuationToken"):
+            raise TransientError(f"the listing of {where} stopped early: the server marked a page "
+                                 "truncated without a continuation token")
+        return infos, (contents[-1]["Key"] if contents else after), more and bool(contents)
 
     def _translated(self, what: str, operation: Callable[[Any], Any]) -> Any:
         """One attempt; an answer that the bucket is in another region re-resolves the region
