@@ -296,3 +296,31 @@ def test_a_list_of_shards_is_checked_against_the_store(s3_env, tmp_path):
         keys = Counter(s["__key__"] for s in ShardDataset(uris, cache_dir=cache, config=settings))
         assert shard_gets(proxy) == Counter({shards[0]: 1})
         assert max(keys.values()) == 2  # shards[1]'s samples now come twice
+
+
+def test_a_reader_holding_a_shard_never_blocks_its_download(s3_env, tmp_path):
+    """DataLoader workers hold shards (shared lock) while they wait for work: a worker that finds
+    a shard missing must still download it, not wait for an exclusive lock the readers keep from
+    being granted (the deadlock bench_datasets.py hit with 4 workers)."""
+    import fcntl
+    import threading
+
+    config = StoreConfig.from_env()
+    index, shards = pack_into(make_bucket("s3", config), tmp_path, config)
+    cache = NodeCache(tmp_path / "cache")
+    store = open_store(index.rsplit("/", 1)[0], config)
+    source = ShardSource(f"{index.rsplit('/', 1)[0]}/{shards[0]}", lambda: store, shards[0], None, None)
+    _, _, lock = cache.paths(source.uri)
+    reader = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(reader, fcntl.LOCK_SH)  # another worker is "reading" the shard
+    opened: list = []
+    worker = threading.Thread(target=lambda: opened.append(cache.open(source)), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    try:
+        assert not worker.is_alive(), "opening a missing shard waited on the readers' lock"
+        assert opened and len(opened[0].buffer) == opened[0].path.stat().st_size > 0
+    finally:
+        os.close(reader)
+        for shard in opened:
+            shard.close()

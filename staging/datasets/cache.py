@@ -52,6 +52,10 @@ log = logging.getLogger(__name__)
 
 META = ".lading-meta"
 LOCK = ".lading-lock"
+#: Held exclusively by the one process downloading a shard; readers hold LOCK shared (in use,
+#: so not evicted). Two files, so a reader never waits for an exclusive lock that readers of the
+#: same shard keep from being granted (DataLoader workers hold shards while they wait for work).
+FETCH = ".lading-fetch"
 _TMP = ".lading-tmp-"
 _DATASETS = "datasets"
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -161,6 +165,12 @@ class CachedShard:
     def __del__(self) -> None:
         self.close()
 
+    def release(self) -> None:
+        """Release the lock but leave the mapping to whoever still slices it: it is unmapped
+        when the last reference goes (for readers that share one mapping across threads)."""
+        self.buffer = b""
+        self.close()
+
     def close(self) -> None:
         """Unmap and release the lock (eviction may take the shard from now on)."""
         if isinstance(self.buffer, mmap.mmap):
@@ -208,7 +218,7 @@ class NodeCache:
     def paths(self, uri: str) -> tuple[Path, Path, Path]:
         """``(shard, record, lock)`` paths of the shard at ``uri``."""
         parent, _, name = uri.rstrip("/").rpartition("/")
-        if not name or name in (".", "..") or name.endswith((META, LOCK)) or _TMP in name:
+        if not name or name in (".", "..") or name.endswith((META, LOCK, FETCH)) or _TMP in name:
             raise UsageError(f"cannot cache {uri!r}: not a usable file name")
         folder = self.folder / location_folder(parent + "/")
         if folder not in self._known:
@@ -239,27 +249,22 @@ class NodeCache:
     def open(self, source: ShardSource) -> CachedShard:
         """The shard, downloaded first unless the cache holds it at the recorded version."""
         path, record, lock = self.paths(source.uri)
-        fd = _hold(lock, fcntl.LOCK_SH)
-        try:
-            if _current(path, record, source.version, source.size):
-                return self._opened(path, record, fd)
-        except BaseException:
-            os.close(fd)
-            raise
-        os.close(fd)
-        fd = _hold(lock, fcntl.LOCK_EX)
+        fd = _hold(lock, fcntl.LOCK_SH)  # in use from here on: never evicted under us
         try:
             if not _current(path, record, source.version, source.size):
-                self._download(source, path, record)
-            return self._opened(path, record, fd, downgrade=True)
+                fetching = _hold(lock.with_name(path.name + FETCH), fcntl.LOCK_EX)
+                try:
+                    if not _current(path, record, source.version, source.size):  # another may have
+                        self._download(source, path, record)
+                finally:
+                    os.close(fetching)
+            return self._opened(path, record, fd)
         except BaseException:
             os.close(fd)
             raise
 
-    def _opened(self, path: Path, record: Path, fd: int, downgrade: bool = False) -> CachedShard:
+    def _opened(self, path: Path, record: Path, fd: int) -> CachedShard:
         buffer = map_file(path)
-        if downgrade:  # keep reading under a shared lock, as every reader does
-            fcntl.flock(fd, fcntl.LOCK_SH)
         try:
             os.utime(record)  # last use, for least-recently-used eviction
         except FileNotFoundError:  # evicted in the instant between the two locks: still mapped
@@ -267,9 +272,10 @@ class NodeCache:
         return CachedShard(path, fd, buffer)
 
     def _download(self, source: ShardSource, path: Path, record: Path) -> None:
-        """Download under the shard's exclusive lock: temporary, rename, then the record."""
+        """Download under the shard's fetch lock: temporary, rename, then the record. Readers of
+        an older copy keep their mapping of the replaced file."""
         for stale in path.parent.glob(f"{path.name}{_TMP}*"):
-            stale.unlink(missing_ok=True)  # a download killed mid-way (we hold the lock)
+            stale.unlink(missing_ok=True)  # a download killed mid-way (we hold the fetch lock)
         store = source.store()
         version, size = source.version, source.size
         if version is None or size is None:
@@ -376,6 +382,7 @@ def remove_entry(entry: Entry) -> bool:
         record.unlink()
         entry.path.unlink(missing_ok=True)
         lock.unlink(missing_ok=True)
+        entry.path.with_name(entry.path.name + FETCH).unlink(missing_ok=True)
     finally:
         os.close(fd)
     return True

@@ -135,7 +135,7 @@ class PackedDataset:
             while len(local.mapped) > _KEEP_MAPPED:
                 closer = local.mapped.popitem(last=False)[1][1]
                 if closer is not None:
-                    closer.close()
+                    closer.release()  # another thread may still be slicing its mapping
         return entry[0]
 
     def _cache(self, local: _Local) -> NodeCache | None:
