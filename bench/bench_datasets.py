@@ -409,8 +409,8 @@ class Driver:
         argv = [python, str(HERE / "bench_datasets.py"), "--read", tool, "--spec", json.dumps(spec)]
         if self.args.profile and tool in self.args.profile.split(","):
             spy = str(Path(self.args.peers_python).parent / "py-spy")
-            argv = [spy, "record", "--subprocesses", "--idle", "-f", "speedscope", "-o",
-                    str(self.out / f"profile-{tool}.json"), "--", *argv]
+            argv = [spy, "record", "--subprocesses", "-r", "50", "-f", "raw", "-o",
+                    str(self.out / f"profile-{tool}.txt"), "--", *argv]
         began = time.monotonic()
         proc = subprocess.Popen(argv, env=self.env_for(tool), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
@@ -558,7 +558,7 @@ def main() -> None:
     parser.add_argument("--peers-python", default="/work/benchenv-ds/bin/python")
     parser.add_argument("--rclone-venv", default=os.environ.get("LADING_BENCH_VENV", "/work/benchenv"))
     parser.add_argument("--timeout", type=int, default=1800, help="per reader process (s)")
-    parser.add_argument("--profile", default="", help="rows to run under py-spy record (speedscope files in OUT)")
+    parser.add_argument("--profile", default="", help="rows to run under py-spy record (collapsed stacks, OUT/profile-ROW.txt)")
     parser.add_argument("--keep", action="store_true", help="keep the converted copies in the bucket")
     parser.add_argument("--out", type=Path)
     # internal: one reader or one conversion
