@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import math
 import pickle
-import uuid
 from pathlib import Path
 
 import lading.datalayer as dl
 import numpy as np
+import bucket_fixtures
 import pytest
 import torch
 from lading.core.errors import ProblemFound, UsageError
@@ -22,20 +22,7 @@ from lading.stores.config import StoreConfig
 
 
 def make_bucket(scheme: str, config: StoreConfig) -> str:
-    name = f"dl-{uuid.uuid4().hex[:10]}"
-    if scheme == "s3":
-        import boto3
-
-        key, secret, _ = config.env_credentials
-        boto3.client("s3", endpoint_url=config.endpoint_url, region_name="us-east-1", aws_access_key_id=key,
-                     aws_secret_access_key=secret).create_bucket(Bucket=name)
-    else:
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-
-        storage.Client(project="test", credentials=AnonymousCredentials(),
-                       client_options={"api_endpoint": config.gcs_endpoint}).create_bucket(name)
-    return f"{scheme}://{name}/cache"
+    return bucket_fixtures.make_bucket(scheme, config, "dl", "cache")
 
 
 @pytest.fixture(autouse=True)

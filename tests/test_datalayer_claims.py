@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import uuid
 
+import bucket_fixtures
 import pytest
 from lading.core.errors import UsageError
 from lading.datalayer.claim import Claim, ClaimLost, ClaimRecord, Observer, is_live, read_claim
@@ -14,20 +15,7 @@ from lading.stores.config import StoreConfig
 
 
 def make_bucket(scheme: str, config: StoreConfig) -> str:
-    name = f"claims-{uuid.uuid4().hex[:10]}"
-    if scheme == "s3":
-        import boto3
-
-        key, secret, _ = config.env_credentials
-        boto3.client("s3", endpoint_url=config.endpoint_url, region_name="us-east-1", aws_access_key_id=key,
-                     aws_secret_access_key=secret).create_bucket(Bucket=name)
-    else:
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-
-        storage.Client(project="test", credentials=AnonymousCredentials(),
-                       client_options={"api_endpoint": config.gcs_endpoint}).create_bucket(name)
-    return f"{scheme}://{name}/prefix"
+    return bucket_fixtures.make_bucket(scheme, config, "claims", "prefix")
 
 
 @pytest.fixture(params=["s3", "gs", "local"])

@@ -12,11 +12,11 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import bucket_fixtures
 import pytest
 from lading.stores import claims, open_store
 from lading.stores.config import StoreConfig
@@ -93,20 +93,7 @@ with open(os.path.join(STATE, f"out-{ARGS['id']}.pkl"), "wb") as out:
 
 
 def make_bucket(scheme: str, config: StoreConfig) -> str:
-    name = f"dlc-{uuid.uuid4().hex[:10]}"
-    if scheme == "s3":
-        import boto3
-
-        key, secret, _ = config.env_credentials
-        boto3.client("s3", endpoint_url=config.endpoint_url, region_name="us-east-1", aws_access_key_id=key,
-                     aws_secret_access_key=secret).create_bucket(Bucket=name)
-    else:
-        from google.auth.credentials import AnonymousCredentials
-        from google.cloud import storage
-
-        storage.Client(project="test", credentials=AnonymousCredentials(),
-                       client_options={"api_endpoint": config.gcs_endpoint}).create_bucket(name)
-    return f"{scheme}://{name}/cache"
+    return bucket_fixtures.make_bucket(scheme, config, "dlc", "cache")
 
 
 def poll(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
