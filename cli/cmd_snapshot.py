@@ -47,24 +47,36 @@ Examples:
 Exit codes: 0 no difference, 1 differences found, 2 usage (not a snapshot), 3 not found."""
 
 
-class _SnapshotGroup(click.Group):
-    """``snapshot SOURCE ...`` takes a snapshot; ``snapshot diff OLD NEW`` compares two."""
+class _SnapshotCommand(click.Command):
+    """``snapshot SOURCE -o FILE`` is this command itself; ``snapshot diff OLD NEW`` is handed to
+    :data:`diff`, under the path ``lading snapshot diff``. A command rather than a group, so that
+    ``lading snapshot --help`` lists the options of taking a snapshot and a usage error names
+    ``lading snapshot``, the command the user typed."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
-            args = ["take", *args]
-        return super().parse_args(ctx, args)
+    #: The subcommands, for ``lading --help``-style listing and for the global flags (cli/main.py).
+    subcommands: dict[str, click.Command] = {}
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        if args and args[0] in self.subcommands:
+            # A bare command (no SOURCE argument) so that the path reads `lading snapshot diff`.
+            ctx = click.Context(click.Command(info_name), info_name=info_name, parent=parent)
+            return self.subcommands[args[0]].make_context(args[0], args[1:], parent=ctx, **extra)
+        return super().make_context(info_name, args, parent, **extra)
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        formatter.write_usage("lading snapshot", "SOURCE -o FILE [OPTIONS] | diff OLD NEW")
+        formatter.write_usage(ctx.command_path, "SOURCE -o FILE [OPTIONS]")
+        formatter.write_usage(ctx.command_path, "diff OLD NEW [--json]", prefix="   or: ")
+
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, command.get_short_help_str(60))
+                                for name, command in self.subcommands.items()])
+        formatter.write_paragraph()
+        formatter.write_text(f"See '{ctx.command_path} diff --help' for its options.")
 
 
-@click.group(cls=_SnapshotGroup, help=SNAPSHOT_HELP, context_settings={"help_option_names": ["-h", "--help"]})
-def snapshot() -> None:
-    """``lading snapshot``."""
-
-
-@snapshot.command("take", help=SNAPSHOT_HELP, hidden=True)
+@click.command(cls=_SnapshotCommand, help=SNAPSHOT_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="Where to write the snapshot.")
 @click.option("--sagemaker-manifest", metavar="FILE", default=None,
@@ -73,7 +85,7 @@ def snapshot() -> None:
 @click.option("--json", "json_out", is_flag=True, help="Print the summary as JSON.")
 @store_options
 @click.pass_obj
-def take(state: AppState, source: str, output: str, sagemaker_manifest: str | None, allow_empty: bool,
+def snapshot(state: AppState, source: str, output: str, sagemaker_manifest: str | None, allow_empty: bool,
          json_out: bool, **options: Any) -> int:
     """``lading snapshot SOURCE -o FILE``."""
     from lading.core.errors import NotFound
@@ -104,7 +116,7 @@ def take(state: AppState, source: str, output: str, sagemaker_manifest: str | No
     return 0
 
 
-@snapshot.command("diff", help=DIFF_HELP)
+@click.command("diff", help=DIFF_HELP, short_help="Keys added, removed and changed between two snapshots.")
 @click.argument("old")
 @click.argument("new")
 @click.option("--json", "json_out", is_flag=True, help="Print {added, removed, changed} as JSON.")
@@ -125,3 +137,6 @@ def diff(state: AppState, old: str, new: str, json_out: bool) -> int:
             click.echo(f"{len(result.added)} added, {len(result.removed)} removed, {len(result.changed)} changed",
                        err=True)
     return 1 if (result.added or result.removed or result.changed) else 0
+
+
+_SnapshotCommand.subcommands = {"diff": diff}

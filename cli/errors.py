@@ -27,6 +27,16 @@ def _fail(message: str, hint: str | None, code: int) -> NoReturn:
     sys.exit(code)
 
 
+def click_message(err: click.ClickException) -> tuple[str, str | None]:
+    """A click error as (one-line message, hint): the same shape as every other error, where
+    click would print a usage block, a "Try --help" line and the message (4 lines)."""
+    message = " ".join(err.format_message().split())
+    ctx = getattr(err, "ctx", None)
+    if not isinstance(err, click.UsageError) or ctx is None:
+        return message, None
+    return message, f"see '{ctx.command_path} --help'"
+
+
 def run_guarded(entry: Callable[[], object], debug: Callable[[], bool]) -> NoReturn:
     """Run the click entry point and translate every failure into an exit code."""
     try:
@@ -40,10 +50,11 @@ def run_guarded(entry: Callable[[], object], debug: Callable[[], bool]) -> NoRet
     except click.exceptions.Abort:
         click.echo("lading: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
-    except click.ClickException as err:
-        # click's usage errors already carry their own "Try --help" hint.
+    except click.exceptions.NoArgsIsHelpError as err:  # `lading` alone: the help, as before
         err.show()
-        sys.exit(EXIT_USAGE if isinstance(err, click.UsageError) else err.exit_code)
+        sys.exit(EXIT_USAGE)
+    except click.ClickException as err:
+        _fail(*click_message(err), EXIT_USAGE if isinstance(err, click.UsageError) else err.exit_code)
     except KeyboardInterrupt:
         click.echo("lading: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)

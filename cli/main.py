@@ -79,9 +79,9 @@ def accept_global_flags(command: click.Command) -> click.Command:
             command.params.append(click.Option(list(opts), name, is_flag=True, hidden=True, expose_value=False,
                                                callback=_set_global))
     command._lading_global_flags = True  # type: ignore[attr-defined]
-    if isinstance(command, click.Group):
-        for sub in command.commands.values():
-            accept_global_flags(sub)
+    subcommands = command.commands if isinstance(command, click.Group) else getattr(command, "subcommands", {})
+    for sub in subcommands.values():  # a group's, or `snapshot diff` of the command `snapshot`
+        accept_global_flags(sub)
     return command
 
 

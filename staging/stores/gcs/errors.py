@@ -62,6 +62,9 @@ def from_response(code: str, status: int, message: str, what: str) -> LadingErro
         return ObjectChanged(f"{what} changed (precondition failed: the generation no longer matches)",
                              "the object was replaced while lading read it; run again")
     if status == 404:
+        if "bucket does not exist" in message.lower():  # GCS's words for a missing bucket
+            bucket = what.removeprefix("gs://").split("/", 1)[0]
+            return NotFound(f"bucket {bucket} not found", "check its name, and the project you can see it in")
         return NotFound(f"not found: {what}")
     if status in (401, 403):
         return AccessDenied(f"access denied to {what}: {message}", CREDENTIALS_HINT)

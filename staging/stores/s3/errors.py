@@ -81,7 +81,7 @@ def from_response(code: str, status: int, message: str, what: str) -> LadingErro
                              "the object was replaced while lading read it; run again")
     if code in _NOT_FOUND or status == 404:
         if code == "NoSuchBucket":
-            return NotFound(f"no such bucket: {what} ({message})")
+            return bucket_not_found(what)
         return NotFound(f"object not found: {what}")
     if code in _DENIED or status in (401, 403):
         return AccessDenied(f"access denied to {what}: {message}", CREDENTIALS_HINT)
@@ -90,6 +90,13 @@ def from_response(code: str, status: int, message: str, what: str) -> LadingErro
     if code in _TRANSIENT or status >= 500:
         return TransientError(f"S3 server error on {what}: {message}")
     return LadingError(f"S3 refused the request on {what}: {code or status}: {message}")
+
+
+def bucket_not_found(what: str) -> NotFound:
+    """``bucket X not found``, one line: the server's answer adds only an XML fragment."""
+    bucket = what.removeprefix("s3://").split("/", 1)[0]
+    return NotFound(f"bucket {bucket} not found",
+                    "check its name, and --endpoint-url or AWS_ENDPOINT_URL")
 
 
 def _is_network_error(err: BaseException) -> bool:

@@ -1,0 +1,109 @@
+"""Issue 17, items 7-9: the snapshot command's help and usage, flags that conflict or do nothing,
+and messages that misled. Each test failed before its fix. The CLI runs in a subprocess, as
+users run it; a store is the real moto server of the suite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+BUCKET = "defects17"
+
+
+def one_line_error(result, code: int) -> str:
+    """The single stderr line of a failed command, after checking its exit code."""
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("lading: error: "), lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def bucket(s3_env: dict[str, str]) -> dict[str, str]:
+    """s3://defects17/train/ holding img-000.jpg and labels.csv, on a freshly reset moto."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client.create_bucket(Bucket=BUCKET)
+    client.put_object(Bucket=BUCKET, Key="train/img-000.jpg", Body=b"not really a jpeg")
+    client.put_object(Bucket=BUCKET, Key="train/labels.csv", Body=b"img-000.jpg,cat\n")
+    return s3_env
+
+
+# --- 7: `lading snapshot` ------------------------------------------------------------------------
+
+def test_snapshot_help_lists_its_options(lading):
+    result = lading("snapshot", "--help")
+    assert result.returncode == 0
+    for option in ("-o, --output", "--sagemaker-manifest", "--allow-empty", "--json", "--endpoint-url"):
+        assert option in result.stdout, option
+    assert "lading snapshot diff OLD NEW" in result.stdout
+    assert "snapshot take" not in result.stdout
+
+
+def test_snapshot_diff_help_shows_its_own_options(lading):
+    result = lading("snapshot", "diff", "--help")
+    assert result.returncode == 0
+    assert result.stdout.startswith("Usage: lading snapshot diff [OPTIONS] OLD NEW")
+    assert "--json" in result.stdout and "--output" not in result.stdout
+
+
+def test_snapshot_without_output_names_the_command_typed(lading):
+    line = one_line_error(lading("snapshot", "s3://b/train"), 2)
+    assert "'-o' / '--output'" in line and "lading snapshot --help" in line and "take" not in line
+
+
+def test_snapshot_diff_usage_error_names_snapshot_diff(lading, tmp_path):
+    line = one_line_error(lading("snapshot", "diff", str(tmp_path / "a")), 2)
+    assert "NEW" in line and "lading snapshot diff --help" in line
+
+
+def test_snapshot_diff_takes_global_flags_last(lading, bucket, tmp_path):
+    snap = tmp_path / "a.snap.jsonl"
+    assert lading("snapshot", f"s3://{BUCKET}/train", "-o", str(snap)).returncode == 0
+    result = lading("snapshot", "diff", str(snap), str(snap), "-q")
+    assert result.returncode == 0 and result.stderr == "" and result.stdout == ""
+
+
+# --- 9: one-line errors ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, named", [
+    (("cat", "s3://b/x", "--part-size", "12Q"), "--part-size"),
+    (("sync", "s3://b/x", "--rank", "-1"), "--rank"),
+    (("sync", "s3://b/x", "--workers", "0"), "--workers"),
+    (("mount", "s3://b/x", "/mnt/x", "--workers", "0"), "--workers"),
+])
+def test_click_validated_option_is_one_line_usage_error(lading, args, named):
+    line = one_line_error(lading(*args), 2)
+    assert named in line and f"lading {args[0]} --help" in line
+
+
+def test_unknown_option_is_one_line_usage_error(lading):
+    line = one_line_error(lading("sync", "s3://b/x", "--no-such-flag"), 2)
+    assert "--no-such-flag" in line
+
+
+def test_lading_alone_still_prints_the_help(lading):
+    result = lading()
+    assert result.returncode == 2 and "Commands:" in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("command", [("sync", "s3://nobucket17/train"), ("cat", "s3://nobucket17/train"),
+                                     ("snapshot", "s3://nobucket17/train", "-o")])
+def test_missing_bucket_is_one_clean_line(lading, bucket, tmp_path, command):
+    args = [*command, str(tmp_path / "out")] if command[0] != "cat" else list(command)
+    line = one_line_error(lading(*args), 3)
+    assert line.startswith("lading: error: bucket nobucket17 not found")
+    assert "<" not in line and "Generic" not in line and len(line) < 160
+
+
+def test_gcs_missing_bucket_message():
+    from lading.stores.gcs.errors import from_response
+
+    err = from_response("notFound", 404, "404 GET https://storage.googleapis.com/storage/v1/b/nob/o: "
+                                         "The specified bucket does not exist.", "gs://nob/train/")
+    assert err.exit_code == 3 and err.message == "bucket nob not found"
