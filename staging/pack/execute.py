@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from lading.core.errors import AccessDenied, LadingError, ProblemFound
+from lading.core.errors import LadingError, ProblemFound, local_error
 from lading.pack.grouping import Member
 from lading.pack.plan import PackPlan, ShardPlan
 from lading.pack.sources import LocalSource, MemberSource
@@ -79,10 +79,9 @@ def interleave(tasks: list[WriteTask]) -> list[int]:
 
 
 def write_error(err: OSError, path: Path) -> LadingError:
-    """An OSError while writing a shard, as a one-line project error."""
-    if isinstance(err, PermissionError):
-        return AccessDenied(f"permission denied writing {path}")
-    return ProblemFound(f"cannot write {path}: {err.strerror or err}")
+    """An OSError while writing a shard, as a one-line project error: permission denied and a
+    read-only file system are exit 4, a full disk or an I/O error exit 6 (:func:`local_error`)."""
+    return local_error(err, f"write {path}")
 
 
 def _run_task(task: WriteTask, shard: ShardPlan, source: MemberSource, path: Path,
@@ -128,6 +127,15 @@ def create_shard_file(shard: ShardPlan, path: Path) -> None:
             os.close(fd)
     except OSError as err:
         raise write_error(err, path) from err
+
+
+def write_shard(shard: ShardPlan, source: MemberSource, path: Path,
+                progress: Callable[[int], None] | None = None) -> int:
+    """Write one whole shard into ``path`` on this thread, as the plan lays it out (the same
+    writer and checks as :func:`write_shards`); return the payload bytes written. This is the
+    unit of work other engines (``lading pack --engine ray``) run, one call per shard."""
+    create_shard_file(shard, path)
+    return _run_task(WriteTask(0, 0, len(shard.samples), 0, True), shard, source, path, progress)
 
 
 def cpus() -> int:

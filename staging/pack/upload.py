@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Protocol
 
-from lading.core.errors import AccessDenied, LadingError, ProblemFound, UsageError
+from lading.core.errors import LadingError, UsageError, local_error
 from lading.pack.index import PublishedShard
 from lading.pack.plan import PackPlan, ShardPlan
 from lading.stores.base import ObjectInfo, Store
@@ -49,11 +49,11 @@ class Publisher(Protocol):
 
 
 def _dest_error(err: OSError, where: Path) -> LadingError:
-    if isinstance(err, PermissionError):
-        return AccessDenied(f"permission denied: cannot write in {where}")
+    """Creating DEST (or its staging directory) failed: exit 4 when denied or read-only, 6 when
+    the disk is full, 2 when DEST is not a directory (:func:`local_error`)."""
     if isinstance(err, (FileExistsError, NotADirectoryError)):
         return UsageError(f"DEST {where} is not a directory", "DEST is a directory or a bucket prefix")
-    return ProblemFound(f"cannot write in {where}: {err.strerror or err}")
+    return local_error(err, f"write in {where}")
 
 
 def _already_packed(where: str) -> UsageError:
@@ -88,6 +88,14 @@ class LocalPublisher:
 
     def finish(self, documents: list[tuple[str, bytes]], make_index: MakeIndex) -> list[PublishedShard]:
         """Rename shards into place, then the documents (manifest, offsets), then the index."""
+        try:
+            published = self._publish(documents, make_index)
+        except OSError as err:
+            raise _dest_error(err, self.final_dir) from err
+        self.abort()
+        return published
+
+    def _publish(self, documents: list[tuple[str, bytes]], make_index: MakeIndex) -> list[PublishedShard]:
         published = [_local_version(shard.name, len(shard.samples), path) for shard, path in self._done]
         staged = []
         for number, (key, data) in enumerate(documents):
@@ -101,7 +109,6 @@ class LocalPublisher:
         for path, name in staged:
             os.replace(path, self.final_dir / name)
         os.replace(self.staging / "index", self.final_dir / Path(self.plan.index_key).name)
-        self.abort()
         return published
 
     def abort(self) -> None:

@@ -102,8 +102,17 @@ def write_snapshot(store: Store, source: str, out: str | Path,
     except OSError as err:
         raise local_error(err, f"write the snapshot {out}") from None
     finally:
-        tmp.unlink(missing_ok=True)  # after a failure (or an interrupt): no half-written snapshot
+        _remove_quietly(tmp)  # after a failure (or an interrupt): no half-written snapshot
     return SnapshotSummary(str(out), source, taken, counts["objects"], counts["bytes"], out.stat().st_size)
+
+
+def _remove_quietly(path: Path) -> None:
+    """Remove ``path`` if it is there. Removing a name that was never created fails on a
+    read-only file system (EROFS, not ENOENT): that must not hide the error being raised."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def read_header(path: str | Path) -> SnapshotHeader:
