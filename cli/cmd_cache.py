@@ -8,7 +8,7 @@ import time
 
 import click
 from lading.cli.progress import human
-from lading.core.errors import UsageError
+from lading.core.errors import NotFound, UsageError
 from lading.datasets import cache as node_cache
 
 CACHE_EPILOG = """\b
@@ -91,6 +91,9 @@ def list_cache(cache_dir: str | None, as_json: bool) -> None:
 def clear_cache(cache_dir: str | None, dataset: str | None, older_than: str | None, as_json: bool) -> None:
     """Remove cached shards (all, one dataset's, or those unused for a while)."""
     result = node_cache.clear(cache_dir, dataset=dataset, older_than=parse_age(older_than))
+    if dataset is not None and result.matched == 0:
+        raise NotFound(f"nothing cached matches --dataset {dataset}",
+                       "`lading cache list` shows the cached datasets' URIs and folders")
     if as_json:
         click.echo(json.dumps({"files": result.files, "bytes": result.bytes, "busy": result.busy}))
         return

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 from lading.cli.cmd_sync import _resolve_topology, _topology_options
+from lading.cli.option_rules import needs
 from lading.cli.store_options import pop_store_config, store_options
 from lading.core.errors import UsageError
 
@@ -90,6 +91,8 @@ def cat(source: str, fifo: str | None, manifest_file: str | None, include: tuple
     from lading.selection import stream
     from lading.selection.manifest import load_manifest
 
+    needs("seed", "shuffle")
+    needs("balance", "distribution", "sharded")
     config = pop_store_config(options)
     topology = _resolve_topology(options)
     manifest = load_manifest(manifest_file) if manifest_file else None

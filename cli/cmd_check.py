@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
 from lading.cli.context import AppState
+from lading.cli.option_rules import needs
 from lading.cli.store_options import pop_store_config, store_options
 from lading.context import CheckReport, check_context, format_size, parse_size
 
@@ -68,6 +69,8 @@ def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], t
           explain_path: str | None, limit_text: str, as_json: bool, config_path: str | None,
           quiet: bool, fix: bool = False, bucket: str | None = None, yes: bool = False, **store: Any) -> int:
     """Will det accept CONTEXT_DIR?"""
+    if fix or bucket or yes:
+        _check_fix_options(bucket)
     limit = parse_size(limit_text)
     with _progress(enabled=sys.stderr.isatty() and not quiet) as progress:
         report = check_context(context_dir, includes, limit=limit, config_path=config_path,
@@ -75,14 +78,23 @@ def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], t
     if fix or bucket or yes:  # `check --fix` lives with the startup-hook code (cli/cmd_hook.py)
         from lading.cli.cmd_hook import run_check_fix
 
-        if not fix:
-            raise click.UsageError("--bucket and --yes go with --fix")
         return run_check_fix(report, bucket, yes, as_json, state, pop_store_config(store))
     if as_json:
         sys.stdout.write(report.to_json(top) + "\n")
     else:
         render(report, top=top, quiet=quiet or bool(state and state.quiet))
     return 0 if report.fits else 1
+
+
+def _check_fix_options(bucket: str | None) -> None:
+    """--bucket and --yes need --fix, and --bucket must be a location: checked before the walk,
+    so that a typo is an error even when the context fits and nothing would be uploaded."""
+    needs("bucket", "fix")
+    needs("yes", "fix")
+    if bucket is not None:
+        from lading.stores import parse_uri
+
+        parse_uri(bucket)
 
 
 @contextlib.contextmanager

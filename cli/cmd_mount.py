@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from lading.cli.context import AppState
+from lading.cli.option_rules import needs
 from lading.cli.store_options import pop_store_config, store_options
 from lading.core.errors import UsageError
 
@@ -108,6 +109,7 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
     from lading.selection.topology import detect_topology
     from lading.stores import parse_uri
 
+    needs("balance", "distribution", "sharded")
     parse_uri(uri)
     topology = detect_topology(os.environ, {"rank": rank, "world_size": world_size})
     # A read must fail within --timeout: a couple of quick retries, never minutes of backoff.
@@ -134,10 +136,24 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
     def announce(ready: MountReady) -> None:
         _report(state, json_out, uri, ready, shard, foreground)
 
+    if not state.quiet:
+        _warn_if_not_empty(options.mountpoint)
     ready = do_mount(options, on_ready=announce)
     if not foreground:
         announce(ready)
     return 0
+
+
+def _warn_if_not_empty(mountpoint: Path) -> None:
+    """Mounting over a directory that holds files hides them until unmount: say so, once."""
+    try:
+        with os.scandir(mountpoint) as entries:
+            count = sum(1 for _ in entries)
+    except OSError:
+        return  # missing or not a directory: the mount refuses it with its own error
+    if count and not os.path.ismount(mountpoint):
+        click.echo(f"lading: warning: {mountpoint} is not empty: the mount hides its {count} "
+                   f"entr{'y' if count == 1 else 'ies'} until unmounted", err=True)
 
 
 def _report(state: AppState, json_out: bool, uri: str, ready: MountReady, shard: str, foreground: bool) -> None:

@@ -10,9 +10,9 @@ from typing import Any
 import click
 from lading.cli.context import AppState
 from lading.cli.progress import Throttle, byte_bar, human, line_interval
+from lading.cli.option_rules import needs
 from lading.cli.store_options import pop_store_config, store_options
 from lading.context.sizes import format_size, parse_size
-from lading.core.errors import UsageError
 
 PACK_HELP = """Pack the files under SOURCE into WebDataset tar shards at DEST.
 
@@ -152,10 +152,11 @@ def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | N
     """``lading pack``: see PACK_HELP."""
     from lading.pack import PackOptions, default_name, plan_pack, run_pack
 
+    needs("seed", "shuffle")
     config = pop_store_config(options)
-    if seed is not None and not shuffle:
-        raise UsageError("--seed only makes sense with --shuffle", "add --shuffle, or drop --seed")
-    pack_options = PackOptions(name=name or default_name(source), shard_size=parse_size(shard_size),
+    # An empty --name is refused by the name rule, not replaced by the default.
+    pack_options = PackOptions(name=default_name(source) if name is None else name,
+                               shard_size=parse_size(shard_size),
                                shuffle=shuffle, seed=seed or 0, version=version)
     plan = plan_pack(source, dest, pack_options, config)
     # This process ends with the pack: keep the plan's objects (several per file, no cycles)

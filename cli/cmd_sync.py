@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 
 import click
 from lading.cli.context import AppState
+from lading.cli.option_rules import conflicts, needs
 from lading.cli.progress import (
     DEFAULT_INTERVAL,
     Throttle,
@@ -343,6 +344,8 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
     )
     from lading.transfer import TransferOptions
 
+    conflicts("no_cache", "cache_dir", "--no-cache never uses the node cache")
+    needs("balance", "distribution", "sharded")
     config = pop_store_config(options)
     topology = _resolve_topology(options)  # what is left: the topology flags
     uri = parse_uri(source)

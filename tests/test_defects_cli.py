@@ -107,3 +107,87 @@ def test_gcs_missing_bucket_message():
     err = from_response("notFound", 404, "404 GET https://storage.googleapis.com/storage/v1/b/nob/o: "
                                          "The specified bucket does not exist.", "gs://nob/train/")
     assert err.exit_code == 3 and err.message == "bucket nob not found"
+
+
+# --- 8: flags that conflict or do nothing -----------------------------------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (("sync", "s3://b/x", "/tmp/x", "--no-cache", "--cache-dir", "/tmp/c"), "--no-cache and --cache-dir conflict"),
+    (("sync", "s3://b/x", "/tmp/x", "--balance", "bytes"), "--balance only makes sense with --distribution sharded"),
+    (("cat", "s3://b/x", "--seed", "3"), "--seed only makes sense with --shuffle"),
+    (("cat", "s3://b/x", "--balance", "bytes"), "--balance only makes sense with --distribution sharded"),
+    (("mount", "s3://b/x", "/tmp", "--balance", "bytes"), "--balance only makes sense with --distribution sharded"),
+    (("pack", "/tmp", "/tmp/out", "--seed", "3"), "--seed only makes sense with --shuffle"),
+    (("check", ".", "--bucket", "s3://b/x"), "--bucket only makes sense with --fix"),
+    (("check", ".", "--yes"), "--yes only makes sense with --fix"),
+])
+def test_option_that_would_do_nothing_is_usage_error(lading, args, words):
+    assert words in one_line_error(lading(*args), 2)
+
+
+def test_cache_dir_from_the_environment_does_not_conflict_with_no_cache(lading, bucket, tmp_path):
+    result = lading("sync", f"s3://{BUCKET}/train", str(tmp_path / "d"), "--no-cache", "-q",
+                    env={"LADING_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "d" / "labels.csv").exists() and not (tmp_path / "cache").exists()
+
+
+def test_option_rules_accept_what_they_need(lading, bucket, tmp_path):
+    result = lading("cat", f"s3://{BUCKET}/train", "--seed", "3", "--shuffle", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    result = lading("sync", f"s3://{BUCKET}/train", str(tmp_path / "d"), "--distribution", "sharded",
+                    "--balance", "bytes", "--world-size", "1", "--rank", "0")
+    assert result.returncode == 0, result.stderr
+
+
+def test_pack_empty_name_is_refused(lading, tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_text("a")
+    line = one_line_error(lading("pack", str(tmp_path / "src"), str(tmp_path / "out"), "--name", ""), 2)
+    assert "--name ''" in line and not (tmp_path / "out").exists()
+
+
+def test_check_fix_validates_the_bucket_even_when_the_context_fits(lading, tmp_path):
+    (tmp_path / "model.py").write_text("print('hi')\n")
+    line = one_line_error(lading("check", str(tmp_path), "--fix", "--bucket", "s3://"), 2)
+    assert "s3://" in line
+
+
+def test_cache_clear_of_an_unknown_dataset_is_not_found(lading, s3_env, tmp_path):
+    from lading.datasets import ShardDataset
+    from lading.stores import StoreConfig
+    from test_datasets_cache import make_bucket, pack_into
+
+    config = StoreConfig.from_env()
+    index, _ = pack_into(make_bucket("s3", config), tmp_path, config)
+    cache = tmp_path / "cache"
+    list(ShardDataset(index, cache_dir=cache))
+    typo = lading("cache", "clear", "--cache-dir", str(cache), "--dataset", "s3://typo/x")
+    assert "nothing cached matches --dataset s3://typo/x" in one_line_error(typo, 3)
+    listed = json.loads(lading("cache", "list", "--cache-dir", str(cache), "--json").stdout)
+    assert listed["files"] > 0  # nothing was removed
+    cleared = lading("cache", "clear", "--cache-dir", str(cache), "--dataset", listed["datasets"][0]["uri"], "--json")
+    assert cleared.returncode == 0 and json.loads(cleared.stdout)["files"] == listed["files"]
+
+
+def test_mount_over_a_non_empty_directory_warns(lading, bucket, tmp_path):
+    from test_mount_support import force_unmount
+
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    (mountpoint / "mine.txt").write_text("hidden while mounted")
+    result = lading("mount", f"s3://{BUCKET}/train", str(mountpoint), "--json")
+    try:
+        assert result.returncode == 0, result.stderr
+        assert f"lading: warning: {mountpoint} is not empty: the mount hides its 1 entry" in result.stderr
+        assert sorted(p.name for p in mountpoint.iterdir()) == ["img-000.jpg", "labels.csv"]
+    finally:
+        force_unmount(mountpoint)
+    assert (mountpoint / "mine.txt").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = lading("mount", f"s3://{BUCKET}/train", str(empty), "--json")
+    try:
+        assert result.returncode == 0 and "warning" not in result.stderr
+    finally:
+        force_unmount(empty)

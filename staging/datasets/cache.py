@@ -439,11 +439,13 @@ def _location_uri(location: Path) -> str:
 
 @dataclass
 class Cleared:
-    """What ``clear`` did: files and bytes removed, files skipped because a process reads them."""
+    """What ``clear`` did: files and bytes removed, files skipped because a process reads them,
+    and how many cached files ``dataset`` matched at all (at any age: none means a typo)."""
 
     files: int = 0
     bytes: int = 0
     busy: int = 0
+    matched: int = 0
 
 
 def clear(root: Path | str | None = None, dataset: str | None = None, older_than: float | None = None,
@@ -455,6 +457,7 @@ def clear(root: Path | str | None = None, dataset: str | None = None, older_than
     for entry in list(iter_entries(folder)):
         if dataset is not None and not _matches(entry, dataset):
             continue
+        result.matched += 1
         if older_than is not None and now() - entry.last_used < older_than:
             continue
         if remove_entry(entry):
