@@ -133,27 +133,28 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
     )
     shard = f" (rank {topology.rank} of {topology.world_size})" if distribution == "sharded" else ""
 
+    hidden = _entries(options.mountpoint)  # counted now: once mounted, the mount hides them
+
     def announce(ready: MountReady) -> None:
+        if hidden and not state.quiet:
+            click.echo(f"lading: warning: {ready.mountpoint} is not empty: the mount hides its {hidden} "
+                       f"entr{'y' if hidden == 1 else 'ies'} until unmounted", err=True)
         _report(state, json_out, uri, ready, shard, foreground)
 
-    if not state.quiet:
-        _warn_if_not_empty(options.mountpoint)
     ready = do_mount(options, on_ready=announce)
     if not foreground:
         announce(ready)
     return 0
 
 
-def _warn_if_not_empty(mountpoint: Path) -> None:
-    """Mounting over a directory that holds files hides them until unmount: say so, once."""
+def _entries(mountpoint: Path) -> int:
+    """How many entries a mount at ``mountpoint`` would hide (0 when it cannot be read or is a mount)."""
     try:
         with os.scandir(mountpoint) as entries:
             count = sum(1 for _ in entries)
     except OSError:
-        return  # missing or not a directory: the mount refuses it with its own error
-    if count and not os.path.ismount(mountpoint):
-        click.echo(f"lading: warning: {mountpoint} is not empty: the mount hides its {count} "
-                   f"entr{'y' if count == 1 else 'ies'} until unmounted", err=True)
+        return 0  # missing or not a directory: the mount refuses it with its own error
+    return 0 if os.path.ismount(mountpoint) else count
 
 
 def _report(state: AppState, json_out: bool, uri: str, ready: MountReady, shard: str, foreground: bool) -> None:

@@ -292,6 +292,11 @@ def _report_failures(summary: Any) -> int:
     if len(summary.failed) > 50:
         click.echo(f"  ... and {len(summary.failed) - 50} more (--json lists them all)", err=True)
     from lading.core.errors import exit_code_for_failures
+    from lading.sync.apply import common_hint
+
+    hint = common_hint(summary.failed)
+    if hint:
+        click.echo(f"  (hint: {hint})", err=True)
 
     return exit_code_for_failures((failed.exit_code for failed in summary.failed), summary.files + summary.skipped)
 

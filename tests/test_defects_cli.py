@@ -191,3 +191,31 @@ def test_mount_over_a_non_empty_directory_warns(lading, bucket, tmp_path):
         assert result.returncode == 0 and "warning" not in result.stderr
     finally:
         force_unmount(empty)
+
+
+# --- 9: messages that misled ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("command", [("sync", "{file}", "{dest}"), ("mount", "{file}", "{dest}", "-f"),
+                                     ("datasets", "list", "{file}"), ("snapshot", "{file}", "-o", "{dest}/s")])
+def test_a_file_as_source_is_named_a_file(lading, tmp_path, command):
+    source = tmp_path / "data.csv"
+    source.write_text("a,b\n")
+    (tmp_path / "dest").mkdir()
+    args = [part.format(file=source, dest=tmp_path / "dest") for part in command]
+    line = one_line_error(lading(*args), 2)
+    assert f"{source} is a file, not a directory" in line and "no such directory" not in line
+    assert "hint: name the directory that holds it" in line
+
+
+def test_fetch_of_an_object_changed_since_the_snapshot_says_take_a_new_snapshot(lading, bucket, tmp_path):
+    import boto3
+
+    snap = tmp_path / "train.snap.jsonl"
+    assert lading("snapshot", f"s3://{BUCKET}/train", "-o", str(snap)).returncode == 0
+    boto3.client("s3", endpoint_url=bucket["AWS_ENDPOINT_URL"], region_name="us-east-1", aws_access_key_id="testing",
+                 aws_secret_access_key="testing").put_object(Bucket=BUCKET, Key="train/labels.csv", Body=b"new")
+    fetched = lading("fetch", str(snap), str(tmp_path / "out"), "-q")
+    line = one_line_error(fetched, 1)
+    assert "labels.csv changed since the snapshot" in line and line.endswith("(hint: take a new snapshot)")
+    synced = lading("sync", str(snap), str(tmp_path / "synced"), "-q")
+    assert synced.returncode == 1 and "(hint: take a new snapshot)" in synced.stderr

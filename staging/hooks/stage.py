@@ -40,7 +40,7 @@ from lading.core.keys import safe_join
 from lading.core.locks import directory_lock
 from lading.core.names import hidden_sibling
 from lading.stores.base import ObjectInfo, Store
-from lading.sync.apply import FailedKey, store_fetcher, unlink_key
+from lading.sync.apply import FailedKey, common_hint, store_fetcher, unlink_key
 from lading.sync.into import make_directory, sync_into
 from lading.sync.plan import SyncPlan, SyncRequest, select_objects
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
@@ -155,7 +155,7 @@ def stage_object(store: Store, source: str, info: ObjectInfo, target: Path,
         if outcome is None or not outcome.ok:
             error = outcome.error if outcome is not None and outcome.error is not None else None
             result.failed.append(FailedKey(info.key, error.message if error else "download failed",
-                                           error.exit_code if error else 1))
+                                           error.exit_code if error else 1, error.hint if error else None))
             return result
         result.fetched, result.fetched_bytes = 1, outcome.nbytes
         result.seconds = time.monotonic() - started
@@ -222,7 +222,8 @@ def raise_for_failures(result: StageResult) -> None:
     message = (f"{len(result.failed)} of {result.objects} object(s) from {result.source} failed "
                f"({names}): {first.error}")
     code = exit_code_for_failures((f.exit_code for f in result.failed), result.objects - len(result.failed))
-    raise error_for_exit_code(code)(message, "rerun: what already arrived is kept and skipped")
+    raise error_for_exit_code(code)(message, common_hint(result.failed) or
+                                    "rerun: what already arrived is kept and skipped")
 
 
 def view_root(root: Path, index: int) -> Path:

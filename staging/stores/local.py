@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Iterator
 
-from lading.core.errors import AccessDenied, NotFound, ObjectChanged, TransientError
+from lading.core.errors import AccessDenied, NotFound, ObjectChanged, TransientError, UsageError
 from lading.core.keys import safe_join
 from lading.core.names import hidden_sibling
 from lading.stores.base import ObjectInfo, ProgressCallback
@@ -42,6 +42,9 @@ class LocalStore:
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Walk the tree in key order; symlinks to files count, directory links are not followed."""
         if not self.root.is_dir():
+            if self.root.exists():
+                raise UsageError(f"{self.root} is a file, not a directory",
+                                 "name the directory that holds it instead")
             raise NotFound(f"no such directory: {self.root}")
         yield from self._walk(self.root, "", prefix)
 

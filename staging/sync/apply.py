@@ -68,11 +68,19 @@ class NoSyncEvents:
 
 @dataclass(frozen=True)
 class FailedKey:
-    """A key that could not be synced, with the one-line reason and its exit code."""
+    """A key that could not be synced, with the one-line reason, its exit code and what to do."""
 
     key: str
     error: str
     exit_code: int
+    hint: str | None = None
+
+
+def common_hint(failed: list[FailedKey]) -> str | None:
+    """The hint every failure shares (``take a new snapshot`` for objects changed since a
+    snapshot, where a rerun cannot help), or None when they differ or have none."""
+    hints = {f.hint for f in failed}
+    return hints.pop() if len(hints) == 1 else None
 
 
 @dataclass
@@ -236,7 +244,7 @@ class _Recorder:
                 self.ok_bytes += self.infos[result.key].size
             else:
                 error = result.error or LadingError("failed")
-                self.failed.append(FailedKey(result.key, error.message, error.exit_code))
+                self.failed.append(FailedKey(result.key, error.message, error.exit_code, error.hint))
         self.events.on_done(result)
 
     def _record(self, result: TransferResult) -> TransferResult:
