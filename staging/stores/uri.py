@@ -49,7 +49,8 @@ def parse_uri(text: str) -> StoreURI:
 
     A bucket prefix with a ``.`` or ``..`` segment (``s3://b/..``, ``s3://b/a/../b``,
     ``s3://b/p/.``) is refused: stores take it literally, so it would select nothing, or an
-    object whose name is not a safe file name.
+    object whose name is not a safe file name. So is one with an empty segment (``s3://b//p``,
+    ``s3://b/p//``): listings normalise it away, so keys would not start with the prefix.
     """
     if not text or "\x00" in text:
         raise UsageError(f"invalid location {text!r}", "use s3://bucket/prefix, gs://bucket/prefix or a path")
@@ -74,12 +75,21 @@ def parse_uri(text: str) -> StoreURI:
     if not _BUCKET.match(bucket) or ".." in bucket:
         raise UsageError(f"invalid bucket name {bucket!r} in {text!r}",
                          "bucket names are 3-222 characters of a-z, 0-9, '.', '-' and '_'")
+    if "//" in f"/{prefix}":
+        raise UsageError(f"refusing {text!r}: a bucket location may not have an empty segment ('//')",
+                         "stores would list it as another prefix; write the prefix with single slashes, "
+                         f"e.g. {scheme}://{bucket}/{_single_slashes(prefix)}")
     dotted = [segment for segment in prefix.split("/") if segment in (".", "..")]
     if dotted:
         raise UsageError(f"refusing {text!r}: {dotted[0]!r} is not allowed as a segment of a bucket location",
                          "S3 and GCS take it as a literal key name, not a relative path; write the prefix "
                          "without '.' or '..' segments")
     return StoreURI(scheme, bucket, prefix)
+
+
+def _single_slashes(prefix: str) -> str:
+    joined = "/".join(segment for segment in prefix.split("/") if segment)
+    return joined + "/" if joined and prefix.endswith("/") else joined
 
 
 def root_prefix(prefix: str) -> str:
