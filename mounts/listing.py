@@ -46,6 +46,9 @@ def build_tree(store: Store, source: str, view: ViewSpec, concurrency: int = 16)
         infos = view.select(list(infos))
     tree = Tree(infos)
     if objects == 0 and not view.allow_empty:
+        if view.keys is not None and not view.keys:  # nothing to blame on the prefix
+            raise NotFound(f"the manifest {view.manifest or ''} is empty: it lists no keys",
+                           "check the file; --allow-empty mounts it anyway")
         raise NotFound(f"nothing at {source}: no objects under this prefix",
                        "check the bucket and prefix, keys are case-sensitive; --allow-empty mounts it anyway")
     return tree

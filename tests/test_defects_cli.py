@@ -219,3 +219,11 @@ def test_fetch_of_an_object_changed_since_the_snapshot_says_take_a_new_snapshot(
     assert "labels.csv changed since the snapshot" in line and line.endswith("(hint: take a new snapshot)")
     synced = lading("sync", str(snap), str(tmp_path / "synced"), "-q")
     assert synced.returncode == 1 and "(hint: take a new snapshot)" in synced.stderr
+
+
+@pytest.mark.parametrize("command", [("mount", "{src}", "{dir}"), ("sync", "{src}", "{dir}"), ("cat", "{src}")])
+def test_an_empty_manifest_is_named_not_the_prefix(lading, bucket, tmp_path, command):
+    (tmp_path / "mnt").mkdir()
+    args = [part.format(src=f"s3://{BUCKET}/train", dir=tmp_path / "mnt") for part in command]
+    line = one_line_error(lading(*args, "--manifest", "/dev/null"), 3)
+    assert "the manifest /dev/null is empty: it lists no keys" in line and "prefix" not in line

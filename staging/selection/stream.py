@@ -212,6 +212,9 @@ def select_stream(store: Store, request: StreamRequest, keys: Sequence[str] | No
     kept = [info for info in listed if not (info.key.endswith("/") and info.size == 0)
             and matches(info.key, request.include, request.exclude)]
     if not kept and not request.allow_empty:
+        if request.manifest is not None and not request.manifest.entries:
+            raise NotFound(f"the manifest {request.manifest.origin} is empty: it lists no keys",
+                           "check the file; --allow-empty accepts an empty stream")
         what = "no objects" if not listed else f"{len(listed)} object(s), none kept by --include/--exclude"
         raise NotFound(f"nothing at {request.source}: {what}",
                        "check the bucket, prefix and filters (keys are case-sensitive); --allow-empty "

@@ -207,7 +207,11 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
 
 
 def _refuse_empty(request: SyncRequest, objects: int) -> None:
-    """An empty selection is almost always a mistyped prefix or filter: say so (exit 3)."""
+    """An empty selection is almost always a mistyped prefix or filter, or an empty manifest:
+    say which (exit 3)."""
+    if request.manifest is not None and not request.manifest.entries:
+        raise NotFound(f"the manifest {request.manifest.origin} is empty: it lists no keys",
+                       "check the file; --allow-empty accepts an empty source")
     if objects == 0:
         raise NotFound(f"nothing at {request.source}: no objects under this prefix",
                        "check the bucket and prefix, keys are case-sensitive; --allow-empty accepts an empty source")
