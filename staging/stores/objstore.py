@@ -196,6 +196,14 @@ class ObstoreReads:
     def _where(self, key: str = "") -> str:
         return f"{self.scheme}://{self.bucket}/{self.root}{key}"
 
+    def _key_of(self, name: str) -> str:
+        """A listed object's key: its full ``name`` relative to the root. A name outside the root
+        (a listing that normalised the prefix asked for) is an error, never a key cut short."""
+        if not name.startswith(self.root):
+            raise LadingError(f"the listing of {self._where()} returned {name!r}, outside the prefix asked for "
+                              f"({self.root!r})", "write the location without empty, '.' or '..' segments")
+        return name[len(self.root):]
+
     def _path(self, key: str) -> str:
         """The object path of ``key``; UnsafeKey for a key that could escape or alias the root."""
         key_parts(key)
@@ -477,7 +485,7 @@ class ObstoreReads:
             yield page
 
     def _listed(self, meta: dict[str, Any]) -> ObjectInfo | None:
-        key = meta["path"][len(self.root):]
+        key = self._key_of(meta["path"])
         if not key or (key.endswith("/") and int(meta["size"]) == 0):
             return None  # the prefix itself, or a folder marker
         return self._info(key, meta)

@@ -197,7 +197,7 @@ class GCSStore(ObstoreReads):
 
             blobs, token = self._gcs_call(self._where(prefix), fetch)
             for blob in blobs:
-                info = self._info(blob, blob.name[len(self.root):])
+                info = self._info(blob, self._key_of(blob.name))
                 if info.key and not (info.key.endswith("/") and info.size == 0):
                     yield info
             if not token:

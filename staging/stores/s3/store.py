@@ -141,7 +141,7 @@ class S3Store(ObstoreReads):
         contents = page.get("Contents", ())
         infos = []
         for item in contents:
-            key = item["Key"][len(self.root):]
+            key = self._key_of(item["Key"])
             if key and not (key.endswith("/") and int(item.get("Size", 0)) == 0):
                 etag = plain_etag(item.get("ETag"))
                 modified = item.get("LastModified")
