@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from lading.core.errors import UsageError
 from lading.core.retry import DEFAULT_POLICY, RetryPolicy
@@ -61,7 +62,7 @@ def resolve_store_config(
     it explicitly would change its precedence over ``AWS_ACCESS_KEY_ID``.
     """
     env = os.environ if env is None else env
-    endpoint = endpoint_url or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or None
+    endpoint = _endpoint(endpoint_url, env)
     emulator = env.get("STORAGE_EMULATOR_HOST") or None
     if emulator and not emulator.startswith("http"):
         emulator = f"http://{emulator}"
@@ -80,6 +81,30 @@ def resolve_store_config(
         http_proxy=_first(env, "HTTP_PROXY", "http_proxy"),
         no_proxy=_first(env, "NO_PROXY", "no_proxy"),
     )
+
+
+def _endpoint(flag: str | None, env: Mapping[str, str]) -> str | None:
+    """The S3 endpoint (``--endpoint-url`` > ``AWS_ENDPOINT_URL_S3`` > ``AWS_ENDPOINT_URL``), checked
+    to be an ``http(s)://host[:port][/path]`` URL; a malformed one is a usage error naming where it
+    came from (it would otherwise fail on first use, deep inside an SDK)."""
+    if flag:
+        return _checked_endpoint(flag, "--endpoint-url")
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if env.get(name):
+            return _checked_endpoint(env[name], name)
+    return None
+
+
+def _checked_endpoint(url: str, origin: str) -> str:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port that is not a number
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"malformed endpoint {url!r} ({origin})",
+                         "give a URL such as http://127.0.0.1:9000 or https://s3.example.com")
+    return url
 
 
 def _first(env: Mapping[str, str], *names: str) -> str | None:
