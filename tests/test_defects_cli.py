@@ -227,3 +227,51 @@ def test_an_empty_manifest_is_named_not_the_prefix(lading, bucket, tmp_path, com
     args = [part.format(src=f"s3://{BUCKET}/train", dir=tmp_path / "mnt") for part in command]
     line = one_line_error(lading(*args, "--manifest", "/dev/null"), 3)
     assert "the manifest /dev/null is empty: it lists no keys" in line and "prefix" not in line
+
+
+def _not_an_image(tmp_path: Path) -> Path:
+    source = tmp_path / "src" / "train"
+    source.mkdir(parents=True)
+    (source / "cat.jpg").write_bytes(b"this is text, not a JPEG")
+    (source / "cat.cls").write_bytes(b"3")
+    return source
+
+
+def test_store_dataset_decode_error_names_key_field_and_source(tmp_path):
+    from lading.datasets import StoreDataset
+    from lading.datasets.decode import DecodeError
+
+    source = _not_an_image(tmp_path)
+    dataset = StoreDataset(str(source), decode=True)
+    position = [info.key for info in dataset.objects].index("cat.jpg")
+    with pytest.raises(DecodeError) as raised:
+        dataset[position]
+    message = raised.value.message
+    assert "field 'jpg'" in message and "'cat.jpg'" in message and str(source) in message
+    assert "UnidentifiedImageError" in message and raised.value.exit_code == 1
+
+
+def test_packed_dataset_decode_error_names_the_shard(lading, tmp_path):
+    from lading.datasets import PackedDataset
+    from lading.datasets.decode import DecodeError
+
+    source = _not_an_image(tmp_path)
+    packed = lading("pack", str(source), str(tmp_path / "out"), "--name", "pets", "-q")
+    assert packed.returncode == 0, packed.stderr
+    dataset = PackedDataset(str(tmp_path / "out" / "pets.index.json"), decode=True)
+    with pytest.raises(DecodeError) as raised:
+        dataset[0]
+    message = raised.value.message
+    assert "field 'jpg' of sample 'cat'" in message and "pets-000000.tar" in message
+
+
+def test_record_dataset_decode_error_names_the_record(tmp_path):
+    from lading.datasets import RecordDataset
+    from lading.datasets.decode import DecodeError
+
+    path = tmp_path / "vectors.json"
+    path.write_bytes(b'{"a": 1}' + b"not json")
+    with pytest.raises(DecodeError) as raised:
+        RecordDataset(str(path), record_size=8, decode=True)[1]
+    assert "field 'json'" in raised.value.message and "record 1" in raised.value.message
+    assert str(path) in raised.value.message

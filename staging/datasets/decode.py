@@ -12,10 +12,34 @@ import io
 import json
 from typing import Any, Callable, Mapping, Union
 
-from lading.core.errors import UsageError
+from lading.core.errors import LadingError, ProblemFound, UsageError
 
 Decoder = Callable[[bytes], Any]
 DecodeOption = Union[bool, None, Mapping[str, Decoder]]
+#: Where a sample comes from, for error messages: the shard or object, or a function giving it.
+Where = Union[str, Callable[[], str], None]
+
+
+class DecodeError(ProblemFound):
+    """A field's bytes are not what its extension says (``decode=True`` on a ``.jpg`` that is not
+    an image): names the field, the sample's key and the shard or object it was read from. The
+    decoder's own exception is its ``__cause__``."""
+
+
+def decode_field(function: Decoder, data: bytes, field: str, key: str | None, where: Where) -> Any:
+    """``function(data)``; a failure becomes a :class:`DecodeError` naming field, key and where."""
+    try:
+        return function(data)
+    except LadingError:
+        raise
+    except Exception as err:
+        place = where() if callable(where) else where
+        sample = f" of sample {key!r}" if key is not None else ""
+        source = f" in {place}" if place else ""
+        reason = " ".join(str(err).split())[:200] or type(err).__name__
+        raise DecodeError(f"cannot decode field {field!r}{sample}{source}: {type(err).__name__}: {reason}",
+                          f"check that data, or leave {field!r} out of decode= (a mapping of the "
+                          "extensions to decode)") from err
 
 
 def _text(data: bytes) -> str:
@@ -96,12 +120,14 @@ def decoder_for(table: Mapping[str, Decoder], ext: str) -> Decoder | None:
     return found
 
 
-def decode_sample(sample: dict[str, Any], table: Mapping[str, Decoder]) -> dict[str, Any]:
-    """Decode the fields of a sample dict in place (``__key__`` and other ``__`` fields stay)."""
+def decode_sample(sample: dict[str, Any], table: Mapping[str, Decoder], where: Where = None) -> dict[str, Any]:
+    """Decode the fields of a sample dict in place (``__key__`` and other ``__`` fields stay).
+
+    ``where`` names the shard the sample was read from, in a :class:`DecodeError`."""
     for ext, data in sample.items():
         if ext.startswith("__"):
             continue
         function = decoder_for(table, ext)
         if function is not None:
-            sample[ext] = function(data)
+            sample[ext] = decode_field(function, data, ext, sample.get("__key__"), where)
     return sample

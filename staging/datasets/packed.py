@@ -164,7 +164,7 @@ class PackedDataset:
             offset = offsets[member] - base
             sample[exts[ext_of[member]]] = data[offset:offset + sizes[member]]
         if self.decoders is not None:
-            decode_sample(sample, self.decoders)
+            decode_sample(sample, self.decoders, lambda: self.index.shards[self._shard_of(index)].uri)
         return sample if self.transform is None else self.transform(sample)
 
     def __getitem__(self, index: int) -> Any:

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from lading.core.errors import UsageError
-from lading.datasets.decode import DecodeOption, Decoder, decoder_for, decoders_for
+from lading.datasets.decode import DecodeOption, Decoder, decode_field, decoder_for, decoders_for
 from lading.datasets.index import store_for
 from lading.stores.base import ObjectInfo
 from lading.stores.config import StoreConfig
@@ -44,12 +44,13 @@ class RecordDataset:
                              f"records of {record_size}",
                              "check record_size and header_bytes, or pass allow_partial=True")
         self.count = max(0, body) // record_size
+        #: The file's extension: picks the decoder, and is named in a decoder's error.
+        self._field = parse_uri(uri).prefix.rpartition("/")[2].partition(".")[2].lower()
         if callable(decode) and not isinstance(decode, bool):
             self.decoder: Decoder | None = decode
         else:
             table = decoders_for(decode)  # type: ignore[arg-type]
-            ext = parse_uri(uri).prefix.rpartition("/")[2].partition(".")[2].lower()
-            self.decoder = None if table is None else decoder_for(table, ext)
+            self.decoder = None if table is None else decoder_for(table, self._field)
         self.max_gap, self.threads = max_gap, max(1, threads)
         self._pool: ThreadPoolExecutor | None = None
         self._pid = os.getpid()
@@ -76,12 +77,14 @@ class RecordDataset:
         start = self.header_bytes + first * self.record_size
         return store.read_range(key, start, start + (last - first + 1) * self.record_size, self.info.version)
 
-    def _finish(self, data: bytes) -> Any:
-        return data if self.decoder is None else self.decoder(data)
+    def _finish(self, data: bytes, position: int) -> Any:
+        if self.decoder is None:
+            return data
+        return decode_field(self.decoder, data, self._field or "record", f"record {position}", self.uri)
 
     def __getitem__(self, index: int) -> Any:
         position = self._checked(index)
-        return self._finish(self._read(position, position))
+        return self._finish(self._read(position, position), position)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch of records; neighbours coalesced into one read each."""
@@ -105,4 +108,4 @@ class RecordDataset:
         for (first, last), data in zip(runs, chunks):
             for position in range(first, last + 1):
                 found[position] = data[(position - first) * size:(position - first + 1) * size]
-        return [self._finish(found[position]) for position in positions]
+        return [self._finish(found[position], position) for position in positions]

@@ -7,7 +7,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
-from lading.datasets.decode import DecodeOption, decoder_for, decoders_for
+from lading.datasets.decode import DecodeOption, decode_field, decoder_for, decoders_for
 from lading.stores import open_store
 from lading.stores.base import ObjectInfo, Store
 from lading.stores.config import StoreConfig
@@ -109,9 +109,10 @@ class StoreDataset:
 
     def _finish(self, data: bytes, key: str) -> Any:
         if self.decoders is not None:
-            function = decoder_for(self.decoders, _extension(key))
+            ext = _extension(key)
+            function = decoder_for(self.decoders, ext)
             if function is not None:
-                data = function(data)
+                data = decode_field(function, data, ext, key, self.uri)
         return data if self.transform is None else self.transform(data, key)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
