@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +35,7 @@ from lading.stores import open_store
 
 log = logging.getLogger("lading.mount")
 
-__all__ = ["MountOptions", "MountReady", "check_mountpoint", "default_max_memory", "mount", "unmount"]
+__all__ = ["MountOptions", "MountReady", "check_mountpoint", "default_max_memory", "mount", "resolved", "unmount"]
 
 ATTR_TIMEOUT = 3600.0  # the tree is immutable: the kernel may cache names and attributes
 READAHEAD_KIB = 4096  # the kernel then keeps several 1 MiB requests (256 pages) in flight
@@ -62,8 +63,27 @@ def _check_log_file(path: Path) -> None:
         raise errors.UsageError(f"cannot write the log file {path}: {err.strerror or err}") from err
 
 
+def resolved(options: MountOptions) -> MountOptions:
+    """``options`` with a local source (a directory or a snapshot file) as an absolute path, and
+    every other path absolute: the detached daemon runs in ``/``, where a relative path names
+    something else."""
+    uri = errors.parse_uri(options.source)
+    source = uri.prefix if uri.scheme == "file" else options.source
+
+    def absolute(path: Path | None) -> Path | None:
+        return None if path is None else path.absolute()
+
+    view = options.view
+    if view.manifest is not None:
+        view = replace(view, manifest=view.manifest.absolute())
+    return replace(options, source=source, mountpoint=options.mountpoint.absolute(), view=view,
+                   cache_dir=absolute(options.cache_dir), log_file=absolute(options.log_file))
+
+
 def mount(options: MountOptions, on_ready: Callable[[MountReady], None] | None = None) -> MountReady:
-    """Mount and return once ready (daemon), or serve until unmounted (foreground)."""
+    """Mount and return once ready (daemon), or serve until unmounted (foreground). Relative
+    paths in ``options`` are resolved against the caller's working directory first."""
+    options = resolved(options)
     check_mountpoint(options.mountpoint)
     if options.log_file is not None:
         _check_log_file(options.log_file)
