@@ -22,8 +22,8 @@ from lading.stores import open_store
 from lading.stores.config import StoreConfig
 from lading.stores.uri import StoreURI, parse_uri
 
-__all__ = ["PackEvents", "PackOptions", "PackPlan", "PackResult", "default_name", "plan_pack", "run_pack",
-           "write_pack"]
+__all__ = ["PackEvents", "PackOptions", "PackPlan", "PackResult", "default_name", "index_maker", "open_source",
+           "pack_documents", "plan_pack", "run_pack", "write_pack"]
 
 
 class PackEvents:
@@ -103,7 +103,25 @@ def plan_pack(source: str, dest: str, options: PackOptions, config: StoreConfig 
             gc.enable()
 
 
-def _open_source(uri: StoreURI, config: StoreConfig) -> MemberSource:
+def pack_documents(plan: PackPlan, dest: str) -> list[tuple[str, bytes]]:
+    """The documents published after the shards and before the index, in order: the manifest,
+    then the offsets file (every engine publishes these)."""
+    manifest = dump(build_manifest(dest.rstrip("/") + "/" + plan.prefix, plan))
+    return [(plan.manifest_key, manifest), (plan.offsets_key, offsets.encode(offsets.table_from_plan(plan)))]
+
+
+def index_maker(plan: PackPlan) -> Callable[[list[PublishedShard], list[PublishedShard]], bytes]:
+    """``make_index(published shards, published documents)``: the index bytes, recording the
+    offsets file (the second document of :func:`pack_documents`) as published."""
+
+    def make_index(published: list[PublishedShard], extras: list[PublishedShard]) -> bytes:
+        return dump(build_index(plan, published, offsets=extras[1]))
+
+    return make_index
+
+
+def open_source(uri: StoreURI, config: StoreConfig) -> MemberSource:
+    """SOURCE's files as pack's member source (a local directory, or any store)."""
     if uri.scheme == "file":
         return LocalSource(Path(uri.prefix))
     return StoreSource(open_store(uri, config))
@@ -134,7 +152,7 @@ def run_pack(plan: PackPlan, source: str, dest: str, config: StoreConfig | None 
     """Write the planned shards, then publish manifest and index. Nothing is indexed on failure."""
     config = config or StoreConfig.from_env()
     dest_uri = parse_uri(dest)
-    member_source = _open_source(parse_uri(source), config)
+    member_source = open_source(parse_uri(source), config)
     try:
         publisher = _open_publisher(dest_uri, plan, config)
     except BaseException:
@@ -151,13 +169,7 @@ def write_pack(plan: PackPlan, source: MemberSource, publisher: Publisher, dest:
     try:
         _write_all_shards(plan, source, publisher, events)
 
-        manifest = dump(build_manifest(dest.rstrip("/") + "/" + plan.prefix, plan))
-        documents = [(plan.manifest_key, manifest), (plan.offsets_key, offsets.encode(offsets.table_from_plan(plan)))]
-
-        def make_index(published: list[PublishedShard], extras: list[PublishedShard]) -> bytes:
-            return dump(build_index(plan, published, offsets=extras[1]))
-
-        shards = publisher.finish(documents, make_index)
+        shards = publisher.finish(pack_documents(plan, dest), index_maker(plan))
     except BaseException:
         publisher.abort()
         raise

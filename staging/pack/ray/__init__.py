@@ -1,0 +1,20 @@
+"""lading on Ray (optional: ``pip install lading-data[ray]``). Nothing here is imported unless asked.
+
+- :func:`run_pack_ray`: ``lading pack --engine ray``. The shard plan is made on the driver, as
+  for the local engine; Ray runs one task per shard, each reading its members from SOURCE and
+  writing its shard straight to DEST; the driver checks every shard, then writes the manifest,
+  the offsets file and, last, the index.
+- :class:`ShardSink`: a ``ray.data.Datasink`` writing any Ray Dataset's rows as WebDataset tar
+  shards with lading's index and offsets file (readable by ShardDataset, PackedDataset, wids and
+  webdataset).
+- :func:`ray_session`: join a running cluster (``address`` or ``RAY_ADDRESS``) or start a local
+  Ray for the duration.
+"""
+
+from __future__ import annotations
+
+from lading.pack.ray.engine import run_pack_ray
+from lading.pack.ray.session import ray_session
+from lading.pack.ray.sink import RowEncoder, ShardSink
+
+__all__ = ["RowEncoder", "ShardSink", "ray_session", "run_pack_ray"]
