@@ -150,9 +150,13 @@ def fake_gcs_binary() -> Path:
     return Path(_get_binary_path())
 
 
-def start_fake_gcs(log_dir: Path, port: int | None = None) -> Server:
+def start_fake_gcs(log_dir: Path, port: int | None = None, public_host: str | None = "127.0.0.1") -> Server:
     """fake-gcs-server in memory over HTTP; clients use ``STORAGE_EMULATOR_HOST`` and anonymous
     credentials. Ready when ``/storage/v1/b`` answers 200.
+
+    ``public_host`` is its ``-public-host`` (with ``-external-url``); None starts it without
+    either, as its documentation does: then it serves path-style object GETs (``/bucket/object``)
+    only to requests with ``Host: storage.googleapis.com`` (tests/test_gcs_emulator_modes.py).
 
     Behaviour worth knowing (see tests/test_stores_gcs.py): listings are paginated
     (``maxResults``/``pageToken``); ``ifGenerationMatch`` on reads is ignored, but the response
@@ -162,8 +166,9 @@ def start_fake_gcs(log_dir: Path, port: int | None = None) -> Server:
     """
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
+    hosts = ["-external-url", url, "-public-host", public_host] if public_host else []
     proc = _spawn([str(fake_gcs_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-                   "-backend", "memory", "-external-url", url, "-public-host", "127.0.0.1", "-log-level", "warn"],
+                   "-backend", "memory", *hosts, "-log-level", "warn"],
                   log_dir / f"fake-gcs-{port}.log")
     server = _started(Server("fake-gcs", port, proc), f"{url}/storage/v1/b", ready=200)
     server.env = {"STORAGE_EMULATOR_HOST": server.url, "GOOGLE_CLOUD_PROJECT": "test"}

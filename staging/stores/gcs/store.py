@@ -18,30 +18,49 @@ application-default credentials, the metadata server), handed to obstore as a re
 provider. With ``StoreConfig.gcs_anonymous`` (``STORAGE_EMULATOR_HOST`` is set) both clients are
 anonymous and talk to ``StoreConfig.gcs_endpoint``. Retries: the SDKs' own are off; every call
 goes through :func:`lading.core.retry.with_retries`.
+
+Emulators: fake-gcs-server answers obstore's XML-API paths (``/bucket/object``) only for requests
+whose Host is its ``-public-host`` (``storage.googleapis.com`` unless told otherwise); for any other
+Host it takes the Host for a bucket name and answers 404, or serves a different object. So with a
+custom endpoint, the first read of a store decides once how reads go (:meth:`GCSStore._choose_route`):
+it compares what obstore's HEAD answers with what the JSON API reports for the same object, and
+reads through obstore as configured, through obstore with ``Host: storage.googleapis.com``, or
+through google-cloud-storage's media download (``/download/storage/v1/b/B/o/O?alt=media``,
+pinned with ``generation``, streamed). A real generation mismatch stays :class:`ObjectChanged`.
 """
 
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import threading
 from datetime import timezone
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
-from lading.core.errors import LadingError, NotFound, ObjectChanged
+from lading.core.errors import LadingError, NotFound, ObjectChanged, TransientError
 from lading.core.retry import with_retries
 from lading.stores.base import ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
 from lading.stores.gcs.errors import from_response, status_of, translate
 from lading.stores.gcs.upload import ResumableUpload
 from lading.stores.lazy import LazyClient, translated
-from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options
+from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options, obstore_usable
 from lading.stores.uri import StoreURI
 
 T = TypeVar("T")
 _LIST_FIELDS = "items(name,size,generation,updated,md5Hash,crc32c),nextPageToken"
 _SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+#: fake-gcs-server's default ``-public-host``: the Host its XML-API (path-style) routes answer to.
+EMULATOR_PUBLIC_HOST = "storage.googleapis.com"
+#: How reads go (see :meth:`GCSStore._choose_route`): obstore as configured, obstore with the
+#: emulator's public Host header, or google-cloud-storage's media download.
+XML, XML_PUBLIC_HOST, MEDIA = "xml", "xml-public-host", "media"
+#: The SDK media download hands the body over in pieces of at least this many bytes.
+_MEDIA_PIECE = 256 << 10
+
+log = logging.getLogger(__name__)
 
 
 def md5_hex(md5_base64: str | None) -> str | None:
@@ -68,15 +87,25 @@ class GCSStore(ObstoreReads):
         self.resumable_threshold = min(resumable_threshold, 8 << 20)  # the SDK's one-shot limit
         self.chunk_size = chunk_size
         self._client = LazyClient(self._build_client)
+        #: How reads go; with a custom endpoint (an emulator) decided by the first read.
+        self.route: str | None = None if config.gcs_endpoint else XML
+        self._route_lock: LazyClient[threading.Lock] = LazyClient(threading.Lock)
+        self._host_header: str | None = None
 
     # -- obstore ---------------------------------------------------------------------------------
 
     def _build(self) -> Any:
+        return self._obstore_for(self._host_header)
+
+    def _obstore_for(self, host: str | None) -> Any:
+        """An obstore GCSStore for this bucket; ``host`` replaces the Host header of every request."""
         from obstore.store import GCSStore as ObstoreGCS
 
         cfg = self.config
-        options: dict[str, Any] = {"retry_config": NO_RETRIES,
-                                   "client_options": client_options(cfg, cfg.gcs_endpoint or "https://")}
+        http = client_options(cfg, cfg.gcs_endpoint or "https://")
+        if host:
+            http["default_headers"] = {"host": host}
+        options: dict[str, Any] = {"retry_config": NO_RETRIES, "client_options": http}
         if cfg.gcs_endpoint:
             options["base_url"] = cfg.gcs_endpoint
         if cfg.gcs_anonymous:  # an emulator: any bearer token will do
@@ -98,9 +127,12 @@ class GCSStore(ObstoreReads):
 
     def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
                end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
-        """As :meth:`ObstoreReads.stream`; a pinned generation that is gone while the object
-        exists means the object was replaced."""
+        """As :meth:`ObstoreReads.stream`, along the route this store's reads take; a pinned
+        generation that is gone while the object exists means the object was replaced."""
+        self._choose_route(key, version)
         try:
+            if self.route == MEDIA:
+                return self._sdk_stream(key, sink, version, start, end, on_version)
             return super().stream(key, sink, version, start, end, on_version)
         except NotFound:
             if version is None:
@@ -109,36 +141,102 @@ class GCSStore(ObstoreReads):
                 current = self.stat(key).version
             except NotFound:
                 raise NotFound(f"not found: {self._where(key)}") from None
+            if current == version:  # not a change: the read path does not serve this object
+                raise LadingError(f"{self._where(key)}: the server answered 404 for generation {version}, "
+                                  "which its JSON API reports as current",
+                                  "the server's object download path does not serve this bucket") from None
             raise ObjectChanged(f"{self._where(key)} changed while lading read it (generation {version} "
                                 f"is now {current})", "the object was replaced; run again") from None
+
+    # -- which way reads go ---------------------------------------------------------------------
+
+    def _choose_route(self, key: str, version: str | None) -> None:
+        """Decide once per store (per process) how reads reach a custom endpoint, probing with
+        ``key``. Leaves the route undecided when the probe cannot tell (the object is gone or
+        replaced, a transient failure): the error propagates and the next read probes again."""
+        if self.route is not None or not obstore_usable() or not _obstore_can_name(key):
+            return
+        with self._route_lock.get():
+            if self.route is not None:
+                return
+            info = self.stat(key)  # the JSON API: which object, which generation
+            if version and info.version != version:
+                raise ObjectChanged(f"{self._where(key)} changed while lading read it (generation {version} "
+                                    f"is now {info.version})", "the object was replaced; run again")
+            if self._serves(key, info, None):
+                self.route = XML
+            elif self._serves(key, info, EMULATOR_PUBLIC_HOST):
+                log.info("%s: the endpoint %s answers object paths only with Host: %s (fake-gcs-server "
+                         "without -public-host); reading with that Host header", self.url,
+                         self.config.gcs_endpoint, EMULATOR_PUBLIC_HOST)
+                self._host_header = EMULATOR_PUBLIC_HOST
+                self._store = LazyClient(self._build)
+                self.route = XML_PUBLIC_HOST
+            else:
+                log.warning("%s: the endpoint %s does not serve object paths (/bucket/object) for the objects "
+                            "its JSON API lists; reading through its JSON media downloads instead (slower)",
+                            self.url, self.config.gcs_endpoint)
+                self.route = MEDIA
+
+    def _serves(self, key: str, info: ObjectInfo, host: str | None) -> bool:
+        """Whether obstore's HEAD of ``key`` (with Host ``host``, or as configured) answers for the
+        object the JSON API described as ``info``. Transient failures propagate."""
+        import obstore
+
+        store = self._store.get() if host is None else self._obstore_for(host)
+        path = self._path(key)
+        try:
+            meta = self._translated(self._where(key), lambda _default: obstore.head(store, path))
+        except TransientError:
+            raise
+        except LadingError:
+            return False
+        got, size = self._version_of(meta), int(meta["size"])
+        if (got, size) == (info.version, info.size):
+            return True
+        try:  # replaced between the two requests? Then the HEAD answered for it after all.
+            again = self.stat(key)
+        except NotFound:
+            return False
+        return (got, size) == (again.version, again.size) and got != info.version
 
     def _sdk_stat(self, key: str) -> ObjectInfo:
         return self.stat(key)  # stat is google-cloud-storage's already
 
     def _sdk_stream(self, key: str, sink: Sink, version: str | None, start: int, end: int | None,
                     on_version: Callable[[str], None] | None) -> Fetched:
-        """A media GET through google-cloud-storage, pinned with ``generation`` and checked."""
+        """A media GET through google-cloud-storage (``/download/storage/v1/b/B/o/O``), pinned with
+        ``generation`` and streamed to ``sink`` in pieces of at least 256 KiB; the generation of
+        the answer is checked too. Unpinned, the object is stat'ed first (and pinned to that).
+
+        The size reported is the stat's, or (pinned) ``start`` plus the bytes delivered: exact for
+        reads to the end of the object, which are the ones that use it."""
         info = self.stat(key) if version is None else None
         version = version or (info.version if info else None)
         if on_version is not None and version:
             on_version(version)
+        pieces = _Pieces(sink)
 
-        def attempt(bucket: Any) -> tuple[bytes, int]:
+        def attempt(bucket: Any) -> str | None:
             blob = bucket.blob(self._path(key), generation=int(version) if version else None)
             try:
-                data = blob.download_as_bytes(start=start or None, end=None if end is None else end - 1,
-                                              raw_download=True, checksum=None, retry=None,
-                                              timeout=self._timeout())
+                blob.download_to_file(pieces, start=start or None, end=None if end is None else end - 1,
+                                      raw_download=True, checksum=None, retry=None, timeout=self._timeout())
             except Exception as err:
+                pieces.flush()  # bytes of the pinned generation: the caller resumes after them
                 if status_of(err) == 416:
-                    return b"", start
+                    return None
                 raise
-            return data, int(blob.size) if blob.size is not None else start + len(data)
+            got = None if blob.generation is None else str(blob.generation)
+            if version and got and got != version:
+                raise ObjectChanged(f"{self._where(key)} changed while lading read it (asked for generation "
+                                    f"{version}, the server sent {got})", "the object was replaced; run again")
+            pieces.flush()
+            return got
 
-        data, size = self._gcs_attempt(self._where(key), attempt)
-        if data:
-            sink(memoryview(data))
-        return Fetched(len(data), size, version or "")
+        got = self._gcs_attempt(self._where(key), attempt)
+        size = info.size if info else start + pieces.delivered
+        return Fetched(pieces.delivered, size, got or version or "")
 
     # -- google-cloud-storage: listings, stat, uploads -----------------------------------------
 
@@ -271,6 +369,34 @@ class GoogleTokens:
             expiry = self._credentials.expiry
             return {"token": self._credentials.token,
                     "expires_at": expiry.replace(tzinfo=timezone.utc) if expiry else None}
+
+
+def _obstore_can_name(key: str) -> bool:
+    """obstore's paths refuse ASCII control characters (such keys are read through the SDK)."""
+    return not any(ord(ch) < 0x20 or ch == "\x7f" for ch in key)
+
+
+class _Pieces:
+    """A write-only file for the SDK's download: gathers the body into pieces for ``sink``."""
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+        self._buffer = bytearray()
+        self.delivered = 0
+
+    def write(self, data: bytes) -> int:
+        """Take a piece of the body; hand it on once enough has gathered."""
+        self._buffer += data
+        if len(self._buffer) >= _MEDIA_PIECE:
+            self.flush()
+        return len(data)
+
+    def flush(self) -> None:
+        """Hand what has gathered to the sink."""
+        if self._buffer:
+            piece, self._buffer = self._buffer, bytearray()
+            self._sink(memoryview(piece))
+            self.delivered += len(piece)
 
 
 class _ProgressReader:
