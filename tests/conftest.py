@@ -22,6 +22,24 @@ def server_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("server-logs")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_node_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Keep the suite out of the user's node cache (``~/.cache/lading``, or their
+    ``$LADING_CACHE_DIR``): ``$XDG_CACHE_HOME`` points into the session's temporary directory, in
+    this process and every subprocess it starts (the CLI, DataLoader workers, hooks), so the
+    default cache root is ``<tmp>/xdg-cache/lading``. ``LADING_CACHE_DIR`` is unset rather than
+    set: ``lading sync`` reads it as ``--cache-dir``, which would turn its node cache on in every
+    sync test. Tests that want a cache of their own still pass ``cache_dir=`` or set the variable."""
+    root = tmp_path_factory.mktemp("xdg-cache")
+    saved = {name: os.environ.pop(name, None) for name in ("XDG_CACHE_HOME", "LADING_CACHE_DIR")}
+    os.environ["XDG_CACHE_HOME"] = str(root)
+    yield root / "lading"
+    for name, value in saved.items():
+        os.environ.pop(name, None)
+        if value is not None:
+            os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
 def moto_server(server_logs: Path) -> Iterator[Server]:
     """One moto S3 server for the session; use ``s3_env`` for a clean state per test."""
@@ -64,15 +82,6 @@ def rclone_env(rclone_server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[s
 def gcs_server(server_logs: Path) -> Iterator[Server]:
     """One fake-gcs-server (in memory) for the session; tests use buckets of their own."""
     server = start_fake_gcs(server_logs)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def gcs_server_default(server_logs: Path) -> Iterator[Server]:
-    """fake-gcs-server started as its documentation shows (no ``-public-host``, no
-    ``-external-url``; in memory), for tests of lading against its default configuration."""
-    server = start_fake_gcs(server_logs, public_host=None)
     yield server
     server.stop()
 
