@@ -86,6 +86,15 @@ def gcs_server(server_logs: Path) -> Iterator[Server]:
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def gcs_server_default(server_logs: Path) -> Iterator[Server]:
+    """fake-gcs-server started as its documentation shows (no ``-public-host``, no
+    ``-external-url``; in memory), for tests of lading against its default configuration."""
+    server = start_fake_gcs(server_logs, public_host=None)
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def gcs_env(gcs_server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """fake-gcs-server's variables (``STORAGE_EMULATOR_HOST``) set for this test."""
