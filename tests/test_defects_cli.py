@@ -275,3 +275,22 @@ def test_record_dataset_decode_error_names_the_record(tmp_path):
         RecordDataset(str(path), record_size=8, decode=True)[1]
     assert "field 'json'" in raised.value.message and "record 1" in raised.value.message
     assert str(path) in raised.value.message
+
+
+def test_ensure_that_waited_for_nobody_reports_zero(s3_env, tmp_path, monkeypatch):
+    import bucket_fixtures
+    import lading.datalayer as dl
+    from lading.stores.config import StoreConfig
+
+    monkeypatch.setenv("LADING_CACHE_DIR", str(tmp_path / "node-cache"))
+    config = StoreConfig.from_env(s3_env)
+    uri = bucket_fixtures.make_bucket("s3", config, "waited", "cache")
+
+    @dl.cached(uri, "alone", "v1", config=config)
+    def make():
+        yield from ({"n": n} for n in range(3))
+
+    built = make.ensure()
+    reused = make.ensure()
+    assert built.built and not reused.built
+    assert built.waited == 0.0 and reused.waited == 0.0

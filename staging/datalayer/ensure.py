@@ -68,7 +68,8 @@ class BuildOptions:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What :func:`ensure` did: the index, whether this call ran the function, seconds waited."""
+    """What :func:`ensure` did: the index, whether this call ran the function, and the seconds it
+    waited for another process's build or removal (0.0 when it waited for nobody)."""
 
     location: Location
     index: dict[str, Any]
@@ -92,11 +93,16 @@ def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint
     deadline = started + options.wait_timeout
     observer = Observer(clock=clock)
     waited_on: str | None = None
+    waiting_since: float | None = None  # when another process's claim first made this one wait
+
+    def waited() -> float:
+        return 0.0 if waiting_since is None else clock() - waiting_since
+
     delay = 0.1
     while True:
         index = read_index(store, location)
         if index is not None:
-            return _reused(store, location, index, fingerprint, clock() - started)
+            return _reused(store, location, index, fingerprint, waited())
         found = read_claim(store)
         claim: Claim | None = None
         stale_build: str | None = None
@@ -124,9 +130,10 @@ def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint
             if claim is None:
                 delay = min(delay, max(0.05, other.ttl / 4))
         if claim is not None:
-            return _build(store, location, claim, produce, fingerprint, function, options, stale_build,
-                          clock() - started)
+            return _build(store, location, claim, produce, fingerprint, function, options, stale_build, waited())
         now = clock()
+        if waiting_since is None:
+            waiting_since = now
         if now >= deadline:
             holder = found[0].describe() if found is not None else "another process"
             raise WaitTimeout(f"gave up waiting for {location} after {now - started:.0f}s: {holder} still holds "
