@@ -23,8 +23,32 @@ The cache root is --cache-dir, else $LADING_CACHE_DIR, else $XDG_CACHE_HOME/ladi
 are skipped (and counted as busy); files the cache did not download are never removed.
 
 \b
-Exit codes: 0 ok, 2 usage (bad option or duration), 4 a cache root that is not
-yours or that others can write to."""
+Exit codes: 0 ok, 2 usage (bad option or duration), 3 nothing cached matches
+--dataset (clear), 4 a cache root that is not yours or that others can write to."""
+
+LIST_EPILOG = """\b
+Examples:
+  lading cache list                              # size, files, last use, by dataset
+  lading cache list --cache-dir /scratch/lading --json | jq '.datasets[].uri'
+
+\b
+Exit codes: 0 ok, 2 usage (bad option), 4 a cache root that is not yours or that
+others can write to."""
+
+CLEAR_EPILOG = """\b
+Examples:
+  lading cache clear                             # every cached shard not in use
+  lading cache clear --older-than 7d             # shards unused for a week
+  lading cache clear --dataset s3://b/datasets/pets/v1/ --json
+
+\b
+--dataset takes a URI as `lading cache list` shows it, a prefix above it, or a cache
+folder name. Shards a process is reading are kept and counted as busy; files the
+cache did not download are never removed.
+
+\b
+Exit codes: 0 ok, 2 usage (bad option or duration), 3 nothing cached matches
+--dataset, 4 a cache root that is not yours or that others can write to."""
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw]?)\s*$")
 _SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -62,7 +86,7 @@ def cache(ctx: click.Context, cache_dir: str | None, as_json: bool) -> None:
         ctx.invoke(list_cache, cache_dir=cache_dir, as_json=as_json)
 
 
-@cache.command("list")
+@cache.command("list", epilog=LIST_EPILOG)
 @cache_dir_option
 @json_option
 def list_cache(cache_dir: str | None, as_json: bool) -> None:
@@ -83,7 +107,7 @@ def list_cache(cache_dir: str | None, as_json: bool) -> None:
                    f"{_age(now - dataset.downloaded):>10}  {dataset.uri or dataset.folder.name}")
 
 
-@cache.command("clear")
+@cache.command("clear", epilog=CLEAR_EPILOG)
 @cache_dir_option
 @click.option("--dataset", default=None, help="Only this dataset: its URI (as listed) or cache folder name.")
 @click.option("--older-than", default=None, help="Only shards unused for this long: 30m, 12h, 7d.")

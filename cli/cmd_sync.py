@@ -87,20 +87,29 @@ Examples:
 Exit codes: 0 ok, 2 usage (a value that is not an integer, rank >= world size)."""
 
 
-def _topology_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """--rank, --world-size, --local-rank, --local-world-size, --node-rank."""
+def _topology_options_with(local_world_size_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--rank, --world-size, --local-rank, --local-world-size, --node-rank; the help of
+    --local-world-size says what it does in the command (sync: the node cache)."""
     helps = {
         "rank": "This process's global rank (default: from the launcher, else 0).",
         "world_size": "Number of ranks in the job (default: from the launcher, else 1).",
         "local_rank": "Rank on this node.",
-        "local_world_size": "Ranks on this node (more than 1 turns the node cache on).",
+        "local_world_size": local_world_size_help,
         "node_rank": "Index of this node.",
     }
-    for name in reversed(FIELDS):
-        lowest = 1 if name.endswith("world_size") else 0
-        func = click.option("--" + name.replace("_", "-"), name, type=click.IntRange(min=lowest), default=None,
-                            help=helps[name])(func)
-    return func
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        for name in reversed(FIELDS):
+            lowest = 1 if name.endswith("world_size") else 0
+            func = click.option("--" + name.replace("_", "-"), name, type=click.IntRange(min=lowest), default=None,
+                                help=helps[name])(func)
+        return func
+
+    return decorate
+
+
+#: The topology flags of commands without a node cache (cat, topology).
+_topology_options = _topology_options_with("Ranks on this node (default: from the launcher, else 1).")
 
 
 def _resolve_topology(values: Mapping[str, int | None], env: Mapping[str, str] = os.environ) -> Topology:
@@ -304,7 +313,7 @@ def _report_failures(summary: Any) -> int:
 @click.command(help=SYNC_HELP, short_help="Copy a bucket into per-rank directories, incrementally.")
 @click.argument("source")
 @click.argument("dest", required=False, default=None)
-@_topology_options
+@_topology_options_with("Ranks on this node (more than 1 turns the node cache on).")
 @click.option("--channel", metavar="NAME", default=None,
               help="SageMaker: sync into this input channel's directory ($SM_CHANNEL_<NAME>) "
                    "(default without DEST: the job's only channel).")

@@ -294,3 +294,15 @@ def test_ensure_that_waited_for_nobody_reports_zero(s3_env, tmp_path, monkeypatc
     reused = make.ensure()
     assert built.built and not reused.built
     assert built.waited == 0.0 and reused.waited == 0.0
+
+
+def test_cat_help_does_not_promise_a_node_cache(lading):
+    cat_help = lading("cat", "--help").stdout
+    assert "--local-world-size" in cat_help and "node cache" not in cat_help
+    assert "turns the node cache on" in " ".join(lading("sync", "--help").stdout.split())
+
+
+@pytest.mark.parametrize("sub", ["list", "clear"])
+def test_cache_subcommand_help_has_examples_and_exit_codes(lading, sub):
+    text = lading("cache", sub, "--help").stdout
+    assert "Examples:" in text and f"lading cache {sub}" in text and "Exit codes: 0 ok" in text
