@@ -70,7 +70,7 @@ def run_ranks(index: str, world: int, workers: int, state=None, stop_after=None,
 def test_resume_4x2_to_3x3_delivers_every_sample_once(index, remainder):
     before, states = run_ranks(index, 4, 2, stop_after=3, remainder=remainder)
     assert all(state == states[0] for state in states), "ranks must agree on the state"
-    assert states[0]["consumed"] == 4 * 3 * BATCH and len(json.dumps(states[0])) < 400
+    assert states[0]["samples"] == 4 * 3 * BATCH and len(json.dumps(states[0])) < 4000
     after, _ = run_ranks(index, 3, 3, state=states[0], remainder=remainder)
     everything = Counter(key for part in before + after for key in part)
     expected = {f"k{i:03d}" for i in range(NSAMPLES)}
@@ -88,9 +88,10 @@ def test_resume_4x2_to_3x3_delivers_every_sample_once(index, remainder):
 
 
 def test_the_order_does_not_depend_on_ranks_or_workers(index):
+    # within one node: the node's sequence is dealt to its ranks (across nodes, see test_datasets_locality)
     single, _ = run_ranks(index, 1, 0, remainder="uneven")
     for world, workers in ((3, 2), (4, 3)):
-        parts, _ = run_ranks(index, world, workers, remainder="uneven")
+        parts, _ = run_ranks(index, world, workers, remainder="uneven", local_world_size=world)
         merged = [parts[rank][step] for step in range(len(parts[0])) for rank in range(world)
                   if step < len(parts[rank])]
         assert merged == single[0], f"{world} ranks x {workers} workers dealt another sequence"
@@ -108,7 +109,7 @@ def test_a_resume_inside_a_resume_and_any_batch_size(index):
                                                             collate_fn=keys_of))[:2] for key in batch]
         second_parts.append(keys)
         second_states.append(dataset.state_dict(len(keys)))
-    assert second_states[0]["consumed"] == 16 + 5 * 6
+    assert second_states[0]["samples"] == 16 + 5 * 6
     third, _ = run_ranks(index, 1, 1, state=second_states[0], remainder="uneven")
     assert Counter(k for part in first + second_parts + third for k in part) == Counter(
         f"k{i:03d}" for i in range(NSAMPLES))
@@ -121,7 +122,7 @@ def test_equal_lengths_and_dataloader_len(index):
         batches = list(loader(datasets[1], 3))
         assert len(batches) == len(loader(datasets[1], 3)) == math.ceil(per_rank / BATCH)
     uneven = [len(ShardDataset(index, rank=r, world_size=4, remainder="uneven")) for r in range(4)]
-    assert uneven == [26, 25, 25, 25]
+    assert sorted(uneven) == [25, 25, 25, 26]  # 4 nodes of one rank: one node's block has the extra sample
 
 
 def test_a_state_for_another_order_is_refused(index):

@@ -13,8 +13,10 @@ from lading.core.errors import NotFound, ProblemFound, UsageError
 from lading.datasets.cache import NodeCache
 from lading.datasets.decode import DecodeOption, decode_sample, decoders_for
 from lading.datasets.elastic import ElasticIterable
+from lading.datasets.locality import STATE_FORMAT, NodeLocalOrder
 from lading.datasets.index import DatasetIndex, ShardRef, load_index, store_for
-from lading.datasets.order import EpochOrder
+from lading.datasets.order import EpochOrder, worker_batches
+from lading.datasets.partition import DEFAULT_PARTITIONS, GroupOrder
 from lading.datasets.reader import Sample, ShardReader
 from lading.pack.tarread import TarFormatError, iter_files
 from lading.stores.base import ObjectInfo, Store
@@ -158,20 +160,45 @@ class _ShardEpoch:
         return self.finish(self.reader.sample(shard, index))
 
 
-class ShardDataset(ElasticIterable):
+class _NodeEpoch:
+    """One epoch of a ShardDataset's node group in one process: position -> sample."""
+
+    def __init__(self, group: GroupOrder, reader: ShardReader, finish: Callable[[Sample], Any]) -> None:
+        self.group, self.reader, self.finish = group, reader, finish
+        self._every = max(1, len(group.members))
+        self._fetched = 0
+
+    def begin(self, position: int) -> None:
+        self.reader.upcoming(self.group.shards_from(position))
+
+    def fetch(self, position: int) -> Any:
+        self._fetched += 1
+        if self._fetched % self._every == 0:  # shards no partition needs any more: let eviction have them
+            done = self.group.done_before(position)
+            if done:
+                self.reader.release(done.__contains__)
+        shard, index = self.group.locate(position)
+        return self.finish(self.reader.sample(shard, index))
+
+
+class ShardDataset(NodeLocalOrder, ElasticIterable):
     """Iterable over packed shards: an index URI (``.../NAME.index.json``) or a list of shard URIs.
 
-    With an index (sample counts known), every epoch is one global sequence of the dataset's
-    samples that depends only on the index, ``seed`` and the epoch (:mod:`lading.datasets.order`):
-    shards in index order or, with ``randomize_shard_order``, in a seeded order; samples permuted
-    within windows of ``shuffle_buffer`` consecutive samples. Positions are dealt round-robin to
-    ranks; each rank's samples are cut into batches of ``batch_size`` (pass the DataLoader's) and
-    DataLoader worker ``w`` yields the rank's batches ``w``, ``w + num_workers``, ... Every rank
-    gets the same number of samples: ``remainder="pad"`` (default; the last positions wrap to the
-    start of the epoch, as DistributedSampler pads), ``"drop"`` (the last ``N % world_size``
-    positions are skipped) or ``"uneven"`` (each sample exactly once, the first ranks one more).
-    :meth:`state_dict` / :meth:`load_state_dict` resume an epoch exactly, with any world size,
-    number of workers and batch size.
+    With an index (sample counts known), the order is node-local (:mod:`lading.datasets.partition`):
+    the samples of the run's shard order (index order, or with ``randomize_shard_order`` an order
+    seeded by ``seed``, the same in every epoch) are cut into ``partitions`` contiguous partitions;
+    node ``n`` of ``N`` reads only the partitions ``[n*C/N, (n+1)*C/N)``, so it downloads about
+    ``1/N`` of the shards and keeps them across epochs. Inside a node the order changes every
+    epoch (windows of ``shuffle_buffer`` permuted per epoch, partitions interleaved), positions
+    are dealt round-robin to the node's ranks; each rank's samples are cut into batches of
+    ``batch_size`` (pass the DataLoader's) and DataLoader worker ``w`` yields the rank's batches
+    ``w``, ``w + num_workers``, ... Nodes and local ranks come from ``local_world_size`` (default:
+    the launcher's, see :mod:`lading.selection.topology`; else one rank per node). Every rank gets
+    the same number of samples: ``remainder="pad"`` (default; short nodes wrap to the start of
+    their sequence, as DistributedSampler pads), ``"drop"`` (the extra positions are skipped) or
+    ``"uneven"`` (each sample exactly once). :meth:`state_dict` / :meth:`load_state_dict` resume
+    an epoch exactly, with any number of nodes, ranks, workers and batch size; on a node count
+    that divides ``partitions`` each node keeps reading only its own partitions.
 
     Remote shards are read from the node cache (``cache_dir``, ``cache_limit``; see
     :mod:`lading.datasets.cache`), downloaded once per node; local shards are read in place.
@@ -184,14 +211,15 @@ class ShardDataset(ElasticIterable):
     resume state. Pack the shards (an index) for the guarantees above.
     """
 
-    STATE_FORMAT = "lading-shards-1"
+    STATE_FORMAT = STATE_FORMAT
 
     def __init__(self, source: str | Sequence[str], *, rank: int | None = None, world_size: int | None = None,
                  shuffle_buffer: int = 0, seed: int = 0, randomize_shard_order: bool = False,
                  batch_size: int | None = None, remainder: str = "pad", decode: DecodeOption = None,
                  transform: Callable[[Sample], Any] | None = None, config: StoreConfig | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | str | None = None,
-                 prefetch: int = 2) -> None:
+                 prefetch: int = 2, local_world_size: int | None = None,
+                 partitions: int = DEFAULT_PARTITIONS) -> None:
         self.config = config or StoreConfig.from_env()
         self.index: DatasetIndex | None = None
         if isinstance(source, str) and source.endswith(".json"):
@@ -204,6 +232,7 @@ class ShardDataset(ElasticIterable):
         if not self.shards:
             raise UsageError("no shards to read")
         self._setup(rank, world_size, batch_size, remainder)
+        self._setup_locality(self.rank, self.world_size, local_world_size, partitions, remainder)
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.randomize_shard_order = randomize_shard_order
@@ -229,8 +258,7 @@ class ShardDataset(ElasticIterable):
             cache_dir, cache_limit = self.cache_dir, self.cache_limit
             keep = 4
             if self.index is not None:
-                order = EpochOrder(self.index.counts, self.seed, 0, False, self.shuffle_buffer)
-                keep = max(4, order.shards_per_window() + 2)
+                keep = self.deal().group.keep_open()
             local = ShardReader(self.shards, self.index, self.config, lambda: NodeCache(cache_dir, cache_limit),
                                 self.prefetch, keep)
             self.__dict__["_local"] = local
@@ -266,6 +294,11 @@ class ShardDataset(ElasticIterable):
         return {"dataset": self.index.identity, "seed": self.seed, "shuffle_buffer": max(1, self.shuffle_buffer),
                 "randomize_shard_order": self.randomize_shard_order}
 
+    def _counts(self) -> Sequence[int]:
+        self._total()
+        assert self.index is not None
+        return self.index.counts
+
     def __len__(self) -> int:
         """Samples this rank yields in the current epoch; a TypeError without an index (no counts)."""
         if self.index is None:
@@ -282,8 +315,19 @@ class ShardDataset(ElasticIterable):
     def iter_worker(self, worker: int, num_workers: int) -> Iterator[Any]:
         """The samples worker ``worker`` of ``num_workers`` yields (what ``__iter__`` runs)."""
         if self.index is not None:
-            return super().iter_worker(worker, num_workers)
+            return self._iter_partitioned(worker, num_workers)
         return self._iter_listed(worker, num_workers)
+
+    def _iter_partitioned(self, worker: int, num_workers: int) -> Iterator[Any]:
+        deal = self.deal()
+        finish = self.finish if self.decoders is not None or self.transform is not None else _identity
+        plan = _NodeEpoch(deal.group, self.reader(), finish)
+        position = deal.position
+        for number, batch in enumerate(worker_batches(deal.count, self.batch_size or 1, worker, num_workers)):
+            if number == 0:
+                plan.begin(position(batch.start))
+            for local in batch:
+                yield plan.fetch(position(local))
 
     def spans(self, worker: int = 0, num_workers: int = 1) -> list[ShardSpan]:
         """With a list of shards: the whole shards worker ``worker`` of ``num_workers`` reads."""
