@@ -281,7 +281,7 @@ def test_download_resumes_after_a_broken_body_without_refetching(s3, endpoint, t
     assert (tmp_path / "f.tmp").read_bytes() == data
     assert sum(seen) == len(data)  # the kept bytes are not counted twice
     assert len(gets) == 2 and gets[0].fault == "truncate"
-    start = int(gets[1].headers.get("Range").removeprefix("bytes=").removesuffix("-"))
+    start = int(gets[1].headers.get("Range").removeprefix("bytes=").partition("-")[0])
     assert 0 < start <= len(data) // 2  # from the bytes that had arrived (obstore hands over pieces)
     assert gets[1].headers.get("If-Match") == f'"{version}"'
 
@@ -476,3 +476,4 @@ def test_servers_that_ignore_range_still_give_the_right_bytes(s3, endpoint, tmp_
     # from then on the store asks for whole objects (pinned) and keeps the range asked for
     assert len(gets) == 2 and [seen.headers.get("Range") for seen in gets] == [None, None]
     assert [seen.headers.get("If-Match") for seen in gets] == [None, f'"{version}"']
+

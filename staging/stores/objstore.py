@@ -12,7 +12,11 @@ What this layer guarantees, whatever the server does:
   full disk, say) passes through untouched, so it is never mistaken for a network failure.
 - **Resumable bodies.** :meth:`ObstoreReads.stream` is one attempt that reports every byte it
   delivered; callers resume a cut body with a Range request from there, pinned to the version.
-- **Fork safety.** The obstore store is built lazily per process (:class:`LazyClient`).
+- **One I/O core.** Data reads run as coroutines on this process's event loop
+  (:mod:`lading.stores.obstore_reads`); the SDK serves a process forked after obstore started in
+  its parent, and a dataset's construction (:func:`lading.stores.process.control_plane`).
+- **Fork safety.** The obstore store is built lazily per process (:class:`ProcessLocal`), and
+  obstore's runtime is never used in a child forked after it started (:mod:`lading.stores.process`).
 
 obstore's own retries are off (``max_retries=0``): one retry policy, ours
 (:func:`lading.core.retry.with_retries`), counts every attempt.
@@ -26,14 +30,16 @@ import re
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator
+from typing import Any, Callable, Generator, Iterator, Sequence
 
 from lading.core.errors import LadingError, ObjectChanged, TransientError, UnsafeKey, UsageError
 from lading.core.keys import key_parts
-from lading.core.retry import with_retries
+from lading.core.retry import RetryPolicy, with_retries
 from lading.stores.base import Fetched, ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
-from lading.stores.lazy import LazyClient
+from lading.stores.obstore_reads import ObstoreReader, RangeRequest
+from lading.stores.process import ProcessLocal, note_obstore_start, obstore_allowed, use_obstore, warn_fallback
+from lading.stores.sdk_reads import SdkReader
 from lading.stores.uri import StoreURI, root_prefix
 
 #: Receives each piece of a body, in order.
@@ -42,10 +48,6 @@ Sink = Callable[[memoryview], None]
 FromResponse = Callable[[str, int, str, str], LadingError]
 
 log = logging.getLogger(__name__)
-#: obstore gathers a body into pieces of at least a chunk; a cut body loses only the piece in
-#: flight, so smaller pieces resume closer to where it broke, larger ones cost less Python per
-#: byte. A GET's chunk is an eighth of its range, within these bounds.
-_MIN_CHUNK, _MAX_CHUNK = 64 << 10, 1 << 20
 _STATUS = re.compile(r"status code: (\d{3})")
 _S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
 _PATH_NAMED = re.compile(r'[Pp]ath "([^"]*)"')
@@ -79,24 +81,6 @@ def client_options(config: StoreConfig, endpoint: str | None) -> dict[str, Any]:
 
 
 NO_RETRIES = {"max_retries": 0}
-
-#: The process that started obstore's runtime (its Rust threads). A process forked from it
-#: inherits a runtime without threads, on which every call hangs (tokio is not fork-safe):
-#: there the stores read through their SDKs instead (see :meth:`ObstoreReads.obstore_usable`).
-_runtime_owner: int | None = None
-
-
-def obstore_usable() -> bool:
-    """False in a process forked after obstore started in an ancestor (DataLoader workers forked
-    from a training process that already read through obstore, say)."""
-    return _runtime_owner is None or _runtime_owner == os.getpid()
-
-
-def _note_runtime() -> None:
-    global _runtime_owner
-    if _runtime_owner is None:
-        _runtime_owner = os.getpid()
-
 
 def _read_pem(path: str) -> bytes:
     """The CA bundle's certificates (obstore takes their PEM text, not a path)."""
@@ -175,8 +159,10 @@ class ObstoreReads:
         self.bucket = uri.bucket
         self.root = root_prefix(uri.prefix)
         self._from_response = from_response
-        self._store: LazyClient[Any] = LazyClient(self._build)
+        self._store: ProcessLocal[Any] = ProcessLocal(self._build)
         self._ranges_ignored = False  # set once a server answers a ranged GET with a whole object
+        self._fast = ObstoreReader(self)
+        self._sdk = SdkReader(self)
 
     # -- what a backend provides ------------------------------------------------------------------
 
@@ -209,13 +195,21 @@ class ObstoreReads:
         key_parts(key)
         return self.root + key
 
+    def _obstore_store(self) -> Any:
+        """This process's obstore store (built, and obstore's runtime noted, on first use)."""
+        note_obstore_start()
+        return self._store.get()
+
+    def _translate(self, err: BaseException, what: str) -> BaseException:
+        """An obstore exception as a project error (anything else unchanged)."""
+        return translate(err, what, self._from_response)
+
     def _translated(self, what: str, operation: Callable[[Any], Any]) -> Any:
         """One attempt at ``operation(store)``; obstore errors come out as project errors."""
-        _note_runtime()
         try:
-            return operation(self._store.get())
+            return operation(self._obstore_store())
         except Exception as err:
-            mapped = translate(err, what, self._from_response)
+            mapped = self._translate(err, what)
             if mapped is err:
                 raise
             raise mapped from err
@@ -224,6 +218,10 @@ class ObstoreReads:
         """``operation(store)`` with translation and our retries of transient failures."""
         return with_retries(lambda: self._translated(what, operation), self.config.retry)
 
+    def _retrying(self, operation: Callable[[], Any]) -> Any:
+        """``operation()`` under this store's retry policy."""
+        return with_retries(operation, self.config.retry)
+
     def _check_version(self, meta: dict[str, Any], version: str | None, key: str) -> str:
         got = self._version_of(meta)
         if version and got and got != version:
@@ -231,17 +229,21 @@ class ObstoreReads:
                                 f"{version}, the server sent {got})", "the object was replaced; run again")
         return got
 
+    def _reads(self, key: str = "") -> ObstoreReader | SdkReader:
+        """Which reader serves this read: obstore on the I/O core, or the SDK where obstore cannot
+        run (a forked child of a process that started it), should not start yet (a dataset's
+        construction) or cannot name the key (control characters)."""
+        if use_obstore() and not _CONTROL.search(key):
+            return self._fast
+        if not obstore_allowed():
+            warn_fallback(self.url)
+        return self._sdk
+
     # -- the Store protocol -----------------------------------------------------------------------
 
     def stat(self, key: str) -> ObjectInfo:
         """HEAD one object."""
-        import obstore
-
-        if not obstore_usable() or _CONTROL.search(key):
-            return self._sdk_stat(key)
-        path = self._path(key)
-        meta = self._call(self._where(key), lambda store: obstore.head(store, path))
-        return self._info(key, meta)
+        return self._reads(key).stat(key)
 
     def _info(self, key: str, meta: dict[str, Any]) -> ObjectInfo:
         modified = meta.get("last_modified")
@@ -252,14 +254,15 @@ class ObstoreReads:
         """Bytes ``[start, end)`` (fewer at the end of the object) of ``version``."""
         if end <= start:
             return b""
-        pieces: list[bytes] = []
+        return bytes(self.read_many([RangeRequest(key, start, end, version)])[0])
 
-        def attempt() -> None:
-            pieces.clear()
-            self.stream(key, lambda chunk: pieces.append(bytes(chunk)), version, start, end)
-
-        with_retries(attempt, self.config.retry)
-        return b"".join(pieces)
+    def read_many(self, requests: Sequence[RangeRequest]) -> list[memoryview]:
+        """Several ranges at once (one hop to the I/O core, the GETs concurrent), each pinned to
+        and checked against its version, transient failures retried per request. The views are
+        zero-copy over obstore's buffers."""
+        if not requests:
+            return []
+        return self._reads(requests[0].key).read_many(requests)
 
     def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
                end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
@@ -271,81 +274,7 @@ class ObstoreReads:
         ``on_version`` was told of before the first piece). A range starting at or past
         the end of the object delivers nothing. Errors raised by ``sink`` pass through as they are.
         """
-        import obstore
-
-        if not obstore_usable() or _CONTROL.search(key):
-            return self._sdk_stream(key, sink, version, start, end, on_version)
-        where, path = self._where(key), self._path(key)
-        ranged = bool(start) or end is not None
-        if ranged and self._ranges_ignored:
-            return self._stream_sliced(key, sink, version, start, end, on_version)
-        options: dict[str, Any] = self._pin(version) if version else {}
-        if ranged:
-            options["range"] = (start, end) if end is not None else {"offset": start}
-        try:
-            result = self._translated(where, lambda store: obstore.get(store, path, options=options))
-        except LadingError as err:
-            if _unsatisfiable(err):
-                return Fetched(0, start, version or "")
-            if ranged and "non-partial response" in str(err.__cause__):
-                log.warning("%s answers range requests with whole objects; reading whole objects and "
-                            "keeping the ranges asked for (slower)", self.url)
-                self._ranges_ignored = True
-                return self._stream_sliced(key, sink, version, start, end, on_version)
-            raise
-        got = self._check_version(result.meta, version, key)
-        if on_version is not None:
-            on_version(got)
-        first, last = result.range
-        delivered = self._drain(result, where, sink, _chunk_for(last - first))
-        if delivered != last - first:
-            raise TransientError(f"{where}: the body ended after {delivered} of {last - first} bytes")
-        return Fetched(delivered, int(result.meta["size"]), got)
-
-    def _drain(self, result: Any, where: str, sink: Sink, chunk: int = _MIN_CHUNK) -> int:
-        """Hand a GET's body to ``sink`` piece by piece; return how many bytes it got."""
-        chunks = iter(result.stream(min_chunk_size=chunk))
-        delivered = 0
-        while True:
-            try:
-                chunk = next(chunks)
-            except StopIteration:
-                return delivered
-            except Exception as err:  # the body broke off: obstore's error, translated
-                mapped = translate(err, where, self._from_response)
-                raise mapped from err
-            view = memoryview(chunk)
-            sink(view)
-            delivered += len(view)
-
-    def _stream_sliced(self, key: str, sink: Sink, version: str | None, start: int,
-                       end: int | None, on_version: Callable[[str], None] | None) -> Fetched:
-        """For a server that ignores Range: GET the whole (pinned, checked) object and hand over
-        only bytes ``[start, end)``."""
-        import obstore
-
-        where, path = self._where(key), self._path(key)
-        options: dict[str, Any] = self._pin(version) if version else {}
-        result = self._translated(where, lambda store: obstore.get(store, path, options=options))
-        got = self._check_version(result.meta, version, key)
-        if on_version is not None:
-            on_version(got)
-        size = int(result.meta["size"])
-        stop = size if end is None else min(end, size)
-        position = delivered = 0
-
-        def keep(view: memoryview) -> None:
-            nonlocal position, delivered
-            lo, hi = max(start - position, 0), min(stop - position, len(view))
-            if lo < hi:
-                sink(view[lo:hi])
-                delivered += hi - lo
-            position += len(view)
-
-        self._drain(result, where, keep)
-        if delivered != max(stop - start, 0):
-            raise TransientError(f"{where}: the body ended after {delivered} of {stop - start} bytes")
-        return Fetched(delivered, size, got)
+        return self._reads(key).stream(key, sink, version, start, end, on_version)
 
     def download(
         self,
@@ -353,11 +282,16 @@ class ObstoreReads:
         dest: Path,
         version: str | None = None,
         progress: ProgressCallback | None = None,
+        size: int | None = None,
     ) -> None:
-        """Stream the object into ``dest``; a cut body resumes from the bytes already written,
-        pinned to the first response's version (so the file never mixes two versions)."""
-        with open(dest, "wb") as out:
-            resume_into(self, key, out.write, version, progress)
+        """The object into ``dest``, never mixing two versions, a cut body resumed from the bytes
+        already written. Through obstore, an object of known ``size`` larger than a part comes in
+        parallel ranged parts pinned to one version."""
+        reads = self._reads(key)
+        if reads is self._fast:
+            self._fast.download(key, dest, version, progress, size)
+        else:
+            self._sdk.download(key, dest, version, progress)
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Yield objects under ``root + prefix`` in key order, a page at a time.
@@ -371,7 +305,7 @@ class ObstoreReads:
         continuation tokens but cannot tell a last page from one a server marked truncated without
         a token; so when the listing ends, one more request starting after the last key must find
         nothing, or the listing is an error (never a short listing)."""
-        if (not obstore_usable() or prefix and not prefix.endswith("/")) and self.has_exact_listing:
+        if (not use_obstore() or prefix and not prefix.endswith("/")) and self.has_exact_listing:
             yield from self._exact_listing(prefix, None)  # obstore lists directories, not name prefixes
             return
         after: str | None = None
@@ -491,10 +425,11 @@ class ObstoreReads:
         return self._info(key, meta)
 
 
-def resume_into(reads: ObstoreReads, key: str, write: Callable[[memoryview], Any], version: str | None,
+def resume_into(stream: Callable[..., Fetched], where: str, policy: RetryPolicy, key: str,
+                write: Callable[[memoryview], Any], version: str | None,
                 progress: ProgressCallback | None) -> int:
-    """Fetch a whole object through ``write``, resuming a cut body with Range requests pinned to
-    the version of the first answer; returns the size. Retries follow ``reads.config.retry``."""
+    """Fetch a whole object through ``write`` with ``stream`` (a store's one-GET stream), resuming
+    a cut body with Range requests pinned to the version of the first answer; returns the size."""
     written = 0
     pinned = version
     size: int | None = None
@@ -514,23 +449,16 @@ def resume_into(reads: ObstoreReads, key: str, write: Callable[[memoryview], Any
         nonlocal size
         if size is not None and written >= size:
             return
-        fetched = reads.stream(key, sink, pinned, written, on_version=pin)
+        fetched = stream(key, sink, pinned, written, on_version=pin)
         size = fetched.size
         if written != size:
-            raise TransientError(f"{reads._where(key)}: got {written} of {size} bytes")
+            raise TransientError(f"{where}: got {written} of {size} bytes")
 
-    with_retries(attempt, reads.config.retry)
+    with_retries(attempt, policy)
     return written
 
 
-def _chunk_for(length: int) -> int:
-    return max(_MIN_CHUNK, min(_MAX_CHUNK, length // 8))
+#: For the backends' routing decisions: whether reads here may go through obstore.
+obstore_usable = use_obstore
 
-
-def _unsatisfiable(err: LadingError) -> bool:
-    """A 416: the range starts at or past the end of the object."""
-    cause = err.__cause__
-    return cause is not None and status_and_code(cause)[0] == 416
-
-
-__all__ = ["Fetched", "NO_RETRIES", "ObstoreReads", "Sink", "client_options", "resume_into", "translate"]
+__all__ = ["Fetched", "NO_RETRIES", "ObstoreReads", "RangeRequest", "Sink", "client_options", "resume_into", "translate"]

@@ -31,7 +31,8 @@ from lading.core.errors import AccessDenied, LadingError, ObjectChanged, Transie
 from lading.core.retry import with_retries
 from lading.stores.base import ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
-from lading.stores.lazy import LazyClient, translated
+from lading.stores.lazy import translated
+from lading.stores.process import ProcessLocal
 from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options, status_and_code
 from lading.stores.s3.errors import CREDENTIALS_HINT, from_response, translate
 from lading.stores.s3.upload import MultipartUpload
@@ -72,8 +73,8 @@ class S3Store(ObstoreReads):
         self.part_size = part_size
         self.upload_workers = upload_workers
         self.region: str | None = config.region
-        self._boto = LazyClient(self._build_boto)
-        self._boto_session = LazyClient(self._new_session)
+        self._boto: ProcessLocal[Any] = ProcessLocal(self._build_boto)
+        self._boto_session: ProcessLocal[Any] = ProcessLocal(self._new_session)
         self._redirected = False
 
     # -- obstore ---------------------------------------------------------------------------------
@@ -153,20 +154,19 @@ class S3Store(ObstoreReads):
                                  "truncated without a continuation token")
         return infos, (contents[-1]["Key"] if contents else after), more and bool(contents)
 
-    def _translated(self, what: str, operation: Callable[[Any], Any]) -> Any:
-        """One attempt; an answer that the bucket is in another region re-resolves the region
-        once (as aws and rclone do) and tries again."""
-        try:
-            return super()._translated(what, operation)
-        except LadingError as err:
-            if self._redirected or not _is_redirect(err):
-                raise
-            self._redirected = True
-            region = self._discover_region()
-            log.info("%s: the bucket is in %s, not %s; using %s", self.url, region, self.region, region)
-            self.region = region
-            self._store = LazyClient(self._build)
-            return super()._translated(what, operation)
+    def _translate(self, err: BaseException, what: str) -> BaseException:
+        """As the base class; an answer that the bucket is in another region re-resolves the
+        region once (as aws and rclone do) and comes out as a transient error, so the request is
+        tried again against the new region."""
+        mapped = super()._translate(err, what)
+        if self._redirected or not isinstance(mapped, LadingError) or not _is_redirect(err):
+            return mapped
+        self._redirected = True
+        region = self._discover_region()
+        log.info("%s: the bucket is in %s, not %s; using %s", self.url, region, self.region, region)
+        self.region = region
+        self._store.reset()
+        return TransientError(f"{what}: the bucket is in {region}; asking there")
 
     # -- boto3: credentials, region, uploads, SSE ------------------------------------------------
 
@@ -266,7 +266,7 @@ class S3Store(ObstoreReads):
             skip = start if (start or end is not None) and not ranged else 0  # a server ignoring Range
             want = (size if end is None else min(end, size)) - start
             delivered = 0
-            for chunk in self._boto_attempt(where, lambda _client: body.iter_chunks(1 << 20)):
+            for chunk in _translated_chunks(body, where):
                 view = memoryview(chunk)
                 if skip:
                     dropped = min(skip, len(view))
@@ -310,12 +310,27 @@ class S3Store(ObstoreReads):
         self._boto_call(self._where(key), attempt)
 
 
-def _is_redirect(err: LadingError) -> bool:
-    cause = err.__cause__
-    if cause is None:
-        return False
-    status, code = status_and_code(cause)
+def _is_redirect(err: BaseException) -> bool:
+    """Whether obstore's error says the bucket lives in another region."""
+    status, code = status_and_code(err)
     return status == 301 or code in _REDIRECTS
+
+
+def _translated_chunks(body: Any, where: str) -> Iterator[bytes]:
+    """A boto3 body's pieces; a body that breaks off (IncompleteRead, a read timeout, a reset)
+    comes out as a project error (TransientError), so the caller retries and resumes."""
+    chunks = body.iter_chunks(1 << 20)
+    while True:
+        try:
+            chunk = next(chunks)
+        except StopIteration:
+            return
+        except Exception as err:
+            mapped = translate(err, where)
+            if mapped is err:
+                raise
+            raise mapped from err
+        yield chunk
 
 
 def md5_base64_of_file(path: Path) -> str:

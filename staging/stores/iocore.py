@@ -1,0 +1,94 @@
+"""The I/O core: one asyncio event loop per process, on its own thread, where object reads run.
+
+Callers on any thread hand it coroutines: :meth:`IOCore.run` for one, :meth:`IOCore.run_all`
+for a batch (one hop to the loop, the requests concurrent inside it, bounded by a semaphore).
+The loop is built on first use in each process (:func:`io_core`), never inherited across a
+fork (:mod:`lading.stores.process`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from typing import Any, Awaitable, Coroutine, Sequence, TypeVar
+
+from lading.stores.process import ProcessLocal
+
+T = TypeVar("T")
+
+#: Requests in flight at once per process. Enough to hide a round trip behind many small GETs;
+#: few enough that a batch of large ones does not hold more than a few hundred MB.
+MAX_REQUESTS = 64
+
+
+class IOCore:
+    """An event loop on a daemon thread, and a bound on the requests it runs at once."""
+
+    def __init__(self, max_requests: int = MAX_REQUESTS) -> None:
+        self.max_requests = max_requests
+        self._loop = asyncio.new_event_loop()
+        self._slots: asyncio.Semaphore | None = None
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, args=(ready,), name="lading-io", daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    def _serve(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._slots = asyncio.Semaphore(self.max_requests)
+        ready.set()
+        self._loop.run_forever()
+
+    async def bounded(self, work: Awaitable[T]) -> T:
+        """``work`` once a request slot is free (inside the loop)."""
+        assert self._slots is not None
+        async with self._slots:
+            return await work
+
+    def run(self, work: Coroutine[Any, Any, T]) -> T:
+        """Run one coroutine on the loop and wait for its result (from any other thread)."""
+        if threading.current_thread() is self._thread:
+            work.close()
+            raise RuntimeError("IOCore.run called from the I/O loop itself")
+        future = asyncio.run_coroutine_threadsafe(work, self._loop)
+        return _wait(future)
+
+    def run_all(self, works: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+        """Run a batch concurrently (at most ``max_requests`` at a time); results in order. The
+        first failure is raised once every request of the batch has ended."""
+        if not works:
+            return []
+        return self.run(self._gather(works))
+
+    async def _gather(self, works: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+        results = await asyncio.gather(*(self.bounded(work) for work in works), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Stop the loop (tests; a process's core otherwise lives as long as the process)."""
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+
+def _wait(future: concurrent.futures.Future[T]) -> T:
+    try:
+        return future.result()
+    except BaseException:
+        future.cancel()  # Ctrl-C in the caller: the request is abandoned, not left running
+        raise
+
+
+_core: ProcessLocal[IOCore] = ProcessLocal(IOCore)
+
+
+def io_core() -> IOCore:
+    """This process's I/O core (started on first use)."""
+    return _core.get()
+
+
+__all__ = ["IOCore", "MAX_REQUESTS", "io_core"]
