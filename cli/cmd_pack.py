@@ -41,6 +41,10 @@ Output (under DEST, or DEST/NAME/VERSION/ with --version):
   NAME.index.json       the wids shard index (url, nsamples, filesize, etag);
                         written last, so a reader never sees it before its shards
 Read the shards from training code with lading.datasets.ShardDataset.
+Engines: --engine local (default) writes on this machine; --engine ray runs one Ray
+task per shard (on the cluster at --ray-address / RAY_ADDRESS, else a local Ray),
+each writing its shard straight to DEST; the index is written last by this process.
+A failed Ray pack leaves no index; run it again to reuse the shards already written.
 
 \b
 Exit codes: 0 ok, 1 problem (a file changed while packing, names clash),
@@ -145,10 +149,17 @@ def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
 @click.option("--seed", type=int, default=None, help="Seed for --shuffle (default 0). Same seed, same shards.")
 @click.option("--dry-run", is_flag=True, help="Show the plan (samples, shards, sizes); write nothing.")
 @click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Write the shards on this machine, or one Ray task per shard (pip install 'lading-data[ray]'); "
+                   "same plan, byte-identical shards.")
+@click.option("--ray-address", default=None, metavar="ADDR",
+              help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else a local Ray started "
+                   "and stopped for this pack).")
 @store_options
 @click.pass_obj
 def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | None, version: str | None,
-         shuffle: bool, seed: int | None, dry_run: bool, json_out: bool, **options: Any) -> int:
+         shuffle: bool, seed: int | None, dry_run: bool, json_out: bool, engine: str, ray_address: str | None,
+         **options: Any) -> int:
     """``lading pack``: see PACK_HELP."""
     from lading.pack import PackOptions, default_name, plan_pack, run_pack
 
@@ -169,7 +180,12 @@ def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | N
         if not json_out and not state.quiet:
             bar = _Bar(plan.input_bytes) if sys.stderr.isatty() else _LogLines(plan.input_bytes)
         try:
-            result = run_pack(plan, source, dest, config, bar)  # type: ignore[arg-type]
+            if engine == "ray":
+                from lading.pack.ray import run_pack_ray
+
+                result = run_pack_ray(plan, source, dest, config, bar, address=ray_address)  # type: ignore[arg-type]
+            else:
+                result = run_pack(plan, source, dest, config, bar)  # type: ignore[arg-type]
         finally:
             if bar is not None:
                 bar.close()

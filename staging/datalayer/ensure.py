@@ -82,11 +82,18 @@ class Outcome:
         return block_of(self.index).get("encoding", {})
 
 
+#: ``builder(store, location, claim) -> index``: publishes the version while the claim is held
+#: (the default spools ``produce()``'s samples and packs them here; lading.datalayer.ray writes
+#: a Ray Dataset from the cluster's workers).
+Builder = Callable[[Store, Location, Claim], dict[str, Any]]
+
+
 def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint: str, *, function: str,
            options: BuildOptions | None = None, config: StoreConfig | None = None,
-           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Outcome:
-    """Make sure ``location`` holds a complete build of ``fingerprint``; run ``produce`` only if
-    this process is the one elected to build it."""
+           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+           builder: Builder | None = None) -> Outcome:
+    """Make sure ``location`` holds a complete build of ``fingerprint``; run ``produce`` (or
+    ``builder``) only if this process is the one elected to build it."""
     options = options or BuildOptions()
     store = open_store(location.uri, config or StoreConfig.from_env())
     started = clock()
@@ -130,7 +137,9 @@ def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint
             if claim is None:
                 delay = min(delay, max(0.05, other.ttl / 4))
         if claim is not None:
-            return _build(store, location, claim, produce, fingerprint, function, options, stale_build, waited())
+            if builder is None:
+                builder = _spooled(produce, function, options)
+            return _build(store, location, claim, builder, fingerprint, stale_build, waited())
         now = clock()
         if waiting_since is None:
             waiting_since = now
@@ -187,8 +196,18 @@ def check_content(store: Store, location: Location, index: dict[str, Any]) -> No
                            "new version")
 
 
-def _build(store: Store, location: Location, claim: Claim, produce: Callable[[], Iterable[Any]], fingerprint: str,
-           function: str, options: BuildOptions, stale_build: str | None, waited: float) -> Outcome:
+def _spooled(produce: Callable[[], Iterable[Any]], function: str, options: BuildOptions) -> Builder:
+    """The default builder: ``produce()``'s samples spooled and packed in this process."""
+
+    def build(store: Store, location: Location, claim: Claim) -> dict[str, Any]:
+        return build_version(store, location, produce(), claim, function=function, shard_size=options.shard_size,
+                             spool_dir=options.spool_dir)
+
+    return build
+
+
+def _build(store: Store, location: Location, claim: Claim, builder: Builder, fingerprint: str,
+           stale_build: str | None, waited: float) -> Outcome:
     """Holding the claim: build unless the index appeared meanwhile."""
     try:
         index = read_index(store, location)
@@ -202,8 +221,7 @@ def _build(store: Store, location: Location, claim: Claim, produce: Callable[[],
         _remove_build(store, stale_build)
     claim.start()
     try:
-        index = build_version(store, location, produce(), claim, function=function, shard_size=options.shard_size,
-                              spool_dir=options.spool_dir)
+        index = builder(store, location, claim)
     except ClaimLost:
         claim.stop()
         _remove_unpublished(store, location, claim.record.build)

@@ -31,7 +31,7 @@ def ray_session(address: str | None = None) -> Iterator[Any]:
         yield ray
         return
     address = address or os.environ.get("RAY_ADDRESS") or None
-    options: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
+    options: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
     if address is None:
         options.update(include_dashboard=False, _node_ip_address="127.0.0.1")
     try:
