@@ -17,6 +17,9 @@ Set-ups (bucket ``bucket`` on the test server unless said otherwise):
     manifest  data/manifest.jsonl (in cwd): an augmented manifest synced from s3://bucket/data
     cache     an empty s3://bucket/cache/ for lading.datalayer
     local     nothing remote: the example makes its own local data (no moto variables either)
+    fuse      the example mounts: skipped where /dev/fuse or fusermount3 is missing
+
+The environment also has TMPDIR set to a temporary directory of the test's own.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import io
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -34,7 +39,7 @@ import pytest
 
 from conftest import REPO, run_lading
 
-SETUPS = {"bucket", "pets", "records", "snapshot", "manifest", "cache", "local"}
+SETUPS = {"bucket", "pets", "records", "snapshot", "manifest", "cache", "local", "fuse"}
 MARKER = re.compile(r"<!--\s*example:\s*(.*?)\s*-->")
 FENCE = re.compile(r"^```(\w*)\s*$")
 
@@ -201,6 +206,8 @@ def example_env(example: Example, tmp_path: Path, server_env: dict[str, str]) ->
     if "local" not in example.needs:
         env.update(server_env)
     env["LADING_CACHE_DIR"] = str(tmp_path / "node-cache")
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -212,6 +219,22 @@ def command(example: Example, script: Path) -> list[str]:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={example.torchrun}", str(script)]
     return [sys.executable, str(script)]
+
+
+def run_in_group(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run an example in a process group of its own, and end whatever it left running (a server
+    it started in the background, say) when it is done."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
 
 
 ALL = examples()
@@ -228,20 +251,21 @@ def test_example_runs(example: Example, tmp_path: Path, moto_server) -> None:
         pytest.skip(example.skip)
     if example.torchrun or "import torch" in example.code or "from torch" in example.code:
         pytest.importorskip("torch")
+    if "fuse" in example.needs and not (os.path.exists("/dev/fuse") and shutil.which("fusermount3")):
+        pytest.skip("needs /dev/fuse and fusermount3")
     from servers import reset_moto
 
     reset_moto(moto_server)
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     env = example_env(example, tmp_path, moto_server.env)
-    client = s3_client(moto_server.env) if example.needs - {"local"} else None
-    for name in sorted(example.needs - {"local"}):
+    client = s3_client(moto_server.env) if example.needs - {"local", "fuse"} else None
+    for name in sorted(example.needs - {"local", "fuse"}):
         SETUP_FUNCTIONS[name](client, env, cwd)
     suffix = ".sh" if example.language == "bash" else ".py"
     script = tmp_path / f"example{suffix}"
     script.write_text(example.code)
-    result = subprocess.run(command(example, script), cwd=cwd, env=env, capture_output=True, text=True,
-                            timeout=240, stdin=subprocess.DEVNULL)
+    result = run_in_group(command(example, script), cwd, env)
     assert result.returncode == 0, (
         f"{example.id} failed (exit {result.returncode})\n--- stdout\n{result.stdout[-3000:]}"
         f"\n--- stderr\n{result.stderr[-3000:]}")
