@@ -6,7 +6,6 @@ import os
 import threading
 from bisect import bisect_right
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -16,7 +15,10 @@ from lading.datasets.decode import DecodeOption, decode_sample, decoders_for
 from lading.datasets.index import load_index, store_for
 from lading.datasets.reader import Sample
 from lading.pack.offsets import OffsetsTable
+from lading.stores.base import Store
+from lading.stores.batch import RangeRequest, read_batch
 from lading.stores.config import StoreConfig
+from lading.stores.process import ProcessLocal, control_plane
 from lading.stores.uri import parse_uri
 
 #: Neighbouring samples of one shard closer than this are fetched in one read.
@@ -25,14 +27,12 @@ _KEEP_MAPPED = 16
 
 
 class _Local:
-    """What one process keeps: mapped shards (cached or local files), misses, a thread pool."""
+    """What one process keeps: mapped shards (cached or local files), misses, the node cache."""
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.mapped: OrderedDict[int, tuple[Any, CachedShard | None]] = OrderedDict()
         self.missing: set[int] = set()
         self.cache: NodeCache | None = None
-        self.pool: ThreadPoolExecutor | None = None
         self.lock = threading.Lock()
 
 
@@ -43,8 +43,8 @@ class PackedDataset:
     Each sample is one ranged read (its members are adjacent), located through the offsets file
     ``lading pack`` writes next to the index; a shard already in the node cache (put there by a
     :class:`ShardDataset` on this node) is read from there instead, and local shards in place.
-    ``__getitems__`` (what DataLoader calls per batch) reads a batch's samples concurrently,
-    neighbours within ``max_gap`` bytes in one read. Works with any sampler, e.g.
+    ``__getitems__`` (what DataLoader calls per batch) reads a batch's samples in one call to the
+    I/O core (the GETs concurrent), neighbours within ``max_gap`` bytes in one read. Works with any sampler, e.g.
     ``DistributedSampler``. ``decode`` and ``transform(sample)`` as for ShardDataset.
     """
 
@@ -53,8 +53,9 @@ class PackedDataset:
                  cache_dir: str | os.PathLike[str] | None = None, use_cache: bool = True,
                  max_gap: int = DEFAULT_GAP, threads: int = 8) -> None:
         self.config = config or StoreConfig.from_env()
-        self.index = load_index(index_uri, self.config)
-        table = self.index.table(self.config)
+        with control_plane():  # not obstore: DataLoader workers forked after this still may use it
+            self.index = load_index(index_uri, self.config)
+            table = self.index.table(self.config)
         if table is None:
             raise UsageError(f"{index_uri} has no offsets file, so its samples cannot be addressed",
                              "re-pack the dataset with this version of lading (it writes NAME.offsets.safetensors)")
@@ -64,8 +65,8 @@ class PackedDataset:
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.use_cache = use_cache
         self.max_gap = max_gap
-        self.threads = max(1, threads)
-        self._local = _Local()
+        self.threads = max(1, threads)  # kept for compatibility: batches run on the I/O core
+        self._local: ProcessLocal[_Local] = ProcessLocal(_Local)
 
     def __getstate__(self) -> dict[str, Any]:
         # Neither the process's mappings nor the (possibly large) table travel to a spawned
@@ -74,7 +75,7 @@ class PackedDataset:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._local = _Local()
+        self._local = ProcessLocal(_Local)
         self._table = None
 
     @property
@@ -104,9 +105,7 @@ class PackedDataset:
     # -- bytes -----------------------------------------------------------------------------------
 
     def _state(self) -> _Local:
-        if self._local.pid != os.getpid():  # forked: threads and mappings did not come along
-            self._local = _Local()
-        return self._local
+        return self._local.get()  # reset in a forked child: mappings do not come along
 
     def _mapped(self, shard: int) -> Any | None:
         """The shard's bytes when local or in the node cache, else None (read it by range)."""
@@ -146,13 +145,25 @@ class PackedDataset:
             local.cache = NodeCache(root)
         return local.cache
 
-    def _read(self, shard: int, start: int, end: int) -> bytes:
-        mapped = self._mapped(shard)
-        if mapped is not None:
-            return mapped[start:end]
-        ref = self.index.shards[shard]
-        store, key = store_for(ref.uri, self.config)
-        return store.read_range(key, start, end, ref.etag)
+    def _read(self, shard: int, start: int, end: int) -> Any:
+        return self._read_runs([(shard, start, end)])[0]
+
+    def _read_runs(self, runs: Sequence[tuple[int, int, int]]) -> list[Any]:
+        """Bytes ``[start, end)`` of each ``(shard, start, end)``: sliced from mapped shards, the
+        rest in one batched read (zero-copy buffers)."""
+        out: list[Any] = [None] * len(runs)
+        remote: list[tuple[int, tuple[Store, RangeRequest]]] = []
+        for position, (shard, start, end) in enumerate(runs):
+            mapped = self._mapped(shard)
+            if mapped is not None:
+                out[position] = mapped[start:end]
+                continue
+            ref = self.index.shards[shard]
+            store, key = store_for(ref.uri, self.config)
+            remote.append((position, (store, RangeRequest(key, start, end, ref.etag))))
+        for (position, _item), data in zip(remote, read_batch([item for _position, item in remote])):
+            out[position] = data
+        return out
 
     # -- samples ---------------------------------------------------------------------------------
 
@@ -162,7 +173,8 @@ class PackedDataset:
         exts, ext_of, offsets, sizes = table.exts, table.member_ext, table.member_offset, table.member_size
         for member in range(table.sample_members[index], table.sample_members[index + 1]):
             offset = offsets[member] - base
-            sample[exts[ext_of[member]]] = data[offset:offset + sizes[member]]
+            # bytes, not a view: samples cross process boundaries (DataLoader pickles them)
+            sample[exts[ext_of[member]]] = bytes(data[offset:offset + sizes[member]])
         if self.decoders is not None:
             decode_sample(sample, self.decoders, lambda: self.index.shards[self._shard_of(index)].uri)
         return sample if self.transform is None else self.transform(sample)
@@ -183,14 +195,7 @@ class PackedDataset:
                 runs[-1][3].append(position)
             else:
                 runs.append([shard, start, end, [position]])
-        local = self._state()
-        if len(runs) > 1 and local.pool is None:
-            local.pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="lading-packed")
-        if len(runs) == 1:
-            chunks = [self._read(*runs[0][:3])]
-        else:
-            assert local.pool is not None
-            chunks = list(local.pool.map(lambda run: self._read(run[0], run[1], run[2]), runs))
+        chunks = self._read_runs([(run[0], run[1], run[2]) for run in runs])
         built: dict[int, Any] = {}
         for run, data in zip(runs, chunks):
             for position in run[3]:

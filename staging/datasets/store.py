@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
@@ -10,7 +9,9 @@ from typing import Any, Callable, Sequence
 from lading.datasets.decode import DecodeOption, decode_field, decoder_for, decoders_for
 from lading.stores import open_store
 from lading.stores.base import ObjectInfo, Store
+from lading.stores.batch import RangeRequest, read_batch
 from lading.stores.config import StoreConfig
+from lading.stores.process import ProcessLocal, control_plane
 from lading.stores.uri import parse_uri
 
 
@@ -24,9 +25,10 @@ class StoreDataset:
 
     ``decode`` decodes by the key's extension (:mod:`lading.datasets.decode`), then
     ``transform(data, key)`` turns the data into a sample (default: the data). Listing happens
-    once, here; each process opens its own connection lazily. When index ``i`` follows ``i-1``,
-    the next ``prefetch`` objects are fetched in the background; a batch (``__getitems__``, what
-    DataLoader asks for) is fetched on ``prefetch`` threads at once.
+    once, here, through the SDK (so DataLoader workers forked later can all read through
+    obstore); each process opens its own connection lazily. When index ``i`` follows ``i-1``, the
+    next ``prefetch`` objects are fetched in the background; a batch (``__getitems__``, what
+    DataLoader asks for) is one call to the I/O core, its GETs concurrent.
     """
 
     def __init__(self, uri: str, *, transform: Callable[[Any, str], Any] | None = None,
@@ -37,29 +39,19 @@ class StoreDataset:
         self.transform = transform
         self.decoders = decoders_for(decode)
         self.prefetch = prefetch
-        self.objects: list[ObjectInfo] = sorted(
-            (info for info in open_store(parse_uri(uri), self.config).list()
-             if not info.key.endswith("/") and (not suffixes or info.key.endswith(tuple(suffixes)))),
-            key=lambda info: info.key)
-        self._reset_process_state()
-
-    def _reset_process_state(self) -> None:
-        self._pid = os.getpid()
-        self._store: Store | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._ahead: dict[int, Future[bytes]] = {}
-        self._last = -2
-        self._lock = threading.Lock()
+        with control_plane():
+            self.objects: list[ObjectInfo] = sorted(
+                (info for info in open_store(parse_uri(uri), self.config).list()
+                 if not info.key.endswith("/") and (not suffixes or info.key.endswith(tuple(suffixes)))),
+                key=lambda info: info.key)
+        self._local: ProcessLocal[_Local] = ProcessLocal(_Local)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for name in ("_store", "_pool", "_ahead", "_lock", "_pid", "_last"):
-            state.pop(name, None)
-        return state
+        return {name: value for name, value in self.__dict__.items() if name != "_local"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._reset_process_state()
+        self._local = ProcessLocal(_Local)
 
     def __len__(self) -> int:
         return len(self.objects)
@@ -68,43 +60,52 @@ class StoreDataset:
         """The key of object ``index``."""
         return self.objects[index].key
 
-    def _open(self) -> Store:
-        if self._pid != os.getpid():  # forked: threads and connections did not come along
-            self._reset_process_state()
-        if self._store is None:
-            self._store = open_store(parse_uri(self.uri), self.config)
-        return self._store
+    def _open(self) -> _Local:
+        local = self._local.get()
+        if local.store is None:
+            local.store = open_store(parse_uri(self.uri), self.config)
+        return local
 
     def _fetch(self, index: int) -> bytes:
-        info = self.objects[index]
-        if info.size == 0:
-            return b""
-        return self._open().read_range(info.key, 0, info.size, info.version)
+        return self._fetch_many([index])[0]
 
-    def _schedule_ahead(self, index: int) -> None:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=max(1, self.prefetch), thread_name_prefix="lading-ds")
-        for ahead in range(index + 1, min(index + 1 + self.prefetch, len(self.objects))):
-            if ahead not in self._ahead:
-                self._ahead[ahead] = self._pool.submit(self._fetch, ahead)
+    def _fetch_many(self, indices: Sequence[int]) -> list[bytes]:
+        """Whole objects, one batched read (zero-copy until the copy a sample needs to be pickled
+        into the training process)."""
+        store = self._open().store
+        assert store is not None
+        wanted = [(position, self.objects[index]) for position, index in enumerate(indices)]
+        requests = [(store, RangeRequest(info.key, 0, None, info.version or None)) for _, info in wanted if info.size]
+        views = iter(read_batch(requests))
+        return [bytes(next(views)) if info.size else b"" for _, info in wanted]
+
+    def _schedule_ahead(self, local: "_Local", index: int) -> None:
+        if local.pool is None:
+            local.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lading-ds")
+        upcoming = [ahead for ahead in range(index + 1, min(index + 1 + self.prefetch, len(self.objects)))
+                    if ahead not in local.ahead]
+        if upcoming:
+            batch = local.pool.submit(self._fetch_many, upcoming)
+            for slot, ahead in enumerate(upcoming):
+                local.ahead[ahead] = _Slot(batch, slot)
 
     def __getitem__(self, index: int) -> Any:
         if index < 0:
             index += len(self.objects)
         if not 0 <= index < len(self.objects):
             raise IndexError(f"index {index} out of range for {len(self.objects)} objects")
-        self._open()
-        with self._lock:
-            future = self._ahead.pop(index, None)
-            sequential = index == self._last + 1
-            self._last = index
+        local = self._open()
+        with local.lock:
+            slot = local.ahead.pop(index, None)
+            sequential = index == local.last + 1
+            local.last = index
             if not sequential:
-                for stale in self._ahead.values():
-                    stale.cancel()
-                self._ahead.clear()
+                for stale in local.ahead.values():
+                    stale.batch.cancel()
+                local.ahead.clear()
             elif self.prefetch > 0:
-                self._schedule_ahead(index)
-        data = future.result() if future is not None else self._fetch(index)
+                self._schedule_ahead(local, index)
+        data = slot.result() if slot is not None else self._fetch(index)
         return self._finish(data, self.objects[index].key)
 
     def _finish(self, data: bytes, key: str) -> Any:
@@ -116,17 +117,35 @@ class StoreDataset:
         return data if self.transform is None else self.transform(data, key)
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
-        """A batch of objects, fetched concurrently (DataLoader calls this for each batch)."""
+        """A batch of objects in one call to the I/O core, its GETs concurrent (DataLoader calls
+        this for each batch)."""
         positions = [index + len(self.objects) if index < 0 else index for index in indices]
         for index in positions:
             if not 0 <= index < len(self.objects):
                 raise IndexError(f"index {index} out of range for {len(self.objects)} objects")
-        self._open()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=max(1, self.prefetch), thread_name_prefix="lading-ds")
-        with self._lock:
-            futures = [self._ahead.pop(index, None) or self._pool.submit(self._fetch, index) for index in positions]
-        results = [future.result() for future in futures]
+        results = self._fetch_many(positions)
         if self.transform is None and self.decoders is None:
             return results
         return [self._finish(data, self.objects[index].key) for data, index in zip(results, positions)]
+
+
+class _Slot:
+    """One object of a prefetched batch."""
+
+    def __init__(self, batch: "Future[list[bytes]]", slot: int) -> None:
+        self.batch, self.slot = batch, slot
+
+    def result(self) -> bytes:
+        """The object's bytes (waits for its batch)."""
+        return self.batch.result()[self.slot]
+
+
+class _Local:
+    """What one process keeps: its store, the prefetch thread and what it fetched ahead."""
+
+    def __init__(self) -> None:
+        self.store: Store | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self.ahead: dict[int, _Slot] = {}
+        self.last = -2
+        self.lock = threading.Lock()
