@@ -7,7 +7,7 @@ __pycache__ and logs that .detignore drops), then times
 
   * find DIR -type f -printf '%s\\n'          the floor: one stat per file, no ignore rules
   * lading check DIR --json / human output    the CLI, a fresh process each time
-  * staging.context.check_context(DIR)        the library call, in this process
+  * lading.context.check_context(DIR)        the library call, in this process
   * det: read_v1_context(DIR)                 det 0.38 in its own venv (bench/det_oracle.py):
                                               wall time of the process and of the call alone
 

@@ -1,4 +1,4 @@
-"""`lading pack SOURCE DEST`: parse options, call staging.pack, render progress and the summary."""
+"""`lading pack SOURCE DEST`: parse options, call lading.pack, render progress and the summary."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`lading sync` and `lading topology`: parse options, call staging.sync, render progress and results."""
+"""`lading sync` and `lading topology`: parse options, call lading.sync, render progress and results."""
 
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class CheckReport:
     dirs: dict[str, DirStat]  # every uploaded directory, plus "" for the whole upload
     warnings: list[ContextWarning] = field(default_factory=list)
     remedy: Remedy | None = None
-    explanation: Any = None  # staging.context.explain.Explanation when asked for
+    explanation: Any = None  # lading.context.explain.Explanation when asked for
 
     @property
     def total_bytes(self) -> int:

@@ -3,7 +3,7 @@
 Every container of a trial on one host runs the startup hook at the same moment. They share
 the work through a lock and a completion marker:
 
-- a prefix is synced with :func:`staging.sync.run.sync_into`: DEST's lock, the state record in
+- a prefix is synced with :func:`lading.sync.into.sync_into`: DEST's lock, the state record in
   DEST as the marker, and removal of files lading put there that have left the source;
 - one object (``lading fetch s3://b/data.csv /tmp/d/``) keeps one hidden file beside it, its
   marker ``.{name}.lading-staged.json``, and locks the directory itself (no lock file). A file

@@ -20,7 +20,7 @@ Three forms are accepted:
 
 :func:`parse_manifest` only reads the text; :func:`keys_under` resolves the entries against a
 source location (and refuses entries outside it, naming the line of an augmented manifest).
-Keys are not checked for safety here: callers pass them through :func:`staging.keys.key_parts`
+Keys are not checked for safety here: callers pass them through :func:`lading.core.keys.key_parts`
 like listed keys.
 
 For augmented manifests, :func:`share_records` deals lines to ranks (a line goes with its first

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 # The errors a Store raises, key validation and the retry policy are part of the protocol's
-# surface: re-exported so that mounts/ depends on staging.stores alone.
+# surface: re-exported so that mounts/ depends on lading.stores alone.
 from lading.core.errors import (
     AccessDenied,
     LadingError,

@@ -40,7 +40,7 @@ class Store(Protocol):
         ...
 
     def stat(self, key: str) -> ObjectInfo:
-        """Return one object's metadata; raise :class:`~staging.errors.NotFound`."""
+        """Return one object's metadata; raise :class:`~lading.core.errors.NotFound`."""
         ...
 
     def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:

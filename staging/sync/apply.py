@@ -1,8 +1,8 @@
-"""Apply a :class:`~staging.sync.plan.SyncPlan`: delete, fetch, record, summarise.
+"""Apply a :class:`~lading.sync.plan.SyncPlan`: delete, fetch, record, summarise.
 
 Order: first ``--delete`` removals (only files lading tracks in the state record, so files the
 user or the training job put into DEST are never touched), then the fetches through
-:func:`staging.transfer.fetch_all` (or another fetcher with the same signature, e.g. the node
+:func:`lading.transfer.fetch_all` (or another fetcher with the same signature, e.g. the node
 cache's hard-linker). Each completed file is journaled at once (:mod:`lading.sync.state`), so a
 sync killed mid-way resumes where it stopped. Nothing is written outside DEST: parent
 directories are created one level at a time and an existing symlink or file in their place
@@ -35,7 +35,7 @@ Fetcher = Callable[[list[TransferItem], TransferOptions, "SyncEvents"], list[Tra
 
 
 class SyncEvents(Protocol):
-    """Progress callbacks (a :class:`~staging.transfer.TransferEvents` plus phases)."""
+    """Progress callbacks (a :class:`~lading.transfer.TransferEvents` plus phases)."""
 
     def on_phase(self, phase: str, plan: SyncPlan | None) -> None:
         """A phase starts: ``download`` (store -> DEST or node cache) or ``link`` (cache -> DEST).

@@ -179,8 +179,8 @@ def _fill_entry(
 ) -> tuple[SyncSummary, list[PackedDataset]]:
     """Sync the source into the cache ``entry`` (the caller holds its lock), unless the packed
     datasets in it are reusable as they are (then no GET, and they are returned). Raises
-    :class:`~staging.errors.ProblemFound` when a listing disagrees with its dataset's index."""
-    # Imported here: staging.pack is only needed when a sync goes through the cache.
+    :class:`~lading.core.errors.ProblemFound` when a listing disagrees with its dataset's index."""
+    # Imported here: lading.pack is only needed when a sync goes through the cache.
     from lading.sync.packed import cached_datasets, packed_index_keys, refuse_mismatched, reusable_datasets
 
     cache_request = replace(request, dest=entry, delete=True)
@@ -210,7 +210,7 @@ def sync_through_cache(
     """Fill the node cache entry for ``request`` (once per node), then build DEST from it.
 
     A packed dataset already current in the entry is reused without a GET; one whose listing
-    disagrees with its index raises :class:`~staging.errors.ProblemFound` before DEST is touched.
+    disagrees with its index raises :class:`~lading.core.errors.ProblemFound` before DEST is touched.
     """
     started = time.monotonic()
     ensure_private_root(cache_root)

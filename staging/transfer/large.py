@@ -2,7 +2,7 @@
 
 Every part is guarded by the object's version, so a replace mid-download fails the item with
 ObjectChanged instead of mixing bytes. Completed parts are recorded in a sidecar
-(:class:`~staging.transfer_files.ResumeRecord`) so an interrupted download resumes. The
+(:class:`~lading.transfer.files.ResumeRecord`) so an interrupted download resumes. The
 checksum, when the store gave one, is computed in part order while later parts still
 download, so verifying costs little extra wall time. Hashing (MD5: ~800 MB/s on one core) can
 be slower than the download; then parts may run at most ``lead`` parts ahead of the hashed
