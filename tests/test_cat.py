@@ -299,6 +299,36 @@ def test_help_has_examples_and_exit_codes(lading):
 
 # -- pipes and signals ---------------------------------------------------------------------------
 
+def wait_until(condition, what: str, timeout: float = 20.0) -> None:
+    """Poll ``condition()`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def pipe_is_full(read_end: int) -> bool:
+    """The pipe behind ``read_end`` holds as many bytes as it can: its writer is blocked."""
+    import fcntl
+    import termios
+
+    queued = bytearray(4)
+    fcntl.ioctl(read_end, termios.FIONREAD, queued)
+    return int.from_bytes(queued, sys.byteorder) >= fcntl.fcntl(read_end, 1032)  # F_GETPIPE_SZ
+
+
+def blocked_opening_a_fifo(pid: int, tid: int | None = None) -> bool:
+    """A thread of ``pid`` (or thread ``tid``) sleeps in open() of a FIFO, waiting for its partner."""
+    tasks = [str(tid)] if tid is not None else os.listdir(f"/proc/{pid}/task")
+    for task in tasks:
+        try:
+            wchan = Path(f"/proc/{pid}/task/{task}/wchan").read_text()
+        except OSError:
+            continue
+        if "partner" in wchan or "fifo_open" in wchan:
+            return True
+    return False
+
 @pytest.fixture
 def large(s3):
     """8 MiB in 8 objects: more than any pipe buffer."""
@@ -320,7 +350,7 @@ def test_a_reader_that_goes_away_ends_the_stream_quietly(large):
 def test_ctrl_c_mid_stream_exits_130(large):
     out = lading_process("cat", f"s3://{BUCKET}/large", env={}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert out.stdout.read(100_000)  # streaming; then nobody reads: the writer blocks on the full pipe
-    time.sleep(0.5)
+    wait_until(lambda: pipe_is_full(out.stdout.fileno()), "the pipe is full and lading cat blocks writing")
     out.send_signal(signal.SIGINT)
     started = time.monotonic()
     assert out.wait(timeout=10) == 130
@@ -332,15 +362,13 @@ def test_ctrl_c_mid_stream_exits_130(large):
 def test_fifo_is_created_and_waits_for_a_reader(s3, tmp_path):
     fifo = tmp_path / "train_0"
     out = lading_process("cat", SOURCE, "--fifo", str(fifo), env={}, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 20
-    while not fifo.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(fifo.exists, "lading cat created the FIFO")
     with open(fifo, "rb") as reader:
         data = reader.read()
     assert out.wait(timeout=30) == 0 and data == everything(sorted(OBJECTS))
     # an existing pipe is reused; Ctrl-C while waiting for a reader: 130
     out = lading_process("cat", SOURCE, "--fifo", str(fifo), env={}, stderr=subprocess.PIPE)
-    time.sleep(1.5)
+    wait_until(lambda: blocked_opening_a_fifo(out.pid), "lading cat waits for a reader of the FIFO")
     out.send_signal(signal.SIGINT)
     assert out.wait(timeout=10) == 130 and "interrupted" in out.stderr.read().decode()
 
@@ -351,7 +379,8 @@ def test_a_failure_before_streaming_releases_a_waiting_fifo_reader(s3, tmp_path)
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
     reader.start()
-    time.sleep(0.2)
+    wait_until(lambda: reader.native_id is not None and blocked_opening_a_fifo(os.getpid(), reader.native_id),
+               "the reader waits in open() of the FIFO")
     out = lading_process("cat", f"s3://{BUCKET}/nothing-here", "--fifo", str(fifo), env={}, stderr=subprocess.PIPE)
     assert out.wait(timeout=30) == 3
     reader.join(timeout=10)
