@@ -4,7 +4,8 @@
   one global order per epoch, dealt to ranks and DataLoader workers so that a resumed epoch
   (any world size, any number of workers) delivers every sample exactly once.
 - :class:`MixedDataset`: a deterministic weighted interleave of ShardDatasets, resumable the same way.
-- :class:`PackedDataset`: map-style random access into packed shards, one ranged read per sample.
+- :class:`PackedDataset`: map-style random access into packed shards, one ranged read per sample;
+  :class:`NodeLocalSampler` gives it ShardDataset's node-local order (DistributedSampler's place).
 - :class:`RecordDataset`: map-style over fixed-size records in one object.
 - :class:`StoreDataset`: map-style over the objects under a prefix, in key order.
 
@@ -22,7 +23,9 @@ from lading.datasets.index import DatasetIndex, ShardRef, load_index
 from lading.datasets.mixed import MixedDataset
 from lading.datasets.order import REMAINDERS, Deal, EpochOrder
 from lading.datasets.packed import PackedDataset
+from lading.datasets.partition import DEFAULT_PARTITIONS
 from lading.datasets.records import RecordDataset
+from lading.datasets.sampler import NodeLocalSampler
 from lading.datasets.shards import ShardDataset, ShardSpan, iter_shard
 from lading.datasets.slots import distributed_slot as _distributed_slot  # noqa: F401 - looked up here
 from lading.datasets.slots import worker_slot as _worker_slot  # noqa: F401 - by __iter__ (tests stand in a slot)
@@ -30,11 +33,13 @@ from lading.datasets.store import StoreDataset
 
 __all__ = [
     "DEFAULT_DECODERS",
+    "DEFAULT_PARTITIONS",
     "REMAINDERS",
     "DatasetIndex",
     "Deal",
     "EpochOrder",
     "MixedDataset",
+    "NodeLocalSampler",
     "NodeCache",
     "PackedDataset",
     "RecordDataset",

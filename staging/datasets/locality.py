@@ -37,14 +37,17 @@ class NodeLocalOrder:
 
     def _setup_locality(self, rank: int | None, world_size: int | None, local_world_size: int | None,
                         partitions: int, remainder: str) -> None:
+        topology = env_topology()
         default_rank, default_world = distributed_slot()
+        if default_world == 1 and topology is not None and topology.world_size > 1:
+            default_rank, default_world = topology.rank, topology.world_size  # a launcher, no process group
         rank = default_rank if rank is None else rank
         world_size = default_world if world_size is None else world_size
         check_slot(rank, world_size)
         if partitions < 1:
             raise UsageError(f"partitions={partitions} must be positive")
         self.rank, self.world_size = rank, world_size
-        self.layout: Layout = layout_for(rank, world_size, local_world_size, env_topology())
+        self.layout: Layout = layout_for(rank, world_size, local_world_size, topology)
         self.local_world_size = self.layout.per_node
         self.partitions = partitions
         self.remainder = check_remainder(remainder)

@@ -232,7 +232,7 @@ class ShardDataset(NodeLocalOrder, ElasticIterable):
         if not self.shards:
             raise UsageError("no shards to read")
         self._setup(rank, world_size, batch_size, remainder)
-        self._setup_locality(self.rank, self.world_size, local_world_size, partitions, remainder)
+        self._setup_locality(rank, world_size, local_world_size, partitions, remainder)
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
         self.randomize_shard_order = randomize_shard_order
