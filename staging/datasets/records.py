@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 from lading.core.errors import UsageError
 from lading.datasets.decode import DecodeOption, Decoder, decode_field, decoder_for, decoders_for
 from lading.datasets.index import store_for
 from lading.stores.base import ObjectInfo
+from lading.stores.batch import RangeRequest, read_batch
 from lading.stores.config import StoreConfig
+from lading.stores.process import control_plane
 from lading.stores.uri import parse_uri
 
 #: Records within this many bytes of each other are fetched in one read by ``__getitems__``.
@@ -23,7 +23,7 @@ class RecordDataset:
     ``ds[i]`` is one ranged read (pinned to the version seen at construction: a replaced object
     fails with "object changed" instead of mixing). ``__getitems__`` (DataLoader's batch call)
     sorts the batch and reads neighbouring records (gaps up to ``max_gap`` bytes) in one range,
-    runs of different regions concurrently. ``decode`` is a function of the record's bytes, or
+    the ranges in one call to the I/O core (concurrent GETs). ``decode`` is a function of the record's bytes, or
     ``True``/a mapping applied by the object's extension; trailing bytes short of a whole record
     are refused unless ``allow_partial``.
     """
@@ -37,7 +37,8 @@ class RecordDataset:
         self.record_size, self.header_bytes = record_size, header_bytes
         self.config = config or StoreConfig.from_env()
         store, key = store_for(uri, self.config)
-        self.info: ObjectInfo = store.stat(key)
+        with control_plane():  # not obstore: DataLoader workers forked after this still may use it
+            self.info: ObjectInfo = store.stat(key)
         body = self.info.size - header_bytes
         if body < 0 or (body % record_size and not allow_partial):
             raise UsageError(f"{uri} has {self.info.size} bytes: not {header_bytes} header bytes plus whole "
@@ -51,16 +52,7 @@ class RecordDataset:
         else:
             table = decoders_for(decode)  # type: ignore[arg-type]
             self.decoder = None if table is None else decoder_for(table, self._field)
-        self.max_gap, self.threads = max_gap, max(1, threads)
-        self._pool: ThreadPoolExecutor | None = None
-        self._pid = os.getpid()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {name: value for name, value in self.__dict__.items() if name not in ("_pool", "_pid")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._pool, self._pid = None, os.getpid()
+        self.max_gap, self.threads = max_gap, max(1, threads)  # threads: kept for compatibility
 
     def __len__(self) -> int:
         return self.count
@@ -73,9 +65,14 @@ class RecordDataset:
 
     def _read(self, first: int, last: int) -> bytes:
         """Records ``first .. last`` (inclusive), one ranged read."""
+        return bytes(self._read_runs([(first, last)])[0])
+
+    def _read_runs(self, runs: Sequence[tuple[int, int]]) -> list[memoryview]:
+        """Each run of records ``(first, last)``, in one batched read."""
         store, key = store_for(self.uri, self.config)
-        start = self.header_bytes + first * self.record_size
-        return store.read_range(key, start, start + (last - first + 1) * self.record_size, self.info.version)
+        size, base = self.record_size, self.header_bytes
+        return read_batch([(store, RangeRequest(key, base + first * size, base + (last + 1) * size,
+                                                self.info.version or None)) for first, last in runs])
 
     def _finish(self, data: bytes, position: int) -> Any:
         if self.decoder is None:
@@ -96,16 +93,11 @@ class RecordDataset:
                 runs[-1][1] = position
             else:
                 runs.append([position, position])
-        if len(runs) == 1:
-            chunks = [self._read(*runs[0])]
-        else:
-            if self._pool is None or self._pid != os.getpid():
-                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="lading-records")
-                self._pid = os.getpid()
-            chunks = list(self._pool.map(lambda run: self._read(run[0], run[1]), runs))
+        chunks = self._read_runs([(first, last) for first, last in runs])
         found: dict[int, bytes] = {}
         size = self.record_size
         for (first, last), data in zip(runs, chunks):
             for position in range(first, last + 1):
-                found[position] = data[(position - first) * size:(position - first + 1) * size]
+                # bytes, not a view: samples cross process boundaries (DataLoader pickles them)
+                found[position] = bytes(data[(position - first) * size:(position - first + 1) * size])
         return [self._finish(found[position], position) for position in positions]
