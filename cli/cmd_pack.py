@@ -75,8 +75,8 @@ class _PlainConsole:
     """The one method of rich's Console we use, for output that is not a terminal."""
 
     def print(self, text: str) -> None:
-        """Write a line."""
-        click.echo(text)
+        """Write a line (a status line: stderr, as every command's)."""
+        click.echo(text, err=True)
 
 
 class _LogLines:
@@ -120,10 +120,10 @@ def _plan_summary(plan: Any) -> dict[str, Any]:
 
 
 def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
-    if sys.stdout.isatty():
+    if sys.stderr.isatty():
         from rich.console import Console
 
-        console: Any = Console(highlight=False, soft_wrap=True, markup=False)  # paths may hold [ ]
+        console: Any = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)  # paths may hold [ ]
     else:  # a log or a pipe: plain lines, without paying for rich's import
         console = _PlainConsole()
     shards = summary["shards"]
@@ -164,6 +164,7 @@ def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | N
     from lading.pack import PackOptions, default_name, plan_pack, run_pack
 
     needs("seed", "shuffle")
+    needs("ray_address", "engine", "ray")
     config = pop_store_config(options)
     # An empty --name is refused by the name rule, not replaced by the default.
     pack_options = PackOptions(name=default_name(source) if name is None else name,

@@ -1,0 +1,269 @@
+"""lading pack --engine ray and ShardSink on a local Ray (2 CPUs, bound to 127.0.0.1), against moto.
+
+One Ray for the module (started in this process, shut down at the end). Workers are killed for
+real (SIGKILL of the task's process); Ray itself is never patched.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import boto3
+import pytest
+from lading.core.errors import AccessDenied
+from lading.core.retry import RetryPolicy
+from lading.datasets import PackedDataset, ShardDataset
+from lading.pack import PackOptions, plan_pack, run_pack
+from lading.stores import StoreConfig
+from proxies import FaultProxy
+
+ray = pytest.importorskip("ray")
+from lading.pack.ray import ShardSink, run_pack_ray  # noqa: E402 - only with Ray installed
+
+BUCKET = "lading-pack-ray"
+TOP = Path(__file__).resolve().parent.parent
+FAST_RETRY = RetryPolicy(attempts=2, base_delay=0.005, max_delay=0.01)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray for the module; its GCS address lets subprocesses (the CLI) join it."""
+    ray.init(num_cpus=2, object_store_memory=100 << 20, include_dashboard=False, _node_ip_address="127.0.0.1",
+             log_to_driver=False, logging_level="ERROR")
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def s3(s3_env):
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    return client
+
+
+def config(endpoint: str) -> StoreConfig:
+    """Settings for the driver and, sent with each task, the Ray workers (whose environment
+    predates the test's moto variables): the credentials travel in the config."""
+    return replace(StoreConfig.from_env(endpoint_url=endpoint), retry=FAST_RETRY, timeout=10)
+
+
+def make_source(root: Path, count: int = 60) -> dict[str, bytes]:
+    files = {}
+    for i in range(count):
+        files[f"d{i % 3}/s{i:03d}.bin"] = os.urandom(700 + 37 * i)
+        files[f"d{i % 3}/s{i:03d}.json"] = json.dumps({"i": i}).encode()
+    for key, data in files.items():
+        (root / key).parent.mkdir(parents=True, exist_ok=True)
+        (root / key).write_bytes(data)
+    return files
+
+
+def listing(s3, prefix: str) -> dict[str, bytes]:
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
+    return {key[len(prefix):]: s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() for key in keys}
+
+
+def without_timing(index: bytes) -> dict:
+    return json.loads(index)
+
+
+def test_ray_and_local_engines_write_identical_shards_and_indexes(ray_cluster, s3, s3_env, tmp_path):
+    make_source(tmp_path / "src")
+    settings = config(s3_env["AWS_ENDPOINT_URL"])
+    for engine, dest in (("local", f"s3://{BUCKET}/local"), ("ray", f"s3://{BUCKET}/ray")):
+        plan = plan_pack(str(tmp_path / "src"), dest, PackOptions("ds", shard_size=15_000, shuffle=True, seed=3),
+                         settings)
+        (run_pack if engine == "local" else run_pack_ray)(plan, str(tmp_path / "src"), dest, settings)
+    local, on_ray = listing(s3, "local/"), listing(s3, "ray/")
+    assert sorted(local) == sorted(on_ray), "the same objects, and no receipts left behind"
+    assert len([key for key in local if key.endswith(".tar")]) >= 4
+    assert all(local[key] == on_ray[key] for key in local if key != "ds.manifest.json")
+    assert json.loads(local["ds.index.json"]) == json.loads(on_ray["ds.index.json"])
+
+
+def test_bucket_source_on_ray_reads_back_exactly(ray_cluster, s3, s3_env, tmp_path):
+    files = make_source(tmp_path / "src", count=30)
+    for key, data in files.items():
+        s3.put_object(Bucket=BUCKET, Key=f"raw/{key}", Body=data)
+    settings = config(s3_env["AWS_ENDPOINT_URL"])
+    plan = plan_pack(f"s3://{BUCKET}/raw", str(tmp_path / "out"), PackOptions("raw", shard_size=8_000), settings)
+    result = run_pack_ray(plan, f"s3://{BUCKET}/raw", str(tmp_path / "out"), settings)
+    samples = {s["__key__"]: s for s in ShardDataset(str(tmp_path / "out" / "raw.index.json"))}
+    assert len(result.shards) == len(plan.shards) >= 3
+    assert sorted(samples) == sorted({key.rsplit(".", 1)[0] for key in files})
+    assert all(samples[key.rsplit(".", 1)[0]][key.rsplit(".", 1)[1]] == data for key, data in files.items())
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        [s.name for s in plan.shards] + ["raw.index.json", "raw.manifest.json", "raw.offsets.safetensors"])
+
+
+def test_cli_engine_ray_joins_the_cluster(ray_cluster, lading, tmp_path):
+    make_source(tmp_path / "src", count=20)
+    local = lading("pack", str(tmp_path / "src"), str(tmp_path / "local"), "--name", "ds", "--shard-size", "10KB")
+    assert local.returncode == 0, local.stderr
+    run = lading("pack", str(tmp_path / "src"), str(tmp_path / "ray"), "--name", "ds", "--shard-size", "10KB",
+                 "--engine", "ray", "--ray-address", ray_cluster, "--json")
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(run.stdout)
+    names = sorted(p.name for p in (tmp_path / "local").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "ray").iterdir())
+    tars = [name for name in names if name.endswith(".tar")]
+    assert len(tars) == len(summary["shards"]) >= 3
+    assert all((tmp_path / "local" / n).read_bytes() == (tmp_path / "ray" / n).read_bytes() for n in tars)
+    wrong = lading("pack", str(tmp_path / "src"), str(tmp_path / "x"), "--ray-address", ray_cluster)
+    assert wrong.returncode == 2 and "--engine ray" in wrong.stderr
+
+
+def _kill_a_shard_task(killed: list[int]) -> None:
+    """SIGKILL the worker process running a shard task (Ray titles it ``ray::lading_pack_shard``)."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if title.startswith(b"ray::lading_pack_shard"):
+            os.kill(int(pid), signal.SIGKILL)
+            killed.append(int(pid))
+            return
+
+
+def test_task_killed_mid_shard_is_retried_and_the_pack_is_exact(ray_cluster, s3, s3_env, tmp_path):
+    files = make_source(tmp_path / "src", count=40)
+    for key, data in files.items():
+        s3.put_object(Bucket=BUCKET, Key=f"raw/{key}", Body=data)
+    dest = f"s3://{BUCKET}/packed"
+    killed: list[int] = []
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        settings = config(proxy.url)
+        plan = plan_pack(f"s3://{BUCKET}/raw", dest, PackOptions("ds", shard_size=12_000), settings)
+        # the 10th object GET: its worker is killed while reading the members of its shard
+        proxy.add_fault("slowdown", first=1, method="GET", path_prefix=f"/{BUCKET}/raw/", after=9,
+                        then=lambda: _kill_a_shard_task(killed))
+        run_pack_ray(plan, f"s3://{BUCKET}/raw", dest, settings)
+    assert killed, "no shard task was running when the fault fired"
+    run_pack(plan, f"s3://{BUCKET}/raw", f"s3://{BUCKET}/local", config(s3_env["AWS_ENDPOINT_URL"]))
+    packed, local = listing(s3, "packed/"), listing(s3, "local/")
+    assert sorted(packed) == sorted(local), "an orphan or a missing object"
+    assert all(packed[key] == local[key] for key in local if key.endswith(".tar"))
+    assert json.loads(packed["ds.index.json"]) == json.loads(local["ds.index.json"])
+
+
+def test_failed_pack_leaves_no_index_and_a_rerun_reuses_the_shards_written(ray_cluster, s3, s3_env, tmp_path):
+    make_source(tmp_path / "src", count=40)
+    dest = f"s3://{BUCKET}/again"
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        settings = config(proxy.url)
+        plan = plan_pack(str(tmp_path / "src"), dest, PackOptions("ds", shard_size=10_000), settings)
+        assert len(plan.shards) >= 4
+        proxy.add_fault("403", rate=1.0, method="PUT", path_prefix=f"/{BUCKET}/again/ds-000002.tar")
+        with pytest.raises(AccessDenied):
+            run_pack_ray(plan, str(tmp_path / "src"), dest, settings)
+        assert "ds.index.json" not in listing(s3, "again/")
+        written = {key for key in listing(s3, "again/") if key.endswith(".tar")}
+        proxy.clear_faults()
+        proxy.reset_counts()
+        run_pack_ray(plan, str(tmp_path / "src"), dest, settings)
+        puts = Counter(seen.path.rsplit("/", 1)[1] for seen in proxy.requests
+                       if seen.method == "PUT" and seen.path.endswith(".tar"))
+    assert "ds-000002.tar" in puts and not set(puts) & written, "a shard already written was written again"
+    run_pack(plan, str(tmp_path / "src"), f"s3://{BUCKET}/local", config(s3_env["AWS_ENDPOINT_URL"]))
+    again, local = listing(s3, "again/"), listing(s3, "local/")
+    assert sorted(again) == sorted(local)
+    assert all(again[key] == local[key] for key in local if key.endswith(".tar"))
+
+
+def rows(count: int) -> list[dict]:
+    return [{"__key__": f"n{i % 4}/x{i:04d}", "jpg": os.urandom(300 + i), "cls": i, "txt": f"row {i}"}
+            for i in range(count)]
+
+
+def test_shard_sink_output_read_once_by_shard_dataset_packed_dataset_and_wids(ray_cluster, s3, s3_env, tmp_path):
+    written = {row["__key__"]: row for row in rows(400)}
+    dataset = ray.data.from_items(list(written.values()), override_num_blocks=4)
+    sink = ShardSink(f"s3://{BUCKET}/sink", name="imgs", shard_size=30_000)
+    dataset.write_datasink(sink)
+    index = json.loads(s3.get_object(Bucket=BUCKET, Key="sink/imgs.index.json")["Body"].read())
+    objects = listing(s3, "sink/")
+    assert sorted(objects) == sorted([s["url"] for s in index["shardlist"]]
+                                     + ["imgs.index.json", "imgs.manifest.json", "imgs.offsets.safetensors"])
+    assert len(index["shardlist"]) >= 4 and sum(s["nsamples"] for s in index["shardlist"]) == 400
+
+    seen = Counter()
+    for sample in ShardDataset(f"s3://{BUCKET}/sink/imgs.index.json"):
+        seen[sample["__key__"]] += 1
+        row = written[sample["__key__"]]
+        assert sample["jpg"] == row["jpg"] and int(sample["cls"]) == row["cls"] and sample["txt"] == row["txt"].encode()
+    assert seen == Counter(written), "every row exactly once"
+    packed = PackedDataset(f"s3://{BUCKET}/sink/imgs.index.json")
+    assert len(packed) == 400 and packed[123]["jpg"] == written[packed[123]["__key__"]]["jpg"]
+
+    wids = pytest.importorskip("wids")
+    local = tmp_path / "sink"
+    ray.data.from_items(list(written.values()), override_num_blocks=3).write_datasink(
+        ShardSink(str(local), name="imgs", shard_size=30_000))
+    read = wids.ShardListDataset(str(local / "imgs.index.json"))
+    keys = Counter(read[i]["__key__"] for i in range(len(read)))
+    assert len(read) == 400 and set(keys) == set(written) and set(keys.values()) == {1}
+    assert read[7][".jpg"] == written[read[7]["__key__"]]["jpg"]
+
+
+def test_shard_sink_write_task_killed_mid_shard_leaves_no_orphan(ray_cluster, s3, s3_env, tmp_path):
+    marker = tmp_path / "crashed"
+    written = {row["__key__"]: row for row in rows(300)}
+
+    def crash_once(batch):
+        # the first attempt dies in the middle of its task's rows (shards of it already uploaded)
+        if "n2/x0150" in list(batch["__key__"]) and not marker.exists():
+            marker.write_text("x")
+            os._exit(1)
+        return batch
+
+    dataset = ray.data.from_items(list(written.values()), override_num_blocks=2).map_batches(
+        crash_once, batch_size=10, batch_format="pandas")
+    dataset.write_datasink(ShardSink(f"s3://{BUCKET}/retried", name="imgs", shard_size=8_000))
+    assert marker.exists(), "the write task never crashed"
+    index = json.loads(s3.get_object(Bucket=BUCKET, Key="retried/imgs.index.json")["Body"].read())
+    listed = {s["url"] for s in index["shardlist"]}
+    assert set(listing(s3, "retried/")) == listed | {"imgs.index.json", "imgs.manifest.json",
+                                                      "imgs.offsets.safetensors"}
+    seen = Counter(sample["__key__"] for sample in ShardDataset(f"s3://{BUCKET}/retried/imgs.index.json"))
+    assert seen == Counter(written)
+
+
+def test_shard_sink_refuses_an_existing_dataset_and_cleans_up_a_failed_write(ray_cluster, tmp_path):
+    dest = tmp_path / "out"
+    ray.data.from_items(rows(20)).write_datasink(ShardSink(str(dest), name="a", shard_size=2_000))
+    with pytest.raises(Exception, match="already exists"):
+        ray.data.from_items(rows(20)).write_datasink(ShardSink(str(dest), name="a"))
+    bad = rows(50) + [{"__key__": "bad.key", "jpg": b"x"}]
+    with pytest.raises(Exception, match="dots"):
+        ray.data.from_items(bad, override_num_blocks=1).write_datasink(ShardSink(str(dest), name="b", shard_size=2_000))
+    assert not [p.name for p in dest.iterdir() if p.name.startswith("b")], "the failed write left files behind"
+
+
+def test_only_the_ray_modules_import_ray():
+    allowed = {TOP / "staging" / "pack" / "ray", TOP / "staging" / "datalayer" / "ray.py"}
+    offenders = []
+    for root in ("staging", "cli", "mounts"):
+        for path in (TOP / root).rglob("*.py"):
+            if path in allowed or path.parent in allowed:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                offenders += [f"{path.relative_to(TOP)}: {name}" for name in names if name.split(".")[0] == "ray"]
+    assert offenders == []
+    code = ("import sys, lading, lading.pack, lading.datalayer, lading.datasets, lading.cli.main, lading.cli.cmd_pack; "
+            "assert 'ray' not in sys.modules, 'ray imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=TOP)
