@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from lading.core.errors import ObjectChanged
+from lading.core.errors import LadingError, ObjectChanged
 from lading.stores import StoreConfig, open_store
 from lading.stores.gcs.store import MEDIA, XML, XML_PUBLIC_HOST
 from proxies import FaultProxy
@@ -193,3 +193,15 @@ def test_overwrite_mid_read_is_object_changed(emulator, tmp_path: Path) -> None:
         with pytest.raises(ObjectChanged):
             store.download("obj.bin", tmp_path / "obj.bin")
         assert proxy.injected["truncate"] == 1
+
+
+def test_a_404_for_the_current_generation_is_not_a_change(gcs_server_default: Server) -> None:
+    bucket = sdk_bucket(gcs_server_default.url)
+    put(bucket, {"data/obj.bin": b"unchanged"})
+    store = store_at(gcs_server_default.url)
+    store.route = XML  # as if no route had been chosen: the server answers obstore's paths with 404
+    version = store.stat("obj.bin").version
+    with pytest.raises(LadingError) as caught:
+        store.read_range("obj.bin", 0, 5, version)
+    assert not isinstance(caught.value, ObjectChanged)
+    assert "answered 404 for generation" in str(caught.value)

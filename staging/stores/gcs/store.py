@@ -37,7 +37,7 @@ import os
 import threading
 from datetime import timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, Sequence, TypeVar
 
 from lading.core.errors import LadingError, NotFound, ObjectChanged, TransientError
 from lading.core.retry import with_retries
@@ -137,18 +137,59 @@ class GCSStore(ObstoreReads):
         except NotFound:
             if version is None:
                 raise
-            try:
-                current = self.stat(key).version
-            except NotFound:
-                raise NotFound(f"not found: {self._where(key)}") from None
-            if current == version:  # not a change: the read path does not serve this object
-                raise LadingError(f"{self._where(key)}: the server answered 404 for generation {version}, "
-                                  "which its JSON API reports as current",
-                                  "the server's object download path does not serve this bucket") from None
-            raise ObjectChanged(f"{self._where(key)} changed while lading read it (generation {version} "
-                                f"is now {current})", "the object was replaced; run again") from None
+            raise self._pinned_not_found(key, version) from None
+
+    def read_many(self, requests: Sequence[Any]) -> list[memoryview]:
+        """As :meth:`ObstoreReads.read_many`; a 404 to a range pinned to a generation is explained
+        by :meth:`_pinned_not_found` (a replaced object is ObjectChanged)."""
+        try:
+            return super().read_many(requests)
+        except NotFound as err:
+            for request in requests:
+                if request.version and err.message == f"not found: {self._where(request.key)}":
+                    raise self._pinned_not_found(request.key, request.version) from None
+            raise
+
+    def download(self, key: str, dest: Path, version: str | None = None,
+                 progress: ProgressCallback | None = None, size: int | None = None) -> None:
+        """As :meth:`ObstoreReads.download`; a 404 while it runs is explained: pinned, by
+        :meth:`_pinned_not_found`; unpinned (the download pinned the first answer's generation),
+        an object that exists again is one that was replaced."""
+        try:
+            super().download(key, dest, version, progress, size)
+        except NotFound:
+            if version is not None:
+                raise self._pinned_not_found(key, version) from None
+            current = self.stat(key).version  # NotFound when it is gone
+            raise ObjectChanged(f"{self._where(key)} changed while lading read it (it is now generation "
+                                f"{current})", "the object was replaced; run again") from None
+
+    def _pinned_not_found(self, key: str, version: str) -> LadingError:
+        """The error for a 404 to a GET pinned to generation ``version``: ObjectChanged when the
+        object now has another generation, NotFound when it is gone, and neither (a read path
+        that does not serve this object) when the JSON API still reports ``version``."""
+        try:
+            current = self.stat(key).version
+        except NotFound:
+            return NotFound(f"not found: {self._where(key)}")
+        if current == version:
+            return LadingError(f"{self._where(key)}: the server answered 404 for generation {version}, "
+                               "which its JSON API reports as current",
+                               "the server's object download path does not serve this bucket")
+        return ObjectChanged(f"{self._where(key)} changed while lading read it (generation {version} "
+                             f"is now {current})", "the object was replaced; run again")
 
     # -- which way reads go ---------------------------------------------------------------------
+
+    def _reads(self, key: str = "") -> Any:
+        """For a read core that dispatches every read (ranges, batches, downloads, not only
+        :meth:`stream`) through ``ObstoreReads._reads``: choose the route first; the media route
+        reads through the SDK reader."""
+        if key:
+            self._choose_route(key, None)
+        if self.route == MEDIA:
+            return self._sdk  # type: ignore[attr-defined]
+        return super()._reads(key)  # type: ignore[misc]
 
     def _choose_route(self, key: str, version: str | None) -> None:
         """Decide once per store (per process) how reads reach a custom endpoint, probing with
