@@ -306,3 +306,19 @@ def test_cat_help_does_not_promise_a_node_cache(lading):
 def test_cache_subcommand_help_has_examples_and_exit_codes(lading, sub):
     text = lading("cache", sub, "--help").stdout
     assert "Examples:" in text and f"lading cache {sub}" in text and "Exit codes: 0 ok" in text
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_shard_dataset_decode_error_names_the_shard(lading, tmp_path, indexed):
+    from lading.datasets import ShardDataset
+    from lading.datasets.decode import DecodeError
+
+    source = _not_an_image(tmp_path)
+    packed = lading("pack", str(source), str(tmp_path / "out"), "--name", "pets", "-q")
+    assert packed.returncode == 0, packed.stderr
+    shard = tmp_path / "out" / "pets-000000.tar"
+    dataset = ShardDataset(str(tmp_path / "out" / "pets.index.json") if indexed else [str(shard)], decode=True)
+    with pytest.raises(DecodeError) as raised:
+        list(dataset)
+    message = raised.value.message
+    assert "field 'jpg' of sample 'cat'" in message and str(shard) in message

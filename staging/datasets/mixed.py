@@ -108,7 +108,7 @@ class _MixEpoch:
         d, epoch, child_position = self._child_position(position)
         shard, index = self._child_order(d, epoch).locate(child_position)
         child = self.mixed.datasets[d]
-        return child.finish(self.readers[d].sample(shard, index))
+        return child.finish(self.readers[d].sample(shard, index), shard)
 
 
 class MixedDataset(ElasticIterable):

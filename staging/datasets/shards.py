@@ -7,7 +7,7 @@ import os
 import random
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import IO, Any, Callable, Iterator, Sequence
+from typing import IO, Any, Callable, Iterator, Sequence, TypeVar
 
 from lading.core.errors import NotFound, ProblemFound, UsageError
 from lading.datasets.cache import NodeCache
@@ -21,6 +21,7 @@ from lading.datasets.reader import Sample, ShardReader
 from lading.pack.tarread import TarFormatError, iter_files
 from lading.stores.base import ObjectInfo, Store
 from lading.stores.config import StoreConfig
+from lading.stores.process import ProcessLocal, control_plane
 from lading.stores.uri import parse_uri
 
 _CHUNK = 8 << 20
@@ -122,11 +123,14 @@ def iter_shard(ref: ShardRef, config: StoreConfig, skip: int = 0, take: int | No
         handle.close()
 
 
-def _buffer_shuffled(samples: Iterator[Sample], size: int, rng: random.Random) -> Iterator[Sample]:
+_T = TypeVar("_T")
+
+
+def _buffer_shuffled(samples: Iterator[_T], size: int, rng: random.Random) -> Iterator[_T]:
     if size <= 1:
         yield from samples
         return
-    buffer: list[Sample] = []
+    buffer: list[_T] = []
     for sample in samples:
         if len(buffer) < size:
             buffer.append(sample)
@@ -141,7 +145,7 @@ def _buffer_shuffled(samples: Iterator[Sample], size: int, rng: random.Random) -
 class _ShardEpoch:
     """One epoch of a ShardDataset in one process: position -> sample."""
 
-    def __init__(self, order: EpochOrder, reader: ShardReader, finish: Callable[[Sample], Any]) -> None:
+    def __init__(self, order: EpochOrder, reader: ShardReader, finish: Callable[[Sample, int], Any]) -> None:
         self.order, self.reader, self.finish = order, reader, finish
         self._window = self._first = -1
 
@@ -157,13 +161,13 @@ class _ShardEpoch:
                 self._first, slot = first, self.order.slot
                 self.reader.release(lambda number: slot[number] < first)
         shard, index = self.order.locate(position)
-        return self.finish(self.reader.sample(shard, index))
+        return self.finish(self.reader.sample(shard, index), shard)
 
 
 class _NodeEpoch:
     """One epoch of a ShardDataset's node group in one process: position -> sample."""
 
-    def __init__(self, group: GroupOrder, reader: ShardReader, finish: Callable[[Sample], Any]) -> None:
+    def __init__(self, group: GroupOrder, reader: ShardReader, finish: Callable[[Sample, int], Any]) -> None:
         self.group, self.reader, self.finish = group, reader, finish
         self._every = max(1, len(group.members))
         self._fetched = 0
@@ -178,7 +182,7 @@ class _NodeEpoch:
             if done:
                 self.reader.release(done.__contains__)
         shard, index = self.group.locate(position)
-        return self.finish(self.reader.sample(shard, index))
+        return self.finish(self.reader.sample(shard, index), shard)
 
 
 class ShardDataset(NodeLocalOrder, ElasticIterable):
@@ -223,7 +227,8 @@ class ShardDataset(NodeLocalOrder, ElasticIterable):
         self.config = config or StoreConfig.from_env()
         self.index: DatasetIndex | None = None
         if isinstance(source, str) and source.endswith(".json"):
-            self.index = load_index(source, self.config)
+            with control_plane():  # not obstore: DataLoader workers forked after this still may use it
+                self.index = load_index(source, self.config)
             self.shards = list(self.index.shards)
         elif isinstance(source, str):
             self.shards = [ShardRef(source)]
@@ -252,22 +257,24 @@ class ShardDataset(NodeLocalOrder, ElasticIterable):
     # -- per process -----------------------------------------------------------------------------
 
     def reader(self) -> ShardReader:
-        """This process's reader (rebuilt after a fork: threads and open shards don't come along)."""
-        local = self.__dict__.get("_local")
-        if local is None or local.pid != os.getpid():
-            cache_dir, cache_limit = self.cache_dir, self.cache_limit
-            keep = 4
-            if self.index is not None:
-                keep = self.deal().group.keep_open()
-            local = ShardReader(self.shards, self.index, self.config, lambda: NodeCache(cache_dir, cache_limit),
-                                self.prefetch, keep)
-            self.__dict__["_local"] = local
-        return local
+        """This process's reader (a new one after a fork: threads and open shards don't come along)."""
+        holder = self.__dict__.get("_local")
+        if holder is None:
+            holder = self.__dict__["_local"] = ProcessLocal()  # dropped when pickled (elastic.py)
+        return holder.get(self._new_reader)
 
-    def finish(self, sample: Sample) -> Any:
-        """Decode, then transform, one raw sample."""
+    def _new_reader(self) -> ShardReader:
+        cache_dir, cache_limit = self.cache_dir, self.cache_limit
+        keep = 4
+        if self.index is not None:
+            keep = self.deal().group.keep_open()
+        return ShardReader(self.shards, self.index, self.config, lambda: NodeCache(cache_dir, cache_limit),
+                           self.prefetch, keep)
+
+    def finish(self, sample: Sample, shard: int | None = None) -> Any:
+        """Decode, then transform, one raw sample (of shard number ``shard``, named in a decoder's error)."""
         if self.decoders is not None:
-            decode_sample(sample, self.decoders)
+            decode_sample(sample, self.decoders, None if shard is None else (lambda: self.shards[shard].uri))
         return sample if self.transform is None else self.transform(sample)
 
     def order(self, epoch: int | None = None) -> EpochOrder:
@@ -341,15 +348,16 @@ class ShardDataset(NodeLocalOrder, ElasticIterable):
         reader = self.reader()
         numbers = {shard.uri: number for number, shard in enumerate(self.shards)}
 
-        def stream() -> Iterator[Sample]:
+        def stream() -> Iterator[tuple[Sample, int]]:  # with the shard's number, for a decoder's error
             for span in self.spans(worker, num_workers):
-                shard = reader.open(numbers[span.shard.uri])
-                yield from (shard.sample(index) for index in range(len(shard.layout or ())))
+                number = numbers[span.shard.uri]
+                shard = reader.open(number)
+                yield from ((shard.sample(index), number) for index in range(len(shard.layout or ())))
 
-        for sample in _buffer_shuffled(stream(), self.shuffle_buffer, rng):
-            yield self.finish(sample)
+        for sample, number in _buffer_shuffled(stream(), self.shuffle_buffer, rng):
+            yield self.finish(sample, number)
 
 
-def _identity(sample: Sample) -> Sample:
+def _identity(sample: Sample, shard: int | None = None) -> Sample:
     return sample
 
