@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lading.core.errors import ObjectChanged, ProblemFound, TransientError
+from lading.core.errors import LocalIOError, ObjectChanged, TransientError
 from lading.pack import PackOptions, plan_pack, run_pack, write_pack
 from lading.pack.sources import LocalSource
 from lading.pack.upload import LocalPublisher, StorePublisher
@@ -85,7 +85,7 @@ def test_write_failure_cleans_up_local_dest(tmp_path):
                 raise OSError(errno.ENOSPC, "No space left on device")
             super().write_members(members, writer)
 
-    with pytest.raises(ProblemFound, match="No space left"):
+    with pytest.raises(LocalIOError, match="No space left"):  # exit 6, as sync and fetch
         write_pack(plan, DiskFullsMidPack(source), LocalPublisher(dest, plan), str(dest))
     assert os.listdir(dest) == [], "shards, index or staging directory left behind"
 
