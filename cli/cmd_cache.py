@@ -1,4 +1,4 @@
-"""`lading cache`: list and clear the node cache of lading.datasets (parse, call, render)."""
+"""`lading cache`: list and clear the node cache (lading sync's entries and the datasets' shards; parse, call, render)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import click
 from lading.cli.progress import human
 from lading.core.errors import NotFound, UsageError
-from lading.datasets import cache as node_cache
+from lading.sync import cache as node_cache
 
 CACHE_EPILOG = """\b
 Examples:
@@ -18,9 +18,11 @@ Examples:
   lading cache clear --dataset s3://b/datasets/pets/v1/ --json
 
 \b
-The cache root is --cache-dir, else $LADING_CACHE_DIR, else $XDG_CACHE_HOME/lading or
-~/.cache/lading; shards live under its datasets/ folder. Shards a process is reading
-are skipped (and counted as busy); files the cache did not download are never removed.
+The cache root is --cache-dir, else $LADING_CACHE_DIR, else $XDG_CACHE_HOME/lading
+when set, else /tmp/lading-cache-<uid>: one cache for lading sync and the datasets.
+Shards live under its datasets/ folder (a synced file is linked there, stored once),
+sync's entries next to it. clear removes shards only; those a process is reading are
+skipped (and counted as busy); files the cache did not download are never removed.
 
 \b
 Exit codes: 0 ok, 2 usage (bad option or duration), 3 nothing cached matches
@@ -72,7 +74,7 @@ def _age(seconds: float) -> str:
 
 
 cache_dir_option = click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-                                help="Cache root (default: $LADING_CACHE_DIR, else ~/.cache/lading).")
+                                help="Cache root (default: $LADING_CACHE_DIR, else /tmp/lading-cache-<uid>).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
 
 
@@ -81,7 +83,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Only JSON on
 @json_option
 @click.pass_context
 def cache(ctx: click.Context, cache_dir: str | None, as_json: bool) -> None:
-    """List (default) or clear the node cache of ShardDataset."""
+    """List (default) or clear the node cache (lading sync's and the datasets')."""
     if ctx.invoked_subcommand is None:
         ctx.invoke(list_cache, cache_dir=cache_dir, as_json=as_json)
 
@@ -101,10 +103,10 @@ def list_cache(cache_dir: str | None, as_json: bool) -> None:
     now = time.time()
     click.echo(f"node cache {root}: {len(datasets)} datasets, {sum(d.files for d in datasets)} files, {human(total)}")
     if datasets:
-        click.echo(f"{'size':>10}  {'files':>6}  {'last used':>10}  {'downloaded':>10}  dataset")
+        click.echo(f"{'size':>10}  {'files':>6}  {'last used':>10}  {'downloaded':>10}  {'kind':<8}  dataset")
     for dataset in datasets:
         click.echo(f"{human(dataset.bytes):>10}  {dataset.files:>6}  {_age(now - dataset.last_used):>10}  "
-                   f"{_age(now - dataset.downloaded):>10}  {dataset.uri or dataset.folder.name}")
+                   f"{_age(now - dataset.downloaded):>10}  {dataset.kind:<8}  {dataset.uri or dataset.folder.name}")
 
 
 @cache.command("clear", epilog=CLEAR_EPILOG)
@@ -122,4 +124,4 @@ def clear_cache(cache_dir: str | None, dataset: str | None, older_than: str | No
         click.echo(json.dumps({"files": result.files, "bytes": result.bytes, "busy": result.busy}))
         return
     busy = f"; {result.busy} in use, kept" if result.busy else ""
-    click.echo(f"removed {result.files} files, {human(result.bytes)}{busy}")
+    click.echo(f"removed {result.files} files, {human(result.bytes)}{busy}", err=True)

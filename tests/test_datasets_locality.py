@@ -250,3 +250,33 @@ def test_one_node_sequence_does_not_depend_on_ranks_or_workers(dataset, s3_env, 
     parts = [[s["__key__"] for w in range(2) for s in ranks[r].iter_worker(w, 2)] for r in range(2)]
     assert sorted(parts[0] + parts[1]) == sorted(single)
     assert len(parts[0]) == len(parts[1]) == NSAMPLES // 2
+
+
+def test_a_synced_pack_is_read_by_shard_dataset_from_the_same_cache(dataset, s3_env, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "node-cache"
+    source = dataset.rsplit("/", 1)[0] + "/"
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url}
+        run = subprocess.run([sys.executable, "-m", "lading", "sync", source, str(tmp_path / "dest"),
+                              "--cache-dir", str(cache), "--json"], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 0, run.stderr
+        proxy.reset_counts()
+        config = StoreConfig.from_env(endpoint_url=proxy.url)
+        keys = sorted(s["__key__"] for s in ShardDataset(dataset, config=config, cache_dir=cache))
+        assert keys == sorted(expected())
+        assert not any(path.endswith(".tar") for method, path in proxy.counts if method == "GET"), \
+            "the shards lading sync cached are read without a GET"
+    shard = sorted((tmp_path / "dest").glob("ds-*.tar"))[0]
+    assert shard.stat().st_nlink >= 3, "sync's entry, DEST and the datasets' folder share one inode"
+    shown = subprocess.run([sys.executable, "-m", "lading", "cache", "--cache-dir", str(cache), "--json"],
+                           capture_output=True, text=True, timeout=60)
+    listing = json.loads(shown.stdout)
+    assert {row["kind"] for row in listing["datasets"]} == {"datasets", "sync"}
+    stored = sum(path.stat().st_size for path in (tmp_path / "dest").iterdir() if path.is_file())
+    assert listing["bytes"] <= stored + 4096, "bytes are counted once, however many links"

@@ -149,9 +149,10 @@ def test_ranged_download_with_a_255_byte_name_resumes_by_its_sidecar(tmp_path):
 # -- the node cache is per user ------------------------------------------------------------------------
 
 def test_the_default_node_cache_is_private_to_the_user():
-    from lading.sync import DEFAULT_CACHE_ROOT
+    from lading.sync.cache import default_cache_root  # the one rule of sync's and the datasets' cache
 
-    assert DEFAULT_CACHE_ROOT == Path(f"/tmp/lading-cache-{os.geteuid()}")
+    assert default_cache_root({}) == Path(f"/tmp/lading-cache-{os.geteuid()}")
+    assert default_cache_root({"LADING_CACHE_DIR": "/x"}) == Path("/x")
 
 
 def test_a_new_cache_root_is_created_0700(tmp_path):

@@ -1,8 +1,11 @@
 """Node-local sharing: several ranks on one host sync the same source, the bytes are fetched once.
 
-The cache root is this user's (:data:`DEFAULT_CACHE_ROOT`, ``/tmp/lading-cache-<uid>``, created
-0700); a root or entry that another user owns or could write into is refused, since its files
-would be linked into the job's data. The cache entry for a source is
+The cache root is the one node cache's (:mod:`lading.sync.cache`: ``--cache-dir``, else
+``$LADING_CACHE_DIR``, else ``/tmp/lading-cache-<uid>``, created 0700), shared with the datasets;
+a root or entry that another user owns or could write into is refused, since its files would be
+linked into the job's data. The files of an entry are also linked into the datasets' shard
+folders (:meth:`~lading.sync.cache.NodeCache.adopt`), so ShardDataset and PackedDataset read a
+synced pack from the same inodes, with no GET. The cache entry for a source is
 ``CACHE_ROOT/<name>-<digest>``, where the digest covers the
 source URI, the include/exclude globs, the manifest entries and, for sharded syncs, the rank's
 shard (so ranks with different shards never share an entry). Each rank:
@@ -44,6 +47,7 @@ from lading.core.locks import exclusive_lock
 from lading.core.names import hidden_sibling
 from lading.pack.reuse import PackedDataset
 from lading.stores.base import Store
+from lading.sync.cache import NodeCache, default_cache_root
 from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
 from lading.sync.into import sync_into
 from lading.sync.plan import Selection, SyncRequest, plan_sync
@@ -53,9 +57,10 @@ from lading.transfer import TransferItem, TransferOptions, TransferResult
 log = logging.getLogger(__name__)
 
 #: Per user, so another user on the node cannot plant files that this user's jobs then link into
-#: their data: ``/tmp/lading-cache-<uid>``, created 0700 (on /tmp, like the default DESTs, so
-#: files are hard-linked rather than copied).
-DEFAULT_CACHE_ROOT = Path(f"/tmp/lading-cache-{os.geteuid()}")
+#: their data: the one rule of :func:`lading.sync.cache.default_cache_root` (``/tmp/lading-cache-<uid>``
+#: unless ``$LADING_CACHE_DIR`` says otherwise; on /tmp, like the default DESTs, so files are
+#: hard-linked rather than copied), read when lading is imported.
+DEFAULT_CACHE_ROOT = default_cache_root()
 
 
 def ensure_private_root(root: Path) -> None:
@@ -199,6 +204,25 @@ def _fill_entry(
     return cached, []
 
 
+def share_with_datasets(cache_root: Path, entry: Path, source: str) -> int:
+    """Link the entry's files into the datasets' shard folders of the same cache (one copy on
+    disk for both); returns how many were linked. Best effort: a failure is logged, not raised."""
+    try:
+        cache = NodeCache(cache_root)
+        state = SyncState.load(entry)
+        base = source.rstrip("/") + "/"
+        linked = 0
+        for key, row in state.entries.items():
+            if "://" not in base or key.endswith((".lading-meta", ".lading-lock")):
+                continue
+            if cache.adopt(base + key, row.version, row.size, entry / key):
+                linked += 1
+        return linked
+    except (LadingError, OSError) as err:
+        log.info("node cache: not shared with the datasets: %s", err)
+        return 0
+
+
 def sync_through_cache(
     store: Store,
     selection: Selection,
@@ -225,6 +249,7 @@ def sync_through_cache(
         cached, reused = _fill_entry(store, selection, request, entry, options, events)
         failed = frozenset(f.key for f in cached.failed)
         summary = sync_into(link_fetcher(entry), selection, request, options, events, "link", skip_keys=failed)
+        share_with_datasets(cache_root, entry, request.source)
     summary.downloaded_bytes = cached.bytes
     summary.failed = sorted(cached.failed + summary.failed, key=lambda f: f.key)
     summary.cache = str(entry)

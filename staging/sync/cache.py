@@ -1,0 +1,663 @@
+"""The node cache: each file downloaded once per node, shared by every rank, worker and process,
+by ``lading sync`` and by the datasets alike (one cache, one lock protocol, one location rule).
+
+The root is ``cache_dir=`` / ``--cache-dir``, else ``$LADING_CACHE_DIR``, else
+``$XDG_CACHE_HOME/lading`` when set, else ``/tmp/lading-cache-<uid>`` (node-local, per user, created 0700; refused when another user owns
+it or others can write to it). Layout under it::
+
+    <name>-<digest>/ , <name>-<digest>.lock   lading sync's entries (see :mod:`lading.sync.nodecache`)
+    datasets/.lading-entries             the index of cached files: one "+ path size" / "- path" line
+                                         per download / removal, so eviction reads no record
+    datasets/<slug>-<digest>/            one folder per shard location (the index's folder)
+        dataset.json                     {"uri": "s3://bucket/datasets/pets/v1/"}
+        pets-000000.tar                  the shard, exactly as stored
+        pets-000000.tar.lading-meta      {"uri", "version", "size", "downloaded"}; mtime = last use
+        pets-000000.tar.lading-lock      the shard's flock
+
+Rules:
+
+- **One download per shard per node.** A process that needs a shard takes the shard's lock
+  shared and checks the record: same version (ETag / generation, as the index recorded it) and
+  size. If not, it takes the lock exclusive, checks again (another process may have just
+  downloaded it), downloads to a temporary name, renames, writes the record, and reads on under
+  the shared lock. Waiting has no timeout; the kernel drops the lock of a process that dies.
+- **In use is never evicted.** Readers hold the shared lock while they read. With
+  ``cache_limit``, a process about to download evicts the least recently used shards (by record
+  mtime, touched at every open) whose exclusive lock it can take *without waiting*: a shard
+  some process holds is skipped. When everything left is in use, the cache goes over the limit
+  for a while (logged) rather than wait: a limit below what is read at once never deadlocks.
+- **Only what it downloaded.** Eviction and ``lading cache clear`` remove only shards that have
+  a record; other files in the cache root are never touched.
+- **A safe root.** A root that is not owned by this user, or that others can write to, is
+  refused (anyone who can write there could plant shards).
+- **Stored once.** A file ``lading sync`` put in its entry is linked (same inode) into the
+  ``datasets`` folder with its record (:meth:`NodeCache.adopt`), so a pack synced, then read by
+  ShardDataset or PackedDataset, is neither downloaded nor stored twice.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import mmap
+import os
+import re
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+from lading.core.atomic import write_atomically
+from lading.core.errors import AccessDenied, ObjectChanged, ProblemFound, UsageError
+from lading.stores.base import Store
+
+log = logging.getLogger(__name__)
+
+META = ".lading-meta"
+LOCK = ".lading-lock"
+#: Held exclusively by the one process downloading a shard; readers hold LOCK shared (in use,
+#: so not evicted). Two files, so a reader never waits for an exclusive lock that readers of the
+#: same shard keep from being granted (DataLoader workers hold shards while they wait for work).
+FETCH = ".lading-fetch"
+_TMP = ".lading-tmp-"
+_DATASETS = "datasets"
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def default_cache_root(env: Mapping[str, str] | None = None) -> Path:
+    """The one location rule: ``$LADING_CACHE_DIR``, else ``$XDG_CACHE_HOME/lading`` when that
+    is set, else ``/tmp/lading-cache-<uid>`` (node-local, per user; on the same filesystem as
+    sync's default DESTs, so files are hard-linked)."""
+    env = os.environ if env is None else env
+    if env.get("LADING_CACHE_DIR"):
+        return Path(env["LADING_CACHE_DIR"]).expanduser()
+    if env.get("XDG_CACHE_HOME"):
+        return Path(env["XDG_CACHE_HOME"]).expanduser() / "lading"
+    return Path(f"/tmp/lading-cache-{os.geteuid()}")
+
+
+def _download_shard(store: Store, key: str, version: str | None, dest: Path) -> None:
+    """Download one object at ``version`` to ``dest`` (the one place the cache moves bytes)."""
+    store.download(key, dest, version=version)
+
+
+def parse_limit(limit: int | str | None) -> int | None:
+    """A cache limit in bytes: an int, or ``"50GB"``, ``"1.5GiB"``, ``"800MB"``."""
+    if limit is None or isinstance(limit, int):
+        if isinstance(limit, int) and limit <= 0:
+            raise UsageError(f"cache_limit={limit} must be positive")
+        return limit
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", str(limit))
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise UsageError(f"cache_limit={limit!r} is not a size", "use bytes or a unit: 50GB, 1.5GiB, 800MB")
+    return parse_limit(int(float(match.group(1)) * _UNITS[unit]))
+
+
+def check_root(root: Path) -> None:
+    """Refuse (AccessDenied, exit 4, as ``lading sync`` refuses its node cache) a cache root that
+    is not a directory owned by this user, or that group or others can write to. A symlink is
+    judged by its target."""
+    st = os.stat(root)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UsageError(f"cache directory {root} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise AccessDenied(f"refusing cache directory {root}: it is owned by uid {st.st_uid}, not by you "
+                           f"(uid {os.geteuid()}); its shards would feed your training",
+                           "set LADING_CACHE_DIR (or cache_dir=) to a directory of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise AccessDenied(f"refusing cache directory {root}: others can write to it "
+                           f"(mode {stat.S_IMODE(st.st_mode):04o}); its shards would feed your training",
+                           f"chmod go-w {root}, or use another directory")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def location_folder(parent_uri: str) -> str:
+    """The cache folder name of a shard location: a readable slug and a digest of the URI."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", parent_uri.split("://", 1)[-1]).strip("_.")[-48:]
+    return f"{slug or 'shards'}-{_digest(parent_uri)}"
+
+
+def _hold(path: Path, mode: int) -> int:
+    """An fd holding ``flock(mode)`` on ``path``, waiting as long as it takes."""
+    fd = _lock(path, mode)
+    assert fd is not None
+    return fd
+
+
+def _lock(path: Path, mode: int, wait: bool = True) -> int | None:
+    """An fd holding ``flock(mode)`` on ``path``, or None when ``wait`` is False and it is held.
+
+    Lock files may be deleted by eviction (under their exclusive lock): after locking, the path
+    must still name the locked file, else the lock is taken again on the new one.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, mode if wait else mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            current = os.stat(path)
+            held = os.fstat(fd)
+            if (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """Where a shard comes from: its URI, the store and key to download it, and the version
+    (ETag / generation) and size the index recorded (None: unknown, take the store's)."""
+
+    uri: str
+    store: Callable[[], Store]
+    key: str
+    version: str | None
+    size: int | None
+
+
+class CachedShard:
+    """A shard in the cache, mapped into memory, held under its shared lock until :meth:`close`."""
+
+    def __init__(self, path: Path, fd: int | None, buffer: mmap.mmap | bytes) -> None:
+        self.path, self._fd, self.buffer = path, fd, buffer
+
+    def __del__(self) -> None:
+        self.close()
+
+    def release(self) -> None:
+        """Release the lock but leave the mapping to whoever still slices it: it is unmapped
+        when the last reference goes (for readers that share one mapping across threads)."""
+        self.buffer = b""
+        self.close()
+
+    def close(self) -> None:
+        """Unmap and release the lock (eviction may take the shard from now on)."""
+        if isinstance(self.buffer, mmap.mmap):
+            try:
+                self.buffer.close()
+            except BufferError:  # a sample still references it: the mapping goes with that sample
+                pass
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def map_file(path: Path) -> mmap.mmap | bytes:
+    """A read-only mapping of ``path`` (empty files give ``b""``, which mmap refuses)."""
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size == 0:
+            return b""
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        mapped.madvise(mmap.MADV_WILLNEED)
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        pass
+    return mapped
+
+
+class NodeCache:
+    """Shards on local disk (see the module docstring). One per process; thread-safe."""
+
+    def __init__(self, root: Path | str | None = None, limit: int | str | None = None) -> None:
+        self.root = Path(root).expanduser() if root is not None else default_cache_root()
+        self.limit = parse_limit(limit)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            check_root(self.root)
+            self.folder = self.root / _DATASETS
+            self.folder.mkdir(exist_ok=True, mode=0o700)
+            check_root(self.folder)
+        except PermissionError as err:
+            raise UsageError(f"cannot use cache directory {self.root}: {err.strerror}",
+                             "set LADING_CACHE_DIR (or cache_dir=) to a directory you can write") from err
+        self._known: set[Path] = set()
+        self._lock = threading.Lock()
+        self.index = EntryIndex(self.folder)
+
+    def paths(self, uri: str) -> tuple[Path, Path, Path]:
+        """``(shard, record, lock)`` paths of the shard at ``uri``."""
+        parent, _, name = uri.rstrip("/").rpartition("/")
+        if not name or name in (".", "..") or name.endswith((META, LOCK, FETCH)) or _TMP in name:
+            raise UsageError(f"cannot cache {uri!r}: not a usable file name")
+        folder = self.folder / location_folder(parent + "/")
+        if folder not in self._known:
+            folder.mkdir(exist_ok=True, mode=0o700)
+            record = folder / "dataset.json"
+            if not record.exists():
+                write_atomically(record, json.dumps({"uri": parent + "/"}) + "\n", mode=0o600,
+                                 tmp=folder / f".dataset.json{_TMP}{os.getpid()}-{threading.get_ident()}")
+            with self._lock:
+                self._known.add(folder)
+        return folder / name, folder / (name + META), folder / (name + LOCK)
+
+    def find(self, uri: str, version: str | None, size: int | None) -> CachedShard | None:
+        """The shard when the cache holds it at ``version`` (no download), else None."""
+        path, record, lock = self.paths(uri)
+        if not record.exists():
+            return None
+        fd = _hold(lock, fcntl.LOCK_SH)
+        try:
+            if _current(path, record, version, size):
+                return self._opened(path, record, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        return None
+
+    def open(self, source: ShardSource) -> CachedShard:
+        """The shard, downloaded first unless the cache holds it at the recorded version."""
+        path, record, lock = self.paths(source.uri)
+        fd = _hold(lock, fcntl.LOCK_SH)  # in use from here on: never evicted under us
+        try:
+            if not _current(path, record, source.version, source.size):
+                fetching = _hold(lock.with_name(path.name + FETCH), fcntl.LOCK_EX)
+                try:
+                    if not _current(path, record, source.version, source.size):  # another may have
+                        self._download(source, path, record)
+                finally:
+                    os.close(fetching)
+            return self._opened(path, record, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _opened(self, path: Path, record: Path, fd: int) -> CachedShard:
+        buffer = map_file(path)
+        try:
+            os.utime(record)  # last use, for least-recently-used eviction
+        except FileNotFoundError:  # evicted in the instant between the two locks: still mapped
+            pass
+        return CachedShard(path, fd, buffer)
+
+    def _download(self, source: ShardSource, path: Path, record: Path) -> None:
+        """Download under the shard's fetch lock: temporary, rename, then the record. Readers of
+        an older copy keep their mapping of the replaced file."""
+        for stale in path.parent.glob(f"{path.name}{_TMP}*"):
+            stale.unlink(missing_ok=True)  # a download killed mid-way (we hold the fetch lock)
+        store = source.store()
+        version, size = source.version, source.size
+        if version is None or size is None:
+            info = store.stat(source.key)
+            version, size = version or info.version, info.size if size is None else size
+        self.make_room(size, keep=path)
+        tmp = path.with_name(f"{path.name}{_TMP}{os.getpid()}-{threading.get_ident()}")
+        started = time.monotonic()
+        try:
+            _download_shard(store, source.key, version, tmp)
+            got = os.path.getsize(tmp)
+            if got != size:
+                raise ObjectChanged(f"{source.uri}: downloaded {got} bytes, the index says {size}",
+                                    "the shard was replaced after the index was written: re-pack the dataset")
+            record.unlink(missing_ok=True)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        text = json.dumps({"uri": source.uri, "version": version, "size": size, "downloaded": time.time()})
+        write_atomically(record, text + "\n", mode=0o600,
+                         tmp=record.with_name(f"{record.name}{_TMP}{os.getpid()}-{threading.get_ident()}"))
+        self.index.added(path, size)
+        log.debug("cached %s (%d bytes) in %.2fs", source.uri, size, time.monotonic() - started)
+
+    def adopt(self, uri: str, version: str | None, size: int, file: Path) -> bool:
+        """Link ``file`` (a current copy of ``uri`` at ``version``, e.g. in a sync entry) into the
+        cache as that shard, unless it is already there: stored once, no download. False when
+        it could not be linked (another filesystem)."""
+        path, record, lock = self.paths(uri)
+        fd = _hold(lock.with_name(path.name + FETCH), fcntl.LOCK_EX)
+        try:
+            if _current(path, record, version, size):
+                return True
+            tmp = path.with_name(f"{path.name}{_TMP}{os.getpid()}-{threading.get_ident()}")
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(file, tmp)
+            except OSError:
+                return False
+            record.unlink(missing_ok=True)
+            os.replace(tmp, path)
+            text = json.dumps({"uri": uri, "version": version, "size": size, "downloaded": time.time()})
+            write_atomically(record, text + "\n", mode=0o600,
+                             tmp=record.with_name(f"{record.name}{_TMP}{os.getpid()}-{threading.get_ident()}"))
+            self.index.added(path, size)
+            return True
+        finally:
+            os.close(fd)
+
+    def make_room(self, incoming: int, keep: Path | None = None) -> None:
+        """Evict least recently used shards not in use until ``incoming`` more bytes fit."""
+        if self.limit is None:
+            return
+        sizes = self.index.current()
+        total = sum(size for path, size in sizes.items() if path != keep)
+        if total + incoming <= self.limit:
+            return  # the common case: no record read, no file stat'ed
+        entries = sorted(self.index.entries(sizes), key=lambda entry: entry.last_used)
+        for entry in entries:
+            if total + incoming <= self.limit:
+                return
+            if entry.path == keep:
+                continue
+            if remove_entry(entry):
+                self.index.removed(entry.path)
+                total -= entry.size
+                log.debug("evicted %s (%d bytes) from the node cache", entry.path, entry.size)
+        if total + incoming > self.limit:
+            log.warning("node cache %s: %d bytes in use by readers, over cache_limit %d; "
+                        "going over until they are done", self.root, total + incoming, self.limit)
+
+
+class EntryIndex:
+    """The index of cached files, shared by the node's processes: ``datasets/.lading-entries``,
+    one appended line per download (``+ PATH SIZE``) or removal (``- PATH``), read incrementally.
+    Built once from the records when missing (a cache from before it, or after ``clear``)."""
+
+    NAME = ".lading-entries"
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.file = folder, folder / self.NAME
+        self._sizes: dict[Path, int] = {}
+        self._offset = 0
+        self._inode: int | None = None
+
+    def _append(self, line: str) -> None:
+        fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(fd, line.encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+
+    def added(self, path: Path, size: int) -> None:
+        """Record a file the cache now holds."""
+        if self.file.exists():
+            self._append(f"+ {path.relative_to(self.folder)}\t{size}\n")
+        else:
+            self.current()  # builds it from the records, this file included
+
+    def removed(self, path: Path) -> None:
+        """Record a file the cache removed."""
+        if self.file.exists():
+            self._append(f"- {path.relative_to(self.folder)}\n")
+
+    def _rebuild(self) -> None:
+        fd = os.open(self.folder / f"{self.NAME}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if self.file.exists():
+                return
+            lines = "".join(f"+ {e.path.relative_to(self.folder)}\t{e.size}\n" for e in iter_entries(self.folder))
+            write_atomically(self.file, lines, mode=0o600,
+                             tmp=self.folder / f"{self.NAME}{_TMP}{os.getpid()}-{threading.get_ident()}")
+        finally:
+            os.close(fd)
+
+    def current(self) -> dict[Path, int]:
+        """Cached files and their sizes, from the lines appended since the last call."""
+        if not self.file.exists():
+            self._rebuild()
+        try:
+            with open(self.file, "rb") as handle:
+                inode = os.fstat(handle.fileno()).st_ino
+                if inode != self._inode:  # rebuilt (after a clear): read it again from the start
+                    self._sizes, self._offset, self._inode = {}, 0, inode
+                handle.seek(self._offset)
+                data = handle.read()
+        except FileNotFoundError:
+            return dict(self._sizes)
+        complete = data[:data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        for line in complete.decode("utf-8", "surrogateescape").splitlines():
+            op, _, rest = line.partition(" ")
+            name, _, size = rest.rpartition("\t") if op == "+" else (rest, "", "")
+            if op == "+" and size.isdigit():
+                self._sizes[self.folder / name] = int(size)
+            elif op == "-":
+                self._sizes.pop(self.folder / rest, None)
+        return dict(self._sizes)
+
+    def entries(self, sizes: dict[Path, int]) -> Iterator[Entry]:
+        """The indexed files as entries, last use from their records' mtimes (a stat each)."""
+        for path, size in sizes.items():
+            try:
+                last_used = os.stat(path.with_name(path.name + META)).st_mtime
+            except FileNotFoundError:
+                continue  # removed by ``lading cache clear`` (which resets the index)
+            yield Entry(path, "", size, last_used, last_used)
+
+
+def _current(path: Path, record: Path, version: str | None, size: int | None) -> bool:
+    """Whether the cached shard is the one wanted: the record's version and size, and the file's size."""
+    try:
+        meta = json.loads(record.read_text())
+        actual = os.path.getsize(path)
+    except (OSError, ValueError):
+        return False
+    if not isinstance(meta, dict) or meta.get("size") != actual:
+        return False
+    return (version is None or meta.get("version") == version) and (size is None or size == actual)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One cached shard, from its record."""
+
+    path: Path
+    uri: str
+    size: int
+    last_used: float
+    downloaded: float
+
+
+def iter_entries(folder: Path) -> Iterator[Entry]:
+    """Every cached shard (those with a record) under the ``datasets`` folder."""
+    try:
+        locations = list(os.scandir(folder))
+    except FileNotFoundError:
+        return
+    for location in locations:
+        if not location.is_dir(follow_symlinks=False):
+            continue
+        try:
+            names = os.listdir(location.path)
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith(META) or _TMP in name:
+                continue
+            record = Path(location.path) / name
+            try:
+                meta = json.loads(record.read_text())
+                last_used = record.stat().st_mtime
+                size = int(meta["size"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            yield Entry(record.with_name(name[:-len(META)]), str(meta.get("uri", "")), size, last_used,
+                        float(meta.get("downloaded", last_used)))
+
+
+def remove_entry(entry: Entry) -> bool:
+    """Remove a cached shard if no process holds it (never waits); False when in use."""
+    lock = entry.path.with_name(entry.path.name + LOCK)
+    fd = _lock(lock, fcntl.LOCK_EX, wait=False)
+    if fd is None:
+        return False
+    try:
+        record = entry.path.with_name(entry.path.name + META)
+        if not record.exists():
+            return False  # someone else removed it first
+        record.unlink()
+        entry.path.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)
+        entry.path.with_name(entry.path.name + FETCH).unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+    return True
+
+
+@dataclass
+class CachedDataset:
+    """A folder of the cache: where its files (shards, offsets file) come from, how many, how
+    large, when last used."""
+
+    folder: Path
+    uri: str
+    files: int = 0
+    bytes: int = 0
+    last_used: float = 0.0
+    downloaded: float = 0.0
+    kind: str = "datasets"
+
+    def as_json(self) -> dict[str, object]:
+        """For ``lading cache --json``."""
+        return {"folder": str(self.folder), "uri": self.uri, "files": self.files, "bytes": self.bytes,
+                "last_used": self.last_used, "downloaded": self.downloaded, "kind": self.kind}
+
+
+def open_root(root: Path | str | None) -> Path:
+    """The cache root to inspect (checked like a dataset would check it), or NotFound-like empty."""
+    path = Path(root).expanduser() if root is not None else default_cache_root()
+    if path.exists():
+        check_root(path)
+    return path
+
+
+def summarize(root: Path | str | None = None) -> list[CachedDataset]:
+    """What the node cache holds, most recently used first: the datasets' shard folders, then
+    ``lading sync``'s entries (``kind="sync"``; files linked into a shard folder are counted there,
+    once)."""
+    top = open_root(root)
+    folder = top / _DATASETS
+    found: dict[Path, CachedDataset] = {}
+    inodes: set[tuple[int, int]] = set()
+    for entry in iter_entries(folder):
+        try:
+            st = os.stat(entry.path)
+            inodes.add((st.st_dev, st.st_ino))
+        except FileNotFoundError:
+            pass
+        location = entry.path.parent
+        dataset = found.get(location)
+        if dataset is None:
+            dataset = found[location] = CachedDataset(location, _location_uri(location))
+        dataset.files += 1
+        dataset.bytes += entry.size
+        dataset.last_used = max(dataset.last_used, entry.last_used)
+        dataset.downloaded = max(dataset.downloaded, entry.downloaded)
+    rows = sorted(found.values(), key=lambda dataset: -dataset.last_used)
+    return rows + sorted(_sync_entries(top, inodes), key=lambda dataset: -dataset.last_used)
+
+
+def _sync_entries(top: Path, counted: set[tuple[int, int]]) -> Iterator[CachedDataset]:
+    """``lading sync``'s entries under the root (folders with a sync state), bytes not counted yet."""
+    from lading.sync.state import SyncState
+
+    try:
+        folders = [path for path in top.iterdir() if path.is_dir() and path.name != _DATASETS
+                   and not path.is_symlink()]
+    except FileNotFoundError:
+        return
+    for path in folders:
+        state = SyncState.load(path)
+        if not state.entries:
+            continue
+        row = CachedDataset(path, state.source, kind="sync")
+        for key in state.entries:
+            try:
+                st = os.stat(path / key)
+            except OSError:
+                continue
+            row.files += 1
+            if (st.st_dev, st.st_ino) not in counted:
+                counted.add((st.st_dev, st.st_ino))
+                row.bytes += st.st_size
+            row.last_used = max(row.last_used, st.st_mtime)
+            row.downloaded = row.last_used
+        yield row
+
+
+def _location_uri(location: Path) -> str:
+    try:
+        return str(json.loads((location / "dataset.json").read_text())["uri"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+@dataclass
+class Cleared:
+    """What ``clear`` did: files and bytes removed, files skipped because a process reads them,
+    and how many cached files ``dataset`` matched at all (at any age: none means a typo)."""
+
+    files: int = 0
+    bytes: int = 0
+    busy: int = 0
+    matched: int = 0
+
+
+def clear(root: Path | str | None = None, dataset: str | None = None, older_than: float | None = None,
+          now: Callable[[], float] = time.time) -> Cleared:
+    """Remove cached shards: all, or those of ``dataset`` (a URI prefix or folder name), or those
+    not used for ``older_than`` seconds. Shards in use are skipped; other files stay."""
+    folder = open_root(root) / _DATASETS
+    result = Cleared()
+    for entry in list(iter_entries(folder)):
+        if dataset is not None and not _matches(entry, dataset):
+            continue
+        result.matched += 1
+        if older_than is not None and now() - entry.last_used < older_than:
+            continue
+        if remove_entry(entry):
+            result.files += 1
+            result.bytes += entry.size
+        else:
+            result.busy += 1
+    for location in (folder.iterdir() if folder.is_dir() else ()):
+        if location.is_dir():
+            _remove_if_empty(location)
+    (folder / EntryIndex.NAME).unlink(missing_ok=True)  # rebuilt from the records on next use
+    return result
+
+
+def _matches(entry: Entry, dataset: str) -> bool:
+    location = entry.path.parent
+    uri = _location_uri(location)
+    wanted = dataset.rstrip("/")
+    return location.name == dataset or entry.uri.startswith(wanted + "/") or uri.rstrip("/") == wanted
+
+
+def _remove_if_empty(location: Path) -> None:
+    """Remove a dataset folder holding nothing but its ``dataset.json``."""
+    try:
+        names = set(os.listdir(location))
+    except OSError:
+        return
+    if names <= {"dataset.json"}:
+        try:
+            (location / "dataset.json").unlink(missing_ok=True)
+            location.rmdir()
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                raise ProblemFound(f"cannot remove {location}: {err.strerror}") from err
+
+
+__all__ = ["CachedDataset", "CachedShard", "Cleared", "NodeCache", "ShardSource", "clear", "default_cache_root",
+           "map_file", "parse_limit", "summarize"]
