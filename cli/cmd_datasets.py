@@ -135,7 +135,7 @@ def rm(uris: tuple[str, ...], yes: bool, as_json: bool, **options: Any) -> None:
         click.echo(json.dumps({"removed": [item.as_json() for item in removed]}, indent=1))
         return
     for item in removed:
-        click.echo(f"removed {item.location}: {item.objects} objects, {human(item.bytes)}")
+        click.echo(f"removed {item.location}: {item.objects} objects, {human(item.bytes)}", err=True)
 
 
 def _count(value: int | None) -> str:

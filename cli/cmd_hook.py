@@ -112,7 +112,7 @@ def _stage_one(state: AppState, config: StoreConfig, source: str, dest: str,
     result = staged.result
     if not json_out and not state.quiet:
         click.echo(_summary_line(progress.label, result.fetched, result.fetched_bytes, result.unchanged,
-                                 result.removed, time.monotonic() - progress.throttle.started))
+                                 result.removed, time.monotonic() - progress.throttle.started), err=True)
     return result.to_json() | {"view_links": linked}
 
 

@@ -112,7 +112,7 @@ def snapshot(state: AppState, source: str, output: str, sagemaker_manifest: str 
                               indent=2))
     elif not state.quiet:
         click.echo(f"{summary.path}: {summary.objects:,} objects, {human(summary.total_bytes)} at {summary.source} "
-                   f"(taken {summary.taken}; the file is {human(summary.file_bytes)})")
+                   f"(taken {summary.taken}; the file is {human(summary.file_bytes)})", err=True)
     return 0
 
 

@@ -288,7 +288,7 @@ def _print_summary(summary: Any) -> None:
         via += f", reused cached packed dataset {names} (ETags match the bucket)"
     click.echo(f"synced {summary.files} file(s), {human(summary.bytes)} to {summary.dest} in "
                f"{summary.seconds:.1f}s ({human(summary.throughput)}/s){via}; {summary.skipped} up to date, "
-               f"{summary.deleted} deleted, {len(summary.failed)} failed")
+               f"{summary.deleted} deleted, {len(summary.failed)} failed", err=True)  # status: stderr
 
 
 def _report_failures(summary: Any) -> int:

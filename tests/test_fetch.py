@@ -41,7 +41,7 @@ def test_one_object_into_a_directory_then_skipped(s3, proxy, lading, tmp_path):
     inode, mtime = (dest / "data.csv").stat().st_ino, (dest / "data.csv").stat().st_mtime_ns
     proxy.reset_counts()
     again = lading("fetch", f"s3://{BUCKET}/data.csv", f"{dest}/", env=env)
-    assert again.returncode == 0 and "up to date" in again.stdout
+    assert again.returncode == 0 and "up to date" in again.stderr
     assert proxy.count("GET", path_prefix=f"/{BUCKET}/data.csv") == 0  # only a HEAD
     assert ((dest / "data.csv").stat().st_ino, (dest / "data.csv").stat().st_mtime_ns) == (inode, mtime)
 
@@ -131,4 +131,4 @@ def test_gcs_object_and_prefix(gcs_env, lading, tmp_path):
     assert tree.returncode == 0, tree.stderr
     assert (tmp_path / "tree" / "a.bin").read_bytes() == b"A" * 3000
     again = lading("fetch", "gs://fetch-gcs/ds/sub/b.txt", f"{tmp_path}/one/")
-    assert again.returncode == 0 and "up to date" in again.stdout
+    assert again.returncode == 0 and "up to date" in again.stderr

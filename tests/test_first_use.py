@@ -232,7 +232,7 @@ def test_global_flags_work_after_the_subcommand(lading, tmp_path):
     quiet = lading("sync", str(tmp_path / "src"), str(tmp_path / "dest"), "-q")
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == "", quiet
     loud = lading("sync", str(tmp_path / "src"), str(tmp_path / "dest2"))
-    assert "synced 1 file(s)" in loud.stdout
+    assert "synced 1 file(s)" in loud.stderr and loud.stdout == ""
     debug = lading("sync", str(tmp_path / "missing"), str(tmp_path / "dest3"), "--debug")
     assert debug.returncode == 3 and "Traceback" in debug.stderr, debug.stderr
     hook = lading("hook", "init", str(tmp_path), f"s3://{BUCKET}/x/", "/tmp/x", "--quiet", "--debug")
@@ -537,4 +537,4 @@ def test_setup_uses_the_quiet_wrappers():
     setup = (REPO / ".ci" / "setup").read_text()
     assert ". .ci/quiet.sh" in setup
     assert "quiet_apt $SUDO apt-get update" in setup and "quiet_apt $SUDO env DEBIAN_FRONTEND" in setup
-    assert "quiet_pip install -e '.[test]'" in setup
+    assert "quiet_pip install -e '.[test,docs]'" in setup

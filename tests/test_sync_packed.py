@@ -58,7 +58,7 @@ def test_second_sync_reuses_the_cache_without_any_get(packed, s3_env, tmp_path, 
 
         human = sync(lading, tmp_path / "rank2", cache, env)
         assert human.returncode == 0, human.stderr
-        assert "reused cached packed dataset toy v1" in human.stdout
+        assert "reused cached packed dataset toy v1" in human.stderr
         assert object_gets(proxy) == 0
 
 

@@ -243,7 +243,7 @@ def test_partial_failure_exits_1_and_names_keys(lading, dataset, proxy, tmp_path
 def test_output_lines_when_not_a_tty(lading, dataset, tmp_path):
     result = lading("sync", SOURCE, str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
-    assert "synced 24 file(s)" in result.stdout and "0 failed" in result.stdout, (result.stdout, result.stderr)
+    assert "synced 24 file(s)" in result.stderr and "0 failed" in result.stderr, (result.stdout, result.stderr)
     assert "\r" not in result.stderr, result.stderr  # no bar in logs
     result = lading("sync", SOURCE, str(tmp_path / "again"), "--workers", "1", env={"LADING_PROGRESS_SECONDS": "0"})
     assert result.returncode == 0, result.stderr
