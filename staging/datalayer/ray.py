@@ -107,11 +107,8 @@ class _VersionSink(ShardSink):
         }
         return {}
 
-    def publish_index(self, store: Store, key: str, data: bytes) -> None:
+    def publish_index(self, store: Store, key: str, index: dict[str, Any]) -> dict[str, Any]:
         """Conditional create of the index, with the datalayer block, while the claim is ours."""
-        import json
-
-        index = json.loads(data)
         index.setdefault("lading", {})["version"] = self.location.version
         index[BLOCK] = dict(self._block, build_seconds=round(time.time() - self.started, 3))
         assert self.claim is not None, "publish_index runs on the driver"
@@ -120,7 +117,7 @@ class _VersionSink(ShardSink):
         if claims.create(store, self.location.index_key, dump(index)) is None:
             raise ProblemFound(f"{self.location.index_uri} appeared while this process built it",
                                "another process published the version first; nothing of this build is used")
-        self.index = index
+        return index
 
 
 def _ray_builder(make: Callable[[], Any], function: str, shard_size: int,

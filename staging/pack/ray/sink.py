@@ -194,9 +194,11 @@ class ShardSink(Datasink):
         """Extra index fields from the tasks' encoder summaries (none for plain rows)."""
         return {}
 
-    def publish_index(self, store: Store, key: str, data: bytes) -> None:
-        """Write the index (an upload: it replaces nothing, on_write_start refused an existing one)."""
-        _put(store, key, data)
+    def publish_index(self, store: Store, key: str, index: dict[str, Any]) -> dict[str, Any]:
+        """Write the index (an upload: it replaces nothing, on_write_start refused an existing one);
+        return it as written."""
+        _put(store, key, dump(index))
+        return index
 
     @property
     def index_key(self) -> str:
@@ -273,8 +275,7 @@ class ShardSink(Datasink):
         self.shards = [PublishedShard(s.key, s.nsamples, s.filesize, s.etag) for s in shards]
         index = self._index(shards, table, PublishedShard(offsets_key, 0, offsets_info.size, offsets_info.version))
         index.update(extra)
-        self.publish_index(store, self.index_key, dump(index))
-        self.index = index
+        self.index = self.publish_index(store, self.index_key, index)
 
     def _index(self, shards: list[TaskShard], table: offsets.OffsetsTable, offsets_file: PublishedShard) -> dict[str, Any]:
         return {
