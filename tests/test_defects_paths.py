@@ -195,9 +195,9 @@ def test_snapshot_onto_a_read_only_file_system_is_exit_4(s3, lading, read_only_m
     _one_line_error(result, 4, "read-only file system", str(read_only_mount))
 
 
-def test_snapshot_into_a_directory_the_user_cannot_write_is_exit_4(s3, shared_dir):
-    if os.geteuid() != 0:
-        os.chmod(shared_dir / "dest", 0o555)
+@pytest.mark.parametrize("mode", [0o755, 0o700])  # 0700: not even searchable, so cleaning up fails too
+def test_snapshot_into_a_directory_the_user_cannot_write_is_exit_4(s3, shared_dir, mode):
+    os.chmod(shared_dir / "dest", mode if os.geteuid() == 0 else mode & 0o555)
     result = _run_unprivileged("snapshot", f"s3://{BUCKET}/train", "-o", str(shared_dir / "dest" / "f.snap.jsonl"))
     _one_line_error(result, 4, "permission denied", str(shared_dir / "dest"))
     assert os.listdir(shared_dir / "dest") == []
