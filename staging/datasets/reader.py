@@ -106,7 +106,6 @@ class ShardReader:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._stated: dict[str, tuple[str, int]] = {}
-        self.pid = os.getpid()
 
     # -- sources ---------------------------------------------------------------------------------
 

@@ -9,7 +9,9 @@ fork (:mod:`lading.stores.process`).
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import os
 import threading
 from typing import Any, Awaitable, Coroutine, Sequence, TypeVar
 
@@ -27,12 +29,16 @@ class IOCore:
 
     def __init__(self, max_requests: int = MAX_REQUESTS) -> None:
         self.max_requests = max_requests
+        self._pid = os.getpid()
         self._loop = asyncio.new_event_loop()
         self._slots: asyncio.Semaphore | None = None
         ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, args=(ready,), name="lading-io", daemon=True)
         self._thread.start()
         ready.wait()
+        # Requests still in flight when the interpreter shuts down would complete into a
+        # finalizing interpreter (a crash): cancel them and stop the loop first.
+        atexit.register(self.close)
 
     def _serve(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
@@ -69,10 +75,25 @@ class IOCore:
         return results  # type: ignore[return-value]
 
     def close(self) -> None:
-        """Stop the loop (tests; a process's core otherwise lives as long as the process)."""
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
+        """Cancel what is in flight and stop the loop (at exit; a forked child's copy of its
+        parent's core is left alone)."""
+        if self._pid != os.getpid() or not self._thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result(timeout=5)
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+
+async def _cancel_all() -> None:
+    """Cancel every other task of the running loop and wait until they have ended."""
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _wait(future: concurrent.futures.Future[T]) -> T:
