@@ -8,6 +8,8 @@
   :class:`NodeLocalSampler` gives it ShardDataset's node-local order (DistributedSampler's place).
 - :class:`RecordDataset`: map-style over fixed-size records in one object.
 - :class:`StoreDataset`: map-style over the objects under a prefix, in key order.
+- :class:`DataLoader` (imports torch, loaded on first use): torch's DataLoader with ``set_epoch``
+  reaching persistent workers and ``state_dict``/``load_state_dict`` counting delivered samples.
 
 ``decode=`` on each turns fields into objects (:mod:`lading.datasets.decode`). All pickle without
 their connections, threads and open shards, so DataLoader workers (fork or spawn) open their own.
@@ -33,6 +35,7 @@ from lading.datasets.store import StoreDataset
 
 __all__ = [
     "DEFAULT_DECODERS",
+    "DataLoader",
     "DEFAULT_PARTITIONS",
     "REMAINDERS",
     "DatasetIndex",
@@ -51,3 +54,12 @@ __all__ = [
     "iter_shard",
     "load_index",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``DataLoader`` imports torch, so it is loaded on first use only."""
+    if name == "DataLoader":
+        from lading.datasets.loader import DataLoader
+
+        return DataLoader
+    raise AttributeError(f"module 'lading.datasets' has no attribute {name!r}")

@@ -97,6 +97,9 @@ class ElasticIterable:
             datasets as package,  # looked up there, so a test can stand in a slot
         )
 
+        cell = self.__dict__.get("_epoch_cell")
+        if cell is not None:  # lading.datasets.DataLoader with persistent workers: the epoch it set
+            self.epoch = int(cell.value)
         worker, num_workers = package._worker_slot()
         return self.iter_worker(worker, num_workers)
 
