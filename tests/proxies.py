@@ -39,6 +39,8 @@ The API:
   * ``"truncate"``: forward, then send the status, headers and full Content-Length but only the
     first half of the body, and close the connection. Only responses with a body of 2 bytes or
     more are eligible; other responses pass through and don't consume the rule;
+  * ``"corrupt"``: forward, then flip one bit of the body's first byte (size and headers intact),
+    like a network or store that corrupts data. Only responses with a body are eligible;
   * ``"norange"``: forward without the ``Range`` header, like a server that ignores ranges
     (200 with the whole object). Only requests with a Range header are eligible.
   * ``"droptoken"``: an S3 ListObjectsV2 request is forwarded asking for 2 keys, and the answer
@@ -71,7 +73,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
-FAULT_KINDS = ("slowdown", "429", "403", "reset", "truncate", "norange", "droptoken")
+FAULT_KINDS = ("slowdown", "429", "403", "reset", "truncate", "norange", "droptoken", "corrupt")
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
                "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "expect"}
 _CHUNK = 256 * 1024
@@ -243,10 +245,15 @@ class _Handler(BaseHTTPRequestHandler):
         proxy = self.server.proxy
         length_header = response.getheader("Content-Length")
         has_body = self.command != "HEAD" and response.status not in (204, 304) and response.status >= 200
-        if has_body and (length_header is None or fault == "droptoken"):
+        corrupt = has_body and proxy._pick(self.command, path, ("corrupt",)) is not None
+        if corrupt:
+            fault = "corrupt"
+        if has_body and (length_header is None or fault in ("droptoken", "corrupt")):
             payload: bytes | None = response.read()  # chunked or close-delimited: buffer it
             if fault == "droptoken":
                 payload = re.sub(rb"<NextContinuationToken>.*?</NextContinuationToken>", b"", payload)
+            if fault == "corrupt" and payload:
+                payload = bytes([payload[0] ^ 1]) + payload[1:]
             length = len(payload)
         else:
             payload = None

@@ -55,6 +55,8 @@ from typing import Callable, Iterator, Mapping
 from lading.core.atomic import write_atomically
 from lading.core.errors import AccessDenied, ObjectChanged, ProblemFound, UsageError
 from lading.stores.base import Store
+from lading.stores.objstore import ObstoreReads
+from lading.transfer.verify import IntegrityError
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +84,33 @@ def default_cache_root(env: Mapping[str, str] | None = None) -> Path:
     return Path(f"/tmp/lading-cache-{os.geteuid()}")
 
 
-def _download_shard(store: Store, key: str, version: str | None, dest: Path) -> None:
-    """Download one object at ``version`` to ``dest`` (the one place the cache moves bytes)."""
-    store.download(key, dest, version=version)
+def _download_shard(store: Store, key: str, version: str | None, dest: Path, size: int | None = None) -> None:
+    """Download one object at ``version`` to ``dest`` (the one place the cache moves bytes): on
+    the I/O core in parallel ranged parts when the store can (its ``size`` known), then checked
+    against the MD5 an S3 ETag stands for, as ``lading sync`` checks it."""
+    if size is not None and isinstance(store, ObstoreReads):
+        store.download(key, dest, version=version, size=size)
+    else:
+        store.download(key, dest, version=version)
+    _verify_md5(store, key, version, dest)
+
+
+def _verify_md5(store: Store, key: str, version: str | None, dest: Path) -> None:
+    """Raise IntegrityError when ``version`` is an MD5 (a single-part S3 ETag) that the file's bytes
+    do not have, unless the store says the ETag is not the content's MD5 (SSE-KMS, SSE-C)."""
+    if not (isinstance(store, ObstoreReads) and store.scheme == "s3") or version is None \
+            or not re.fullmatch(r"[0-9a-fA-F]{32}", version):
+        return
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(dest, "rb") as handle:
+        while chunk := handle.read(8 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() == version.lower():
+        return
+    if not store.etag_is_md5(key):  # type: ignore[attr-defined]
+        return
+    raise IntegrityError(f"{store.url}/{key}: the downloaded bytes' MD5 is {digest.hexdigest()}, the ETag "
+                         f"says {version}", "run again; if it persists, the store or the network corrupts data")
 
 
 def parse_limit(limit: int | str | None) -> int | None:
@@ -302,7 +328,7 @@ class NodeCache:
         tmp = path.with_name(f"{path.name}{_TMP}{os.getpid()}-{threading.get_ident()}")
         started = time.monotonic()
         try:
-            _download_shard(store, source.key, version, tmp)
+            _download_shard(store, source.key, version, tmp, size)
             got = os.path.getsize(tmp)
             if got != size:
                 raise ObjectChanged(f"{source.uri}: downloaded {got} bytes, the index says {size}",
