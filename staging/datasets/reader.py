@@ -10,7 +10,6 @@ shard and process, from the mapped file).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor

@@ -1,4 +1,7 @@
-"""Reads through `obstore` (Rust ``object_store``), shared by the S3 and GCS backends.
+"""The obstore-backed store shared by the S3 and GCS backends: error translation, client options,
+and which reader serves a read. The jobs live in their own modules: reads on the I/O core
+(:mod:`lading.stores.obstore_reads`), reads through the SDK (:mod:`lading.stores.sdk_reads`),
+exact listings (:mod:`lading.stores.listing`).
 
 What this layer guarantees, whatever the server does:
 
@@ -25,18 +28,17 @@ obstore's own retries are off (``max_retries=0``): one retry policy, ours
 from __future__ import annotations
 
 import logging
-import os
 import re
-import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from lading.core.errors import LadingError, ObjectChanged, TransientError, UnsafeKey, UsageError
 from lading.core.keys import key_parts
 from lading.core.retry import RetryPolicy, with_retries
 from lading.stores.base import Fetched, ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
+from lading.stores.listing import ListingMixin
 from lading.stores.obstore_reads import ObstoreReader, RangeRequest
 from lading.stores.process import ProcessLocal, note_obstore_start, obstore_allowed, use_obstore, warn_fallback
 from lading.stores.sdk_reads import SdkReader
@@ -142,7 +144,7 @@ def _first_line(err: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-class ObstoreReads:
+class ObstoreReads(ListingMixin):
     """list / stat / read_range / download / stream over an obstore store.
 
     A backend provides :meth:`_build` (the obstore store for this process), how a version pins
@@ -293,66 +295,6 @@ class ObstoreReads:
         else:
             self._sdk.download(key, dest, version, progress)
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Yield objects under ``root + prefix`` in key order, a page at a time.
-
-        obstore normalises keys (it drops a trailing ``/`` and refuses empty, ``.`` and ``..``
-        segments). Where that could matter (an empty object that is not a ``dir/`` marker with
-        keys under it, or a key obstore cannot represent) one page is listed through the backend's
-        SDK, after the last key already yielded, and obstore takes over again after that page: every
-        key comes out exactly as stored. A page that fails transiently is asked for again from the
-        last key yielded (a listing ``offset``), within the retry policy. obstore follows
-        continuation tokens but cannot tell a last page from one a server marked truncated without
-        a token; so when the listing ends, one more request starting after the last key must find
-        nothing, or the listing is an error (never a short listing)."""
-        if (not use_obstore() or prefix and not prefix.endswith("/")) and self.has_exact_listing:
-            yield from self._exact_listing(prefix, None)  # obstore lists directories, not name prefixes
-            return
-        after: str | None = None
-        while True:
-            ambiguous, after = yield from self._fast_run(prefix, after)
-            if not ambiguous:
-                return
-            infos, after, more = self._exact_page(prefix, after)
-            yield from infos
-            if not more:
-                return
-
-    def _fast_run(self, prefix: str, after: str | None) -> Generator[ObjectInfo, None, tuple[bool, str | None]]:
-        """obstore's listing after key ``after``: yields what it renders exactly; returns (False, _)
-        at the end, or (True, the last key yielded) when the next entry needs the SDK's listing."""
-        where = self._where(prefix)
-        last = after
-        held: dict[str, Any] | None = None  # an empty entry that may be a folder marker, until the next one
-        try:
-            for page in self._pages(prefix, lambda: last):
-                for meta in page:
-                    if last is not None and meta["path"] <= last:
-                        continue  # a resumed page may repeat its first key (GCS offsets include it)
-                    if held is not None:
-                        if not meta["path"].startswith(held["path"] + "/"):
-                            return True, last  # an empty object, or a lone marker: ask the SDK
-                        held = None  # "dir/" followed by "dir/...": a folder marker, skipped
-                    if self._needs_exact_keys(meta):
-                        held = meta
-                        continue
-                    last = meta["path"]
-                    info = self._listed(meta)
-                    if info is not None:
-                        yield info
-        except UnsafeKey:
-            if not self.has_exact_listing:
-                raise
-            return True, last  # obstore cannot represent a key here
-        if held is not None:
-            return True, last
-        if last is not None and last != after and self._call(
-                where, lambda store: self._has_keys_after(store, prefix, last)):
-            raise TransientError(f"the listing of {where} stopped early: the server marked a page truncated "
-                                 "without a continuation token", "run again; if it persists, the server's "
-                                 "listing is broken")
-        return False, last
-
     # -- the SDK paths: in a forked child of a process that used obstore ------------------------
 
     def _sdk_stat(self, key: str) -> ObjectInfo:
@@ -363,66 +305,6 @@ class ObstoreReads:
                     on_version: Callable[[str], None] | None) -> Fetched:
         """:meth:`stream` through the backend's SDK, with the same version check."""
         raise NotImplementedError
-
-    #: Whether :meth:`_exact_listing` exists (a listing through the SDK, with keys exactly as stored).
-    has_exact_listing = False
-
-    def _needs_exact_keys(self, meta: dict[str, Any]) -> bool:
-        """Whether obstore's rendering of this entry may not be the stored key (obstore drops a
-        trailing ``/``, so a folder marker ``dir/`` looks like an empty object ``dir``). Such an
-        entry followed by keys under it is a marker; otherwise the SDK listing decides."""
-        return False
-
-    def _exact_listing(self, prefix: str, after: str | None) -> Iterator[ObjectInfo]:
-        """The rest of the listing after key ``after``, with keys exactly as stored."""
-        raise NotImplementedError
-
-    def _exact_page(self, prefix: str, after: str | None) -> tuple[list[ObjectInfo], str | None, bool]:
-        """One page after key ``after``, keys exactly as stored: (objects, the page's last stored
-        key, whether more may follow)."""
-        raise NotImplementedError
-
-    def _open_listing(self, store: Any, prefix: str, after: str | None) -> Iterator[list[dict[str, Any]]]:
-        import obstore
-
-        full_prefix = self.root + prefix or None
-        if after is None:
-            return iter(obstore.list(store, full_prefix, chunk_size=1000))
-        return iter(obstore.list(store, full_prefix, offset=after, chunk_size=1000))
-
-    def _has_keys_after(self, store: Any, prefix: str, last: str) -> bool:
-        page = next(self._open_listing(store, prefix, last), [])
-        return any(meta["path"] > last for meta in page)
-
-    def _pages(self, prefix: str, resume_after: Callable[[], str | None]) -> Iterator[list[dict[str, Any]]]:
-        """obstore's listing stream, page by page; a transient failure reopens it after
-        ``resume_after()`` (the last key the caller took), up to the retry policy's attempts."""
-        where = self._where(prefix)
-        policy = self.config.retry
-        failures = 0
-        first = resume_after()
-        pages = self._call(where, lambda store: self._open_listing(store, prefix, first))
-        while True:
-            try:
-                page = self._translated(where, lambda _store: next(pages, None))
-            except TransientError as err:
-                failures += 1
-                if failures >= policy.attempts:
-                    raise
-                log.info("listing %s failed (%s); resuming after the last key", where, err)
-                time.sleep(policy.delay(failures))
-                after = resume_after()
-                pages = self._call(where, lambda store: self._open_listing(store, prefix, after))
-                continue
-            if page is None:
-                return
-            yield page
-
-    def _listed(self, meta: dict[str, Any]) -> ObjectInfo | None:
-        key = self._key_of(meta["path"])
-        if not key or (key.endswith("/") and int(meta["size"]) == 0):
-            return None  # the prefix itself, or a folder marker
-        return self._info(key, meta)
 
 
 def resume_into(stream: Callable[..., Fetched], where: str, policy: RetryPolicy, key: str,
