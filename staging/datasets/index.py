@@ -4,7 +4,6 @@ wrote one, the offsets file that places every sample (:mod:`lading.pack.offsets`
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -15,10 +14,18 @@ from lading.pack.index import parse_index
 from lading.stores import open_store
 from lading.stores.base import Store
 from lading.stores.config import StoreConfig
+from lading.stores.process import ProcessLocal
 from lading.stores.uri import StoreURI, parse_uri
 
-_STORES: dict[tuple[int, str, StoreConfig], Store] = {}
-_STORES_LOCK = threading.Lock()
+class _Stores:
+    """Stores by (folder, config) in one process (reset in a forked child, like all per-process state)."""
+
+    def __init__(self) -> None:
+        self.by_folder: dict[tuple[str, StoreConfig], Store] = {}
+        self.lock = threading.Lock()
+
+
+_STORES: ProcessLocal[_Stores] = ProcessLocal(_Stores)
 
 
 def store_for(uri: str | StoreURI, config: StoreConfig) -> tuple[Store, str]:
@@ -28,11 +35,12 @@ def store_for(uri: str | StoreURI, config: StoreConfig) -> tuple[Store, str]:
     parent, name = parsed.split_name()
     if not name:
         raise UsageError(f"{parsed} names a directory, not an object")
-    cache_key = (os.getpid(), str(parent), config)
-    with _STORES_LOCK:
-        store = _STORES.get(cache_key)
+    cache_key = (str(parent), config)
+    stores = _STORES.get()
+    with stores.lock:
+        store = stores.by_folder.get(cache_key)
         if store is None:
-            store = _STORES[cache_key] = open_store(parent, config)
+            store = stores.by_folder[cache_key] = open_store(parent, config)
     return store, name
 
 
