@@ -267,3 +267,23 @@ def test_only_the_ray_modules_import_ray():
     code = ("import sys, lading, lading.pack, lading.datalayer, lading.datasets, lading.cli.main, lading.cli.cmd_pack; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=TOP)
+
+
+def test_ctrl_c_cancels_the_tasks_exits_130_and_leaves_no_index(ray_cluster, tmp_path):
+    make_source(tmp_path / "src", count=400)
+    dest = tmp_path / "out"
+    env = dict(os.environ, LADING_PROGRESS_SECONDS="0")
+    proc = subprocess.Popen([sys.executable, "-m", "lading", "pack", str(tmp_path / "src"), str(dest), "--name", "ds",
+                             "--shard-size", "1", "--engine", "ray", "--ray-address", ray_cluster],
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=TOP)
+    for line in proc.stderr:  # a progress line: shards are being written
+        if line.startswith("lading pack:") and " 0 shard(s) done" not in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130, rest
+    assert "Traceback" not in rest
+    names = {path.name for path in dest.iterdir()}
+    assert "ds.index.json" not in names and "ds.manifest.json" not in names
+    shards = [name for name in names if name.endswith(".tar")]
+    assert 0 < len(shards) < 400, "the pack ran to its end instead of stopping"

@@ -209,7 +209,7 @@ def _run_tasks(ray: Any, plan: PackPlan, jobs: list[ShardJob], todo: list[int], 
             while queue and len(waiting) < in_flight:
                 number = queue.pop()
                 waiting[remote.remote(jobs[number], source, dest, config_ref)] = number
-            done, _ = ray.wait(list(waiting), num_returns=1)
+            done, _ = ray.wait(list(waiting), num_returns=1, timeout=0.5)  # Ctrl-C is seen between waits
             for ref in done:
                 number = waiting.pop(ref)
                 shard = plan.shards[number]
