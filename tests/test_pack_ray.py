@@ -110,8 +110,9 @@ def test_cli_engine_ray_joins_the_cluster(ray_cluster, lading, tmp_path):
     make_source(tmp_path / "src", count=20)
     local = lading("pack", str(tmp_path / "src"), str(tmp_path / "local"), "--name", "ds", "--shard-size", "10KB")
     assert local.returncode == 0, local.stderr
-    run = lading("pack", str(tmp_path / "src"), str(tmp_path / "ray"), "--name", "ds", "--shard-size", "10KB",
-                 "--engine", "ray", "--ray-address", ray_cluster, "--json")
+    # relative paths: the workers' working directory is not the CLI's
+    run = lading("pack", "src", "ray", "--name", "ds", "--shard-size", "10KB",
+                 "--engine", "ray", "--ray-address", ray_cluster, "--json", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout)
     names = sorted(p.name for p in (tmp_path / "local").iterdir())

@@ -179,7 +179,8 @@ def run_pack_ray(plan: PackPlan, source: str, dest: str, config: StoreConfig | N
     todo = [number for number in range(len(jobs)) if number not in published]
     if todo:
         with ray_session(address) as ray:
-            _run_tasks(ray, plan, jobs, todo, source, str(dest_uri), config, events, published)
+            # absolute: a worker's working directory is not the driver's
+            _run_tasks(ray, plan, jobs, todo, str(parse_uri(source)), str(dest_uri), config, events, published)
     shards = [published[number] for number in range(len(jobs))]
     _check_published(store, plan, shards)
     documents = pack_documents(plan, str(dest_uri))
