@@ -591,9 +591,12 @@ def main() -> None:
     log(f"lading: {REPO} @ {git_state(REPO)}")
     log(f"lading venv: {args.lading_python}: {versions(args.lading_python)}")
     log(f"peers venv: {args.peers_python}: {versions(args.peers_python)}")
-    aws = subprocess.run([str(Path(args.peers_python).parent / "aws"), "--version"], capture_output=True, text=True,
-                         check=False)
-    log(f"aws cli (webdataset's pipe): {(aws.stdout + aws.stderr).strip()}")
+    aws_cli = Path(args.peers_python).parent / "aws"
+    if aws_cli.exists():
+        aws = subprocess.run([str(aws_cli), "--version"], capture_output=True, text=True, check=False)
+        log(f"aws cli (webdataset's pipe): {(aws.stdout + aws.stderr).strip()}")
+    else:
+        log(f"aws cli (webdataset's pipe): none in the peers venv ({aws_cli})")
     rgw = shutil.which("radosgw")
     if rgw:
         version = subprocess.run([rgw, "--version"], capture_output=True, text=True, check=False).stdout.strip()
