@@ -288,3 +288,14 @@ def test_ctrl_c_cancels_the_tasks_exits_130_and_leaves_no_index(ray_cluster, tmp
     assert "ds.index.json" not in names and "ds.manifest.json" not in names
     shards = [name for name in names if name.endswith(".tar")]
     assert 0 < len(shards) < 400, "the pack ran to its end instead of stopping"
+
+
+def test_engine_ray_without_ray_installed_is_a_usage_error(lading, tmp_path):
+    make_source(tmp_path / "src", count=3)
+    code = ("import sys; sys.modules['ray'] = None  # as if Ray were not installed\n"
+            "from lading.cli.main import main; sys.argv[0] = 'lading'; main()")
+    run = subprocess.run([sys.executable, "-c", code, "pack", str(tmp_path / "src"), str(tmp_path / "out"),
+                          "--engine", "ray"], capture_output=True, text=True, cwd=TOP)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.count("\n") == 1 and "pip install 'lading-data[ray]'" in run.stderr
+    assert not (tmp_path / "out").exists()

@@ -13,8 +13,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from lading.pack.ray.engine import run_pack_ray
 from lading.pack.ray.session import ray_session
-from lading.pack.ray.sink import RowEncoder, ShardSink
 
 __all__ = ["RowEncoder", "ShardSink", "ray_session", "run_pack_ray"]
+
+
+def __getattr__(name: str) -> Any:
+    """ShardSink and RowEncoder subclass Ray's classes: imported on first use, so that
+    ``lading pack --engine ray`` without Ray installed is a usage error, not an ImportError."""
+    if name in ("ShardSink", "RowEncoder"):
+        from lading.pack.ray.session import require_ray
+
+        require_ray()
+        from lading.pack.ray import sink
+
+        return getattr(sink, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,7 +31,7 @@ from lading.pack import PackEvents, PackResult, index_maker, open_source, pack_d
 from lading.pack.execute import write_shard
 from lading.pack.index import PublishedShard
 from lading.pack.plan import PackPlan, ShardPlan
-from lading.pack.ray.session import ray_session, task_error
+from lading.pack.ray.session import ray_session, require_ray, task_error
 from lading.stores import claims, open_store
 from lading.stores.base import ObjectInfo, Store
 from lading.stores.config import StoreConfig
@@ -157,6 +157,7 @@ def run_pack_ray(plan: PackPlan, source: str, dest: str, config: StoreConfig | N
                  events: PackEvents | None = None, address: str | None = None,
                  now: Callable[[], float] = time.monotonic) -> PackResult:
     """Write the planned shards on Ray (see the module docstring); the index goes last, or not at all."""
+    require_ray()  # before anything is created at DEST
     config = config or StoreConfig.from_env()
     events = events or PackEvents()
     started = now()

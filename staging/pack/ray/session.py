@@ -12,7 +12,8 @@ from lading.core.errors import LadingError, TransientError, UsageError
 log = logging.getLogger(__name__)
 
 
-def _ray() -> Any:
+def require_ray() -> Any:
+    """The ray module; a usage error (with the install hint) when Ray is not installed."""
     try:
         import ray
     except ImportError:
@@ -26,7 +27,7 @@ def ray_session(address: str | None = None) -> Iterator[Any]:
     """The ``ray`` module, initialised: an already initialised Ray is used as it is (and left
     running); ``address`` (else ``RAY_ADDRESS``) joins that cluster; otherwise a local Ray is
     started, bound to 127.0.0.1, and shut down when the block ends."""
-    ray = _ray()
+    ray = require_ray()
     if ray.is_initialized():
         yield ray
         return
