@@ -21,7 +21,6 @@ has deleted any ``NAME-*.tar`` the index does not list (shards of retried or fai
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
