@@ -12,7 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from lading.datasets import NodeLocalSampler, PackedDataset, ShardDataset, load_index
+from lading.datasets import DEFAULT_PARTITIONS, NodeLocalSampler, PackedDataset, ShardDataset, load_index
 from lading.datasets.partition import Partitions
 from lading.pack import PackOptions, plan_pack, run_pack
 from lading.stores import StoreConfig
@@ -98,7 +98,7 @@ def read(ranks: list[ShardDataset], stop: int | None = None) -> list[list[str]]:
     return keys
 
 
-def block_shards(index: str, config: StoreConfig, node: int, nodes: int, partitions: int = 720) -> set[str]:
+def block_shards(index: str, config: StoreConfig, node: int, nodes: int, partitions: int = DEFAULT_PARTITIONS) -> set[str]:
     """The shards holding the samples of ``node``'s block of partitions (edges included)."""
     counts = load_index(index, config).counts
     parts = Partitions(counts, ORDER["seed"], ORDER["randomize_shard_order"], partitions)
@@ -191,7 +191,7 @@ def test_resume_keeps_equal_counts_per_rank(dataset, s3_env, tmp_path, monkeypat
         assert max(seen.values()) == 1 and NSAMPLES - len(seen) < 3 * PER_NODE
 
 
-@pytest.mark.parametrize("partitions, new_nodes", [(8, 3), (720, 7)])
+@pytest.mark.parametrize("partitions, new_nodes", [(8, 3), (DEFAULT_PARTITIONS, 11)])
 def test_incompatible_node_count_is_exact_and_logs_the_loss(dataset, s3_env, tmp_path, monkeypatch, caplog,
                                                               partitions, new_nodes):
     with ExitStack() as stack:

