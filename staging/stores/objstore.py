@@ -33,12 +33,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from lading.core.errors import LadingError, ObjectChanged, TransientError, UnsafeKey, UsageError
+from lading.core.errors import LadingError, ObjectChanged, UsageError
 from lading.core.keys import key_parts
-from lading.core.retry import RetryPolicy, with_retries
+from lading.core.retry import with_retries
 from lading.stores.base import Fetched, ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
 from lading.stores.listing import ListingMixin
+from lading.stores.obstore_errors import FromResponse, status_and_code, translate
+from lading.stores.resume import resume_into
 from lading.stores.obstore_reads import ObstoreReader, RangeRequest
 from lading.stores.process import ProcessLocal, note_obstore_start, obstore_allowed, use_obstore, warn_fallback
 from lading.stores.sdk_reads import SdkReader
@@ -46,20 +48,10 @@ from lading.stores.uri import StoreURI, root_prefix
 
 #: Receives each piece of a body, in order.
 Sink = Callable[[memoryview], None]
-#: An error response as a project error: (error code from the body, HTTP status, message, what).
-FromResponse = Callable[[str, int, str, str], LadingError]
 
 log = logging.getLogger(__name__)
-_STATUS = re.compile(r"status code: (\d{3})")
-_S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
-_PATH_NAMED = re.compile(r'[Pp]ath "([^"]*)"')
-_JSON_REASON = re.compile(r'"reason"\s*:\s*"([A-Za-z0-9 ]+)"')
-_BAD_CERTIFICATE = re.compile(r"InvalidCertificate\(\s*([A-Za-z]+)")
 #: ASCII control characters: S3 and GCS keys may hold them, obstore's paths may not.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_NETWORK_WORDS = ("error sending request", "connection", "timed out", "timeout", "dns error",
-                  "broken pipe", "reset by peer", "unexpected eof", "error decoding response body",
-                  "body", "incomplete", "io error", "hyper")
 
 
 def client_options(config: StoreConfig, endpoint: str | None) -> dict[str, Any]:
@@ -91,57 +83,6 @@ def _read_pem(path: str) -> bytes:
             return handle.read()
     except OSError as err:
         raise UsageError(f"cannot read the CA bundle {path} (AWS_CA_BUNDLE): {err.strerror or err}") from None
-
-
-def status_and_code(err: BaseException) -> tuple[int, str]:
-    """HTTP status and error code that an obstore error message carries (0, "" when none)."""
-    text = str(err)
-    status = _STATUS.search(text)
-    code = _S3_CODE.search(text) or _JSON_REASON.search(text)
-    return (int(status.group(1)) if status else 0), (code.group(1) if code else "")
-
-
-def translate(err: BaseException, what: str, from_response: FromResponse) -> BaseException:
-    """An obstore exception as a project error (anything else is returned unchanged)."""
-    import obstore.exceptions as ox
-
-    if isinstance(err, LadingError) or not isinstance(err, (ox.BaseError, FileNotFoundError)):
-        return err
-    status, code = status_and_code(err)
-    message = _first_line(err)
-    if isinstance(err, (FileNotFoundError, ox.NotFoundError)):
-        return from_response(code or "NoSuchKey", status or 404, message, what)
-    if isinstance(err, (ox.PreconditionError, ox.NotModifiedError)):
-        return from_response(code or "PreconditionFailed", status or 412, message, what)
-    if isinstance(err, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
-        return from_response(code or "AccessDenied", status or 403, message, what)
-    if isinstance(err, ox.InvalidPathError) or "invalid path" in str(err).lower():
-        named = _PATH_NAMED.search(str(err))
-        key = named.group(1) if named else "?"
-        return UnsafeKey(f"unsafe key {key!r} under {what}: a path with an empty, '.' or '..' segment",
-                         "rename or move the object: such keys cannot be listed here, not even to skip them")
-    if status:
-        return from_response(code, status, message, what)
-    certificate = _BAD_CERTIFICATE.search(str(err))
-    if certificate:  # a configuration problem: retrying cannot help
-        return LadingError(f"TLS certificate not trusted for {what}: {certificate.group(1)}",
-                           "point AWS_CA_BUNDLE at a PEM bundle with the CA that signed the server's certificate")
-    if "token request" in str(err).lower() or "credential" in str(err).lower():
-        return from_response("InvalidToken", 401, message, what)
-    # No HTTP status: the request never got an answer, or its body broke off.
-    return TransientError(f"network error on {what}: {message}", _network_hint(err))
-
-
-def _network_hint(err: BaseException) -> str | None:
-    text = str(err).lower()
-    if "connect" in text or "dns" in text:
-        return "check the endpoint (--endpoint-url / AWS_ENDPOINT_URL), proxies and the network"
-    return None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).split("\n", 1)[0].strip() or type(err).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 class ObstoreReads(ListingMixin):
@@ -307,40 +248,8 @@ class ObstoreReads(ListingMixin):
         raise NotImplementedError
 
 
-def resume_into(stream: Callable[..., Fetched], where: str, policy: RetryPolicy, key: str,
-                write: Callable[[memoryview], Any], version: str | None,
-                progress: ProgressCallback | None) -> int:
-    """Fetch a whole object through ``write`` with ``stream`` (a store's one-GET stream), resuming
-    a cut body with Range requests pinned to the version of the first answer; returns the size."""
-    written = 0
-    pinned = version
-    size: int | None = None
-
-    def sink(chunk: memoryview) -> None:
-        nonlocal written
-        write(chunk)
-        written += len(chunk)
-        if progress is not None:
-            progress(len(chunk))
-
-    def pin(version: str) -> None:
-        nonlocal pinned
-        pinned = pinned or version or None
-
-    def attempt() -> None:
-        nonlocal size
-        if size is not None and written >= size:
-            return
-        fetched = stream(key, sink, pinned, written, on_version=pin)
-        size = fetched.size
-        if written != size:
-            raise TransientError(f"{where}: got {written} of {size} bytes")
-
-    with_retries(attempt, policy)
-    return written
-
-
 #: For the backends' routing decisions: whether reads here may go through obstore.
 obstore_usable = use_obstore
 
-__all__ = ["Fetched", "NO_RETRIES", "ObstoreReads", "RangeRequest", "Sink", "client_options", "resume_into", "translate"]
+__all__ = ["Fetched", "FromResponse", "NO_RETRIES", "ObstoreReads", "RangeRequest", "Sink", "client_options",
+           "resume_into", "status_and_code", "translate"]

@@ -17,14 +17,31 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from lading.core.errors import LadingError, TransientError
 from lading.stores.base import Fetched, ObjectInfo, ProgressCallback
+from lading.stores.config import StoreConfig
 from lading.stores.iocore import io_core
+from lading.stores.obstore_errors import status_and_code
 
-if TYPE_CHECKING:
-    from lading.stores.objstore import ObstoreReads
+
+
+class ReadsOwner(Protocol):
+    """What a reader needs from the store it reads for (:class:`lading.stores.objstore.ObstoreReads`)."""
+
+    url: str
+    config: StoreConfig
+    _ranges_ignored: bool
+
+    def _where(self, key: str = "") -> str: ...
+    def _path(self, key: str) -> str: ...
+    def _pin(self, version: str) -> dict[str, Any]: ...
+    def _obstore_store(self) -> Any: ...
+    def _translate(self, err: BaseException, what: str) -> BaseException: ...
+    def _check_version(self, meta: dict[str, Any], version: str | None, key: str) -> str: ...
+    def _info(self, key: str, meta: dict[str, Any]) -> ObjectInfo: ...
+    def _retrying(self, operation: Callable[[], Any]) -> Any: ...
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +86,7 @@ class _Answer:
 class ObstoreReader:
     """The obstore half of a store's reads (the owner supplies paths, pins and translation)."""
 
-    def __init__(self, owner: "ObstoreReads") -> None:
+    def __init__(self, owner: ReadsOwner) -> None:
         self.owner = owner
 
     # -- coroutines (run on the I/O core) ---------------------------------------------------------
@@ -310,9 +327,7 @@ async def _write_at(fd: int, data: Any, offset: int, progress: ProgressCallback 
 
 
 def _status(err: BaseException) -> int:
-    from lading.stores.objstore import status_and_code
-
     return status_and_code(err)[0]
 
 
-__all__ = ["ObstoreReader", "PART_SIZE", "RangeRequest", "WHOLE_LIMIT"]
+__all__ = ["ObstoreReader", "PART_SIZE", "RangeRequest", "ReadsOwner", "WHOLE_LIMIT"]

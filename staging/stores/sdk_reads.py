@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from lading.stores.base import Fetched, ObjectInfo, ProgressCallback
 from lading.stores.process import ProcessLocal
 
-if TYPE_CHECKING:
-    from lading.stores.objstore import ObstoreReads, RangeRequest
+from lading.stores.obstore_reads import RangeRequest, ReadsOwner
+from lading.stores.resume import resume_into
+
+
+class SdkOwner(ReadsOwner, Protocol):
+    """A store with SDK reads (the S3 and GCS backends)."""
+
+    def _sdk_stat(self, key: str) -> ObjectInfo: ...
+    def _sdk_stream(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int,
+                    end: int | None, on_version: Callable[[str], None] | None) -> Fetched: ...
 
 #: Concurrent SDK requests of one :meth:`SdkReader.read_many` batch.
 SDK_THREADS = 8
@@ -25,7 +33,7 @@ SDK_THREADS = 8
 class SdkReader:
     """The SDK half of a store's reads; the owning store supplies ``_sdk_stat`` and ``_sdk_stream``."""
 
-    def __init__(self, owner: "ObstoreReads") -> None:
+    def __init__(self, owner: SdkOwner) -> None:
         self.owner = owner
         self._pool: ProcessLocal[ThreadPoolExecutor] = ProcessLocal(_new_pool)
 
@@ -38,7 +46,7 @@ class SdkReader:
         """One GET through the SDK (no retry; the caller resumes)."""
         return self.owner._sdk_stream(key, sink, version, start, end, on_version)
 
-    def read(self, request: "RangeRequest") -> memoryview:
+    def read(self, request: RangeRequest) -> memoryview:
         """One range, resumed after a cut body and retried, pinned to its version."""
         if request.end is not None and request.end <= request.start:
             return memoryview(b"")
@@ -51,13 +59,11 @@ class SdkReader:
             stop = fetched.size if request.end is None else min(request.end, fetched.size)
             return Fetched(fetched.nbytes, max(stop - request.start, 0), fetched.version)
 
-        from lading.stores.objstore import resume_into
-
         resume_into(stream, owner._where(request.key), owner.config.retry, request.key, out.extend,
                     request.version, None)
         return memoryview(out)
 
-    def read_many(self, requests: Sequence["RangeRequest"]) -> list[memoryview]:
+    def read_many(self, requests: Sequence[RangeRequest]) -> list[memoryview]:
         """Each range, on a few SDK threads at once."""
         if len(requests) == 1:
             return [self.read(requests[0])]
@@ -66,8 +72,6 @@ class SdkReader:
     def download(self, key: str, dest: Path, version: str | None = None,
                  progress: ProgressCallback | None = None) -> None:
         """The whole object into ``dest`` as one stream, resumed from the bytes written."""
-        from lading.stores.objstore import resume_into
-
         with open(dest, "wb") as out:
             resume_into(self.stream, self.owner._where(key), self.owner.config.retry, key, out.write,
                         version, progress)
