@@ -19,7 +19,8 @@ Set-ups (bucket ``bucket`` on the test server unless said otherwise):
     local     nothing remote: the example makes its own local data (no moto variables either)
     fuse      the example mounts: skipped where /dev/fuse or fusermount3 is missing
 
-The environment also has TMPDIR set to a temporary directory of the test's own.
+The environment also has TMPDIR set to a temporary directory of the test's own, and RAY_TMPDIR
+to a short one (Ray's socket paths must fit in 107 bytes).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -208,6 +210,8 @@ def example_env(example: Example, tmp_path: Path, server_env: dict[str, str]) ->
     env["LADING_CACHE_DIR"] = str(tmp_path / "node-cache")
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir()
+    # Ray's session sockets must fit in an AF_UNIX path (107 bytes): a short directory of its own
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
