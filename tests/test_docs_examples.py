@@ -269,7 +269,10 @@ def test_example_runs(example: Example, tmp_path: Path, moto_server) -> None:
     suffix = ".sh" if example.language == "bash" else ".py"
     script = tmp_path / f"example{suffix}"
     script.write_text(example.code)
-    result = run_in_group(command(example, script), cwd, env)
+    try:
+        result = run_in_group(command(example, script), cwd, env)
+    finally:
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
     assert result.returncode == 0, (
         f"{example.id} failed (exit {result.returncode})\n--- stdout\n{result.stdout[-3000:]}"
         f"\n--- stderr\n{result.stderr[-3000:]}")
