@@ -112,23 +112,48 @@ def test_forked_workers_read_packs_through_obstore(kind, proxy, s3_env, tmp_path
     assert "forked after obstore started" not in stderr
 
 
-def test_forked_workers_read_gcs_through_obstore(gcs_env, tmp_path):
+def _gcs_objects(gcs_env, tmp_path, bucket: str, count: int = 12) -> None:
+    from google.cloud import storage
     from lading.stores import open_store
 
-    with FaultProxy(gcs_env["STORAGE_EMULATOR_HOST"]) as proxy:
-        bucket = f"fork-{os.getpid()}"
-        from google.cloud import storage
+    client = storage.Client(project="test", client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]})
+    client.create_bucket(bucket)
+    store = open_store(f"gs://{bucket}/data")
+    for i in range(count):
+        (tmp_path / "f").write_bytes(os.urandom(500 + i))
+        store.upload(tmp_path / "f", f"o{i:02d}.bin")
 
-        client = storage.Client(project="test", client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]})
-        client.create_bucket(bucket)
-        store = open_store(f"gs://{bucket}/data")
-        for i in range(12):
-            (tmp_path / "f").write_bytes(os.urandom(500 + i))
-            store.upload(tmp_path / "f", f"o{i:02d}.bin")
+
+def _object_reads(proxy: FaultProxy, bucket: str) -> list:
+    """GETs of the objects' bytes: obstore's object paths or the SDK's media downloads."""
+    return [seen for seen in proxy.requests if seen.method == "GET" and (
+        unquote(seen.path).startswith(f"/{bucket}/data/o")
+        or (unquote(seen.path).startswith(f"/download/storage/v1/b/{bucket}/o/") and "alt=media" in seen.query))]
+
+
+def test_forked_workers_read_gcs_through_obstore(gcs_env, tmp_path):
+    bucket = f"fork-{os.getpid()}"
+    with FaultProxy(gcs_env["STORAGE_EMULATOR_HOST"]) as proxy:
+        _gcs_objects(gcs_env, tmp_path, bucket)
         proxy.reset_counts()
         got, stderr = run_loader("store", f"gs://{bucket}/data", {"STORAGE_EMULATOR_HOST": proxy.url})
     assert sorted(got["samples"]) == [500 + i for i in range(12)]
-    media = [seen for seen in proxy.requests  # object paths, not the JSON API's /b/BUCKET/o/... listing
-             if seen.method == "GET" and unquote(seen.path).startswith(f"/{bucket}/data/o")]
-    assert len(media) >= 12 and all(is_obstore(seen) for seen in media), \
-        {seen.headers.get("User-Agent") for seen in media}
+    reads = _object_reads(proxy, bucket)
+    assert len(reads) >= 12 and all(is_obstore(seen) for seen in reads), \
+        {seen.headers.get("User-Agent") for seen in reads}
+    assert "forked after obstore started" not in stderr
+
+
+def test_gcs_workers_fall_back_to_the_sdk_when_the_parent_read_first(gcs_env, tmp_path):
+    bucket = f"fallback-{os.getpid()}"
+    with FaultProxy(gcs_env["STORAGE_EMULATOR_HOST"]) as proxy:
+        _gcs_objects(gcs_env, tmp_path, bucket)
+        proxy.reset_counts()
+        got, stderr = run_loader("store", f"gs://{bucket}/data", {"STORAGE_EMULATOR_HOST": proxy.url},
+                                 "--parent-reads-first")
+    assert sorted(got["samples"]) == [500 + i for i in range(12)]
+    workers = [seen for seen in _object_reads(proxy, bucket) if "o00" not in unquote(seen.path)]
+    assert len(workers) >= 11 and not any(is_obstore(seen) for seen in workers), \
+        {seen.headers.get("User-Agent") for seen in workers}
+    warnings = [line for line in stderr.splitlines() if "forked after obstore started" in line]
+    assert len(warnings) == 2 and len({line.split()[0] for line in warnings}) == 2
