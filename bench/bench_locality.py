@@ -1,48 +1,124 @@
-"""Node locality (issue 19): 4 simulated nodes x 2 ranks read one packed dataset with ShardDataset;
-bytes downloaded per node per epoch (the growth of each node's cache directory: one cache per
-simulated node), samples/s, and the same after a resume onto 2 nodes mid-epoch (the surviving
+"""Node locality (issue 19): 4 simulated nodes x 2 ranks read one dataset with lading's ShardDataset,
+MosaicML streaming (MDS, ``num_canonical_nodes=4``) and litdata (optimize) on the same samples;
+bytes downloaded per node per epoch (counted at one byte-counting TCP proxy per simulated node in
+front of the store), samples/s, and the same after a resume onto 2 nodes mid-epoch (the surviving
 nodes 0 and 1 keep their caches).
 
-    python3 -m venv /work/benchenv-loc && /work/benchenv-loc/bin/pip install -e . torch 'moto[server]' boto3
-    /work/benchenv-loc/bin/python bench/bench_locality.py --samples 4000 --sample-bytes 20000
+    python3 -m venv /work/benchenv-loc
+    /work/benchenv-loc/bin/pip install -c constraints.txt -e . torch 'moto[server]' boto3 litdata mosaicml-streaming
+    bash bench/rgw.sh start
+    /work/benchenv-loc/bin/python bench/bench_locality.py --endpoint http://127.0.0.1:7480 \\
+        --samples 8000 --sample-bytes 10000 --shard-size 2000000
 
-S3 is a moto server started here (``--endpoint`` for RGW: ``bash bench/rgw.sh start``, then
-``--endpoint http://127.0.0.1:7480`` with keys test/test). Ranks of a node run one after the other
-in this process (each through its own iterator, no DataLoader workers), so samples/s is the whole
-job's samples over the sum of its ranks' times: a per-rank rate, comparable between rows.
+Without ``--endpoint`` a moto server is started here. Every rank is its own process, with the
+environment a launcher would give it (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+NODE_RANK), its node's cache folder and its node's proxy as the S3 endpoint. No DataLoader
+workers (num_workers=0 everywhere). The ranks of a phase are started one after the other, each
+building its dataset and saying so, then all iterate at once: samples/s is the phase's samples
+over the wall time from that start to the last rank's end. Per library:
 
-The peers (MosaicML streaming with num_canonical_nodes=4, litdata) are not run here yet: both need
-their ranks as separate processes with a process group per simulated node (local barriers, shared
-memory); see RESULTS.md.
+  lading   ShardDataset(index, rank, world_size, local_world_size, shuffle_buffer=256, seed=1,
+           randomize_shard_order=True, cache_dir=node cache, remainder="uneven"), set_epoch(e);
+           resume: rank 0's state_dict(samples) loaded by every new rank.
+  mosaic   streaming.StreamingDataset(remote=s3://.../mds, local=node cache, shuffle=True,
+           shuffle_seed=1, num_canonical_nodes=4, batch_size=16), S3_ENDPOINT_URL = the node's
+           proxy; ranks from the env vars above (no process group: mosaic's local barriers are in
+           shared memory, which is why the ranks are built one after the other). Epoch e: a
+           load_state_dict at sample 0 of epoch e; resume: state_dict(8 * samples, True) of rank 0.
+  litdata  litdata.StreamingDataset(Dir(node cache, s3://.../litdata), shuffle=True, seed=1,
+           storage_options endpoint = the node's proxy). litdata detects ranks only through
+           torch.distributed, and counts nodes only from CUDA devices; the bench gives it what it
+           would detect on 4 nodes of 2 GPUs (world 8, global rank, num_nodes 4) by replacing
+           ``_DistributedEnv.detect`` in each rank's process. set_epoch(e + 1); resume: rank 0's
+           state_dict(samples, 1, 1) with the cache paths replaced by each node's.
+
+Bytes = what each node's proxy relayed from the store (headers and listings included). dataset/N is
+the size of that library's own copy (tar shards, MDS shards, litdata chunks) over the node count.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
+import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
 
 NODES, PER_NODE = 4, 2
+TOOLS = ("lading", "mosaic", "litdata")
+LABEL = {"lading": "lading ShardDataset", "mosaic": "MosaicML streaming (MDS, num_canonical_nodes=4)",
+         "litdata": "litdata StreamingDataset (optimize)"}
 
 
-def dir_bytes(path: Path) -> int:
-    """Bytes of the files under ``path``, each inode once."""
-    seen, total = set(), 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            st = os.stat(os.path.join(root, name))
-            if (st.st_dev, st.st_ino) not in seen and not name.endswith((".lading-meta", ".lading-lock")):
-                seen.add((st.st_dev, st.st_ino))
-                total += st.st_size
-    return total
+# -- a byte-counting TCP proxy, one listener per simulated node ---------------------------------------
+
+class CountingProxy:
+    """Relays TCP connections to ``upstream``; counts the bytes sent back to the clients."""
+
+    def __init__(self, upstream: tuple[str, int], listeners: int) -> None:
+        self.upstream = upstream
+        self.counts = [0] * listeners
+        self.ports: list[int] = []
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._serve, args=(listeners, ready), daemon=True).start()
+        ready.wait()
+
+    def _serve(self, listeners: int, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def start() -> None:
+            for index in range(listeners):
+                server = await asyncio.start_server(lambda r, w, i=index: self._handle(i, r, w), "127.0.0.1", 0)
+                self.ports.append(server.sockets[0].getsockname()[1])
+
+        self.loop.run_until_complete(start())
+        ready.set()
+        self.loop.run_forever()
+
+    async def _handle(self, index: int, client_r, client_w) -> None:
+        try:
+            up_r, up_w = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            client_w.close()
+            return
+
+        async def pipe(src, dst, count: bool) -> None:
+            try:
+                while data := await src.read(1 << 18):
+                    if count:
+                        self.counts[index] += len(data)
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(client_r, up_w, False), pipe(up_r, client_w, True))
+
+    def url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.ports[index]}"
 
 
-def make_data(root: Path, samples: int, size: int, endpoint: str, shard_size: int) -> str:
+# -- data --------------------------------------------------------------------------------------------
+
+def read_sample(path: str) -> dict:
+    with open(path, "rb") as f:
+        data = f.read()
+    return {"bin": data, "cls": int(Path(path).stem) % 10}
+
+
+def make_data(root: Path, samples: int, size: int, endpoint: str, shard_size: int, tools: list[str]) -> dict:
+    """The samples once on local disk, then each library's copy in one bucket; returns the spec."""
     import boto3
     from lading.pack import PackOptions, plan_pack, run_pack
     from lading.stores import StoreConfig
@@ -54,53 +130,226 @@ def make_data(root: Path, samples: int, size: int, endpoint: str, shard_size: in
         (source / f"{i:06d}.bin").write_bytes(rng.randbytes(size))
         (source / f"{i:06d}.cls").write_text(str(i % 10))
     bucket = f"loc-bench-{uuid.uuid4().hex[:8]}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    client.create_bucket(Bucket=bucket)
+    spec: dict = {"bucket": bucket, "sizes": {}}
     config = StoreConfig.from_env(endpoint_url=endpoint)
     dest = f"s3://{bucket}/ds"
     plan = plan_pack(str(source), dest, PackOptions("ds", shard_size=shard_size), config)
     run_pack(plan, str(source), dest, config)
-    return f"{dest}/ds.index.json"
+    spec["index"] = f"{dest}/ds.index.json"
+    files = sorted(str(p) for p in source.glob("*.bin"))
+    if "mosaic" in tools:
+        without_torchvision()
+        from streaming import MDSWriter
+        local = root / "mds"
+        with MDSWriter(out=str(local), columns={"bin": "bytes", "cls": "int"}, size_limit=shard_size) as writer:
+            for path in files:
+                writer.write(read_sample(path))
+        upload(client, bucket, local, "mds")
+        spec["mds"] = f"s3://{bucket}/mds"
+    if "litdata" in tools:
+        import litdata
+        local = root / "litdata"
+        litdata.optimize(fn=read_sample, inputs=files, output_dir=str(local), chunk_bytes=shard_size,
+                         num_workers=2, verbose=False)
+        upload(client, bucket, local, "litdata")
+        spec["litdata"] = f"s3://{bucket}/litdata"
+    for name, prefix in (("lading", "ds/"), ("mosaic", "mds/"), ("litdata", "litdata/")):
+        spec["sizes"][name] = sum(item["Size"] for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=prefix) for item in page.get("Contents", []))
+    return spec
 
 
-def run_nodes(index: str, caches: list[Path], nodes: int, epoch: int, state: dict | None = None,
-              stop: int | None = None) -> tuple[list[int], float, int, dict | None]:
-    """Every rank of ``nodes`` nodes reads its share; returns (bytes downloaded per node, seconds,
-    samples, the state saved when stopped after ``stop`` samples per rank)."""
-    from lading.datasets import ShardDataset
-    from lading.stores import StoreConfig
+def upload(client, bucket: str, local: Path, prefix: str) -> None:
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            client.upload_file(str(path), bucket, f"{prefix}/{path.relative_to(local)}")
 
-    config = StoreConfig.from_env()
-    before = [dir_bytes(cache) for cache in caches[:nodes]]
-    seconds, samples, saved = 0.0, 0, None
+
+def without_torchvision() -> None:
+    """mosaicml-streaming imports ``streaming.vision`` (torchvision) at import; PyPI's torchvision is
+    a CUDA build that does not load here: stand in an empty module (MDS does not need it)."""
+    import types
+    sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+
+
+# -- one rank (its own process) -----------------------------------------------------------------------
+
+def rank_main(job: dict) -> None:
+    """Build the dataset, say so (ready file), wait for the go file, iterate, print one JSON line."""
+    tool, epoch, stop = job["tool"], job["epoch"], job.get("stop")
+    rank, world, nodes = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), job["nodes"]
+    state = job.get("state")
+    if tool == "lading":
+        from lading.datasets import ShardDataset
+        from lading.stores import StoreConfig
+        dataset = ShardDataset(job["spec"]["index"], rank=rank, world_size=world, local_world_size=PER_NODE,
+                               shuffle_buffer=256, seed=1, randomize_shard_order=True,
+                               config=StoreConfig.from_env(), cache_dir=job["cache"], remainder="uneven")
+        dataset.set_epoch(epoch)
+        if state is not None:
+            dataset.load_state_dict(state)
+
+        def save(count: int) -> dict:
+            return dataset.state_dict(count)
+    elif tool == "mosaic":
+        without_torchvision()
+        from streaming import StreamingDataset
+        dataset = StreamingDataset(remote=job["spec"]["mds"], local=job["cache"], shuffle=True, shuffle_seed=1,
+                                   num_canonical_nodes=NODES, batch_size=16)
+        dataset.load_state_dict(state if state is not None else
+                                {"epoch": epoch, "sample_in_epoch": 0, "num_canonical_nodes": NODES,
+                                 "shuffle_seed": 1, "initial_physical_nodes": NODES})
+
+        def save(count: int) -> dict:
+            return dataset.state_dict(count * world, True)
+    elif tool == "litdata":
+        from litdata.streaming import downloader
+        from litdata.utilities import env
+        downloader._OBSTORE_CLIENT_OPTIONS = dict(downloader._OBSTORE_CLIENT_OPTIONS, allow_http=True)
+        env._DistributedEnv.detect = classmethod(lambda cls: cls(world, rank, nodes))
+        import litdata
+        from litdata.streaming.resolver import Dir
+        dataset = litdata.StreamingDataset(Dir(path=job["cache"], url=job["spec"]["litdata"]), shuffle=True, seed=1,
+                                           storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+        dataset.set_epoch(epoch + 1)
+        if state is not None:
+            dataset.load_state_dict(dict(state, input_dir_path=job["cache"], cache_dir_path=job["cache"]))
+
+        def save(count: int) -> dict:
+            return dataset.state_dict(count, 1, 1)
+    else:
+        raise SystemExit(f"unknown tool {tool}")
+    Path(job["ready"]).write_text("")
+    while not Path(job["go"]).exists():
+        time.sleep(0.005)
+    began = time.monotonic()
+    count = nbytes = 0
+    for sample in dataset:
+        if stop is not None and count == stop:
+            break
+        count += 1
+        nbytes += len(sample["bin"])
+    seconds = time.monotonic() - began
+    out = {"rank": rank, "samples": count, "bytes": nbytes, "seconds": seconds, "end": time.time()}
+    if stop is not None and rank == 0:
+        out["state"] = save(count)
+    Path(job["out"]).write_text(json.dumps(out))
+
+
+# -- the driver ----------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], nodes: int, epoch: int,
+              work: Path, state: dict | None = None, stop: int | None = None, timeout: float = 900) -> dict:
+    """Every rank of ``nodes`` nodes as its own process, started together; each simulated node in
+    its own mount namespace with its own /dev/shm (MosaicML names its shared memory per host, as
+    on real nodes). Returns bytes per node, samples/s and rank 0's state."""
+    phase = work / uuid.uuid4().hex[:8]
+    phase.mkdir()
+    go = phase / "go"
+    before = list(proxy.counts)
+    world = nodes * PER_NODE
+    master = str(free_port())
+    shells = []
     for node in range(nodes):
+        commands = []
         for local in range(PER_NODE):
-            dataset = ShardDataset(index, rank=node * PER_NODE + local, world_size=nodes * PER_NODE,
-                                   local_world_size=PER_NODE, shuffle_buffer=256, seed=1, randomize_shard_order=True,
-                                   config=config, cache_dir=caches[node], remainder="uneven")
-            dataset.set_epoch(epoch)
-            if state is not None:
-                dataset.load_state_dict(state)
-            began = time.monotonic()
-            count = 0
-            for sample in dataset:
-                if stop is not None and count == stop:
-                    break
-                count += len(sample["bin"]) > 0
-            seconds += time.monotonic() - began
-            samples += count
-            if stop is not None:
-                saved = dataset.state_dict(count)
-    after = [dir_bytes(cache) for cache in caches[:nodes]]
-    return [a - b for a, b in zip(after, before)], seconds, samples, saved
+            rank = node * PER_NODE + local
+            job = {"tool": tool, "spec": spec, "epoch": epoch, "stop": stop, "state": state, "nodes": nodes,
+                   "cache": str(caches[node]), "ready": str(phase / f"ready-{rank}"), "go": str(go),
+                   "out": str(phase / f"out-{rank}.json")}
+            (phase / f"job-{rank}.json").write_text(json.dumps(job))
+            env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local, "LOCAL_WORLD_SIZE": PER_NODE,
+                   "GROUP_RANK": node, "NODE_RANK": node, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master}
+            assignments = " ".join(f"{k}={v}" for k, v in env.items())
+            commands.append(f"env {assignments} {sys.executable} {__file__} --rank-job {phase}/job-{rank}.json "
+                            f"2>{phase}/err-{rank}.txt &")
+        script = "mount -t tmpfs -o size=512m tmpfs /dev/shm && " + " ".join(commands) + " wait"
+        env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url(node), S3_ENDPOINT_URL=proxy.url(node),
+                   AWS_ALLOW_HTTP="true", LADING_CACHE_DIR=str(caches[node]), TQDM_DISABLE="1")
+        shells.append(subprocess.Popen(["unshare", "--mount", "sh", "-c", script], env=env))
+    deadline = time.monotonic() + 300
+    while not all((phase / f"ready-{rank}").exists() for rank in range(world)):
+        failed = [r for r in range(world) if not (phase / f"ready-{r}").exists()
+                  and (phase / f"err-{r}.txt").exists() and any(s.poll() is not None for s in shells)]
+        if failed or time.monotonic() > deadline:
+            for shell in shells:
+                shell.kill()
+            why = (phase / f"err-{failed[0]}.txt").read_text()[-3000:] if failed else "timeout"
+            raise RuntimeError(f"{tool}: rank {failed[:1]} did not start: {why}")
+        time.sleep(0.01)
+    began = time.time()
+    go.write_text("")
+    for shell in shells:
+        shell.wait(timeout=timeout)
+    outs = []
+    for rank in range(world):
+        out = phase / f"out-{rank}.json"
+        if not out.exists():
+            raise RuntimeError(f"{tool}: rank {rank} failed: {(phase / f'err-{rank}.txt').read_text()[-3000:]}")
+        outs.append(json.loads(out.read_text()))
+    wall = max(out["end"] for out in outs) - began
+    got = [proxy.counts[n] - before[n] for n in range(nodes)]
+    samples = sum(out["samples"] for out in outs)
+    return {"bytes": got, "samples": samples, "seconds": wall, "samples_per_s": samples / wall,
+            "state": next((out.get("state") for out in outs if "state" in out), None),
+            "per_rank": [out["samples"] for out in outs]}
+
+
+def run_tool(tool: str, spec: dict, proxy: CountingProxy, root: Path, samples: int) -> list[dict]:
+    caches = [root / tool / f"node-{n}" for n in range(NODES)]
+    for cache in caches:
+        cache.mkdir(parents=True)
+    work = root / tool / "phases"
+    work.mkdir()
+    data = spec["sizes"][tool]
+    rows = []
+
+    def row(label: str, result: dict, nodes: int) -> None:
+        result.update(phase=label, share=data / nodes, tool=tool)
+        rows.append(result)
+        per_node = " / ".join(f"{b / 1e6:.2f}" for b in result["bytes"])
+        print(f"  {tool:8s} {label:42s} {per_node:40s} (dataset/N {data / nodes / 1e6:.2f} MB) "
+              f"{result['samples']:6d} samples {result['per_rank']} {result['samples_per_s']:8.0f}/s  load {os.getloadavg()[0]:.2f}",
+              flush=True)
+
+    row("epoch 1 (cold), 4 nodes", run_phase(tool, spec, proxy, caches, 4, 0, work), 4)
+    row("epoch 2 (warm), 4 nodes", run_phase(tool, spec, proxy, caches, 4, 1, work), 4)
+    half = samples // (2 * NODES * PER_NODE)
+    first = run_phase(tool, spec, proxy, caches, 4, 2, work, stop=half)
+    row("epoch 3, first half, 4 nodes", first, 4)
+    try:
+        row("epoch 3, rest after resume onto 2 nodes",
+            run_phase(tool, spec, proxy, caches, 2, 2, work, state=first["state"]), 2)
+        row("epoch 4, 2 nodes", run_phase(tool, spec, proxy, caches, 2, 3, work), 2)
+    except RuntimeError as err:
+        print(f"  {tool}: resume failed: {str(err)[-600:]}", flush=True)
+        rows.append({"tool": tool, "phase": "resume onto 2 nodes", "error": str(err)[-600:]})
+    return rows
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--samples", type=int, default=4000)
-    parser.add_argument("--sample-bytes", type=int, default=20000)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--samples", type=int, default=8000)
+    parser.add_argument("--sample-bytes", type=int, default=10000)
     parser.add_argument("--shard-size", type=int, default=2_000_000)
+    parser.add_argument("--tools", default=",".join(TOOLS))
     parser.add_argument("--endpoint", default=None, help="S3 endpoint (default: a moto server started here)")
+    parser.add_argument("--out", type=Path, help="results.json here")
+    parser.add_argument("--rank-job", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.rank_job:
+        rank_main(json.loads(Path(args.rank_job).read_text()))
+        return
     server = None
     if args.endpoint is None:
         from moto.server import ThreadedMotoServer
@@ -113,31 +362,40 @@ def main() -> None:
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
     os.environ["AWS_ENDPOINT_URL"] = args.endpoint
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    os.environ.setdefault("AWS_REGION", "us-east-1")
+    tools = [t for t in args.tools.split(",") if t]
     root = Path(tempfile.mkdtemp(prefix="lading-locality-"))
-    index = make_data(root, args.samples, args.sample_bytes, args.endpoint, args.shard_size)
-    caches = [root / f"node-{n}" for n in range(NODES)]
-    from lading.datasets import load_index
-    from lading.stores import StoreConfig
-
-    data = sum(ref.filesize for ref in load_index(index, StoreConfig.from_env()).shards)
-    rows = []
-    for label, nodes, epoch in (("epoch 1 (cold), 4 nodes", 4, 0), ("epoch 2 (warm), 4 nodes", 4, 1)):
-        got, seconds, samples, _ = run_nodes(index, caches, nodes, epoch)
-        rows.append((label, got, samples / seconds, data / nodes))
-    half = args.samples // (2 * NODES * PER_NODE)
-    got, seconds, samples, state = run_nodes(index, caches, 4, 2, stop=half)
-    rows.append(("epoch 3, first half, 4 nodes", got, samples / seconds, data / 4))
-    got, seconds, samples, _ = run_nodes(index, caches, 2, 2, state=state)
-    rows.append(("epoch 3, rest after resume onto 2 nodes", got, samples / seconds, data / 2))
-    got, seconds, samples, _ = run_nodes(index, caches, 2, 3)
-    rows.append(("epoch 4, 2 nodes", got, samples / seconds, data / 2))
-    print(f"dataset {data / 1e6:.1f} MB, {args.samples} samples, endpoint {args.endpoint}")
-    print("| tool | phase | MB downloaded per node | dataset/N (MB) | samples/s |")
-    print("| --- | --- | --- | --- | --- |")
-    for label, got, rate, share in rows:
-        per_node = " / ".join(f"{b / 1e6:.2f}" for b in got)
-        print(f"| lading ShardDataset | {label} | {per_node} | {share / 1e6:.2f} | {rate:.0f} |")
-    print(json.dumps({"rows": [{"phase": r[0], "bytes": r[1], "samples_per_s": r[2]} for r in rows]}))
+    print(f"load average at start: {os.getloadavg()}", flush=True)
+    spec = make_data(root, args.samples, args.sample_bytes, args.endpoint, args.shard_size, tools)
+    host, _, port = args.endpoint.rpartition("//")[2].partition(":")
+    proxy = CountingProxy((host, int(port or 80)), NODES)
+    rows: list[dict] = []
+    for tool in tools:
+        try:
+            rows += run_tool(tool, spec, proxy, root, args.samples)
+        except Exception as err:  # noqa: BLE001 - a peer that fails is a row, not the end of the run
+            print(f"  {tool}: FAILED: {str(err)[-1500:]}", flush=True)
+            rows.append({"tool": tool, "phase": "run", "error": str(err)[-600:]})
+    print(f"\ndata: {args.samples} samples x {args.sample_bytes} B; copies: "
+          + ", ".join(f"{t} {b / 1e6:.1f} MB" for t, b in spec["sizes"].items()) + f"; endpoint {args.endpoint}")
+    print(f"load average at the end: {os.getloadavg()}")
+    print("| tool | phase | MB downloaded per node | dataset/N (MB) | within 10% | samples/s |")
+    print("| --- | --- | --- | ---: | --- | ---: |")
+    for r in rows:
+        if "error" in r:
+            print(f"| {LABEL[r['tool']]} | {r['phase']} | failed: {r['error'][-160:].replace('|', '/')} | | | |")
+            continue
+        per_node = " / ".join(f"{b / 1e6:.2f}" for b in r["bytes"])
+        within = "yes" if all(abs(b - r["share"]) <= 0.1 * r["share"] for b in r["bytes"]) else "no"
+        if "warm" in r["phase"] or r["phase"].startswith(("epoch 3, first", "epoch 4")):
+            within = "(0 expected)" if all(b < 0.02 * r["share"] for b in r["bytes"]) else "re-downloads"
+        print(f"| {LABEL[r['tool']]} | {r['phase']} | {per_node} | {r['share'] / 1e6:.2f} | {within} | "
+              f"{r['samples_per_s']:.0f} |")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "results.json").write_text(json.dumps(
+            {"rows": [{k: v for k, v in r.items() if k != "state"} for r in rows], "sizes": spec["sizes"]}, indent=1))
+    shutil.rmtree(root, ignore_errors=True)
     if server is not None:
         server.stop()
 
