@@ -19,6 +19,7 @@ from lading.core.errors import UsageError
 from lading.stores import StoreConfig
 
 ray = pytest.importorskip("ray")
+from ray_fixtures import ray_cluster  # noqa: E402,F401 - the module's Ray
 import lading.datalayer  # noqa: E402
 from lading.datalayer import VersionConflict  # noqa: E402
 from lading.datalayer.ray import publish  # noqa: E402 - only with Ray installed
@@ -48,16 +49,6 @@ if __name__ == "__main__":
     outcome = publish(make, sys.argv[2], "toy", "v1", shard_size=4_000, claim_ttl=10)
     print(json.dumps({"built": outcome.built, "samples": outcome.index["datalayer"]["samples"]}))
 '''
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, object_store_memory=100 << 20, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False, logging_level="ERROR")
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture

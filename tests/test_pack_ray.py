@@ -26,22 +26,12 @@ from lading.stores import StoreConfig
 from proxies import FaultProxy
 
 ray = pytest.importorskip("ray")
+from ray_fixtures import ray_cluster  # noqa: E402,F401 - the module's Ray
 from lading.pack.ray import ShardSink, run_pack_ray  # noqa: E402 - only with Ray installed
 
 BUCKET = "lading-pack-ray"
 TOP = Path(__file__).resolve().parent.parent
 FAST_RETRY = RetryPolicy(attempts=2, base_delay=0.005, max_delay=0.01)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local Ray for the module; its GCS address lets subprocesses (the CLI) join it."""
-    ray.init(num_cpus=2, object_store_memory=100 << 20, include_dashboard=False, _node_ip_address="127.0.0.1",
-             log_to_driver=False, logging_level="ERROR")
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture
