@@ -298,3 +298,20 @@ def test_log_progress_lines(capsys):
     lines.on_bytes(1 << 20)
     err = capsys.readouterr().err
     assert "lading pack: 1.0 MiB of 4.0 MiB (25%), 1 shard(s) done" in err
+
+
+def test_a_directory_lading_sync_filled_packs_without_its_state_files(tmp_path):
+    from conftest import run_lading
+
+    source = tmp_path / "bucket-copy"
+    source.mkdir()
+    for i in range(3):
+        (source / f"s{i}.txt").write_text(f"sample {i}")
+    synced = tmp_path / "synced"
+    done = run_lading("sync", str(source), str(synced), "-q")
+    assert done.returncode == 0, done.stderr
+    assert (synced / ".lading-sync.json").exists()
+    done = run_lading("pack", str(synced), str(tmp_path / "out"), "--name", "ds", "-q")
+    assert done.returncode == 0, done.stderr
+    index = json.loads((tmp_path / "out" / "ds.index.json").read_text())
+    assert sum(shard["nsamples"] for shard in index["shardlist"]) == 3

@@ -36,3 +36,14 @@ def hidden_sibling(name: str, suffix: str, reserve: int = 0) -> str:
         raise ValueError(f"suffix too long for a file name: {suffix!r}")
     head = raw[:room].decode("utf-8", "ignore")  # a character cut in half is dropped; the hash identifies
     return f".{head}~{digest}{suffix}"
+
+
+#: The files ``lading sync`` keeps at the top of a destination (its state, journal and lock).
+SYNC_STATE_NAME, SYNC_JOURNAL_NAME, SYNC_LOCK_NAME = ".lading-sync.json", ".lading-sync.journal", ".lading-sync.lock"
+SYNC_BOOKKEEPING = frozenset((SYNC_STATE_NAME, SYNC_JOURNAL_NAME, SYNC_LOCK_NAME))
+
+
+def is_sync_bookkeeping(key: str) -> bool:
+    """Whether ``key`` (relative to a synced destination) is one of lading sync's own files."""
+    return key in SYNC_BOOKKEEPING
+

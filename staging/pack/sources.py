@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, NamedTuple, Protocol
 
 from lading.core.errors import AccessDenied, NotFound, ObjectChanged, TransientError, UsageError
+from lading.core.names import is_sync_bookkeeping
 from lading.pack.grouping import Member
 from lading.pack.writer import SMALL_FILE, ShardWriter
 from lading.stores.base import Store
@@ -186,7 +187,9 @@ def list_local(root: Path) -> list[LocalFile]:
         if root.exists():
             raise UsageError(f"SOURCE {root} is a file", "SOURCE is a directory or a bucket prefix")
         raise NotFound(f"no such directory: {root}")
-    return _walk((str(root), ""))
+    files = _walk((str(root), ""))
+    # a directory lading sync filled holds its state files at the top: they are not data
+    return [file for file in files if not is_sync_bookkeeping(file.key)]
 
 
 def _walk(start: tuple[str, str]) -> list:

@@ -25,10 +25,9 @@ from typing import IO, Iterable
 from lading.core.atomic import write_atomically
 from lading.core.errors import AccessDenied, LadingError, UnsafeKey
 from lading.core.keys import key_parts
+from lading.core.names import SYNC_BOOKKEEPING, SYNC_JOURNAL_NAME, SYNC_LOCK_NAME, SYNC_STATE_NAME
 
-STATE_NAME = ".lading-sync.json"
-JOURNAL_NAME = ".lading-sync.journal"
-LOCK_NAME = ".lading-sync.lock"
+STATE_NAME, JOURNAL_NAME, LOCK_NAME = SYNC_STATE_NAME, SYNC_JOURNAL_NAME, SYNC_LOCK_NAME
 RESERVED_NAMES = frozenset({STATE_NAME, JOURNAL_NAME, LOCK_NAME})
 FORMAT = 1
 
