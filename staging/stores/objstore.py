@@ -203,9 +203,25 @@ class ObstoreReads(ListingMixin):
         """Several ranges at once (one hop to the I/O core, the GETs concurrent), each pinned to
         and checked against its version, transient failures retried per request. The views are
         zero-copy over obstore's buffers."""
-        if not requests:
-            return []
-        return self._reads(requests[0].key).read_many(requests)
+        return self._batched(requests, "read_many")
+
+    def read_each(self, requests: Sequence[RangeRequest]) -> list[memoryview | BaseException]:
+        """As :meth:`read_many`, each request's failure returned in its place (a batch of
+        independent objects: one failing does not fail the others)."""
+        return self._batched(requests, "read_each")
+
+    def _batched(self, requests: Sequence[RangeRequest], method: str) -> list[Any]:
+        """A batch through its readers: keys obstore cannot name (control characters) go through
+        the SDK, the rest together."""
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        for position, request in enumerate(requests):
+            reader = self._reads(request.key)
+            groups.setdefault(id(reader), (reader, []))[1].append(position)
+        out: list[Any] = [None] * len(requests)
+        for reader, positions in groups.values():
+            for position, value in zip(positions, getattr(reader, method)([requests[p] for p in positions])):
+                out[position] = value
+        return out
 
     def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
                end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:

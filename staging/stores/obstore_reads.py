@@ -187,6 +187,11 @@ class ObstoreReader:
         request. A range past the end of an object is empty."""
         return io_core().run_all([self._read(request) for request in requests])
 
+    def read_each(self, requests: Sequence[RangeRequest]) -> list[memoryview | BaseException]:
+        """As :meth:`read_many`, but each request's failure (after its retries) comes back in its
+        place instead of failing the batch."""
+        return [outcome[0] for outcome in io_core().run_all([_outcome(self._read(request)) for request in requests])]
+
     def stream(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int = 0,
                end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
         """One GET (no retry: the caller resumes from what ``sink`` got), as
@@ -324,6 +329,15 @@ async def _write_at(fd: int, data: Any, offset: int, progress: ProgressCallback 
     await asyncio.to_thread(write)
     if progress is not None:
         progress(len(view))
+
+
+async def _outcome(work: Any) -> tuple[Any]:
+    """``(work's result,)``, or ``(the exception it raised,)``: a batch's requests fail one by one
+    (boxed, so the batch itself does not fail)."""
+    try:
+        return (await work,)
+    except Exception as err:  # noqa: BLE001 - handed back to the caller, per request
+        return (err,)
 
 
 def _status(err: BaseException) -> int:

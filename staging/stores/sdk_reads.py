@@ -69,6 +69,16 @@ class SdkReader:
             return [self.read(requests[0])]
         return list(self._pool.get().map(self.read, requests))
 
+    def read_each(self, requests: Sequence[RangeRequest]) -> list[memoryview | BaseException]:
+        """Each range, or the exception its read ended with."""
+        def one(request: RangeRequest) -> memoryview | BaseException:
+            try:
+                return self.read(request)
+            except Exception as err:  # noqa: BLE001 - handed back to the caller, per request
+                return err
+
+        return list(self._pool.get().map(one, requests))
+
     def download(self, key: str, dest: Path, version: str | None = None,
                  progress: ProgressCallback | None = None) -> None:
         """The whole object into ``dest`` as one stream, resumed from the bytes written."""

@@ -53,6 +53,17 @@ def remove_temporaries(dest: Path) -> None:
             pass
 
 
+def write_file(path: Path, data: memoryview) -> None:
+    """Create (or truncate) ``path`` holding ``data``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = data
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
 def publish(tmp: Path, dest: Path, fd: int | None = None, durable: bool = False) -> None:
     """Rename a complete, verified temporary into place (fsync'ing first when ``durable``)."""
     if durable:
