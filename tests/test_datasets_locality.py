@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from lading.datasets import DEFAULT_PARTITIONS, NodeLocalSampler, PackedDataset, ShardDataset, load_index
-from lading.datasets.partition import Partitions
+from lading.datasets.partition import Partitions, node_blocks
 from lading.pack import PackOptions, plan_pack, run_pack
 from lading.stores import StoreConfig
 from proxies import FaultProxy
@@ -98,15 +98,20 @@ def read(ranks: list[ShardDataset], stop: int | None = None) -> list[list[str]]:
     return keys
 
 
-def block_shards(index: str, config: StoreConfig, node: int, nodes: int, partitions: int = DEFAULT_PARTITIONS) -> set[str]:
-    """The shards holding the samples of ``node``'s block of partitions (edges included)."""
+def block_shards(index: str, config: StoreConfig, node: int, nodes: int, partitions: int = DEFAULT_PARTITIONS,
+                 lanes: int | None = None) -> set[str]:
+    """The shards holding the samples of ``node``'s partitions (edges included); ``lanes``: the
+    node count the run started with (see lading.datasets.partition.node_blocks)."""
     counts = load_index(index, config).counts
     parts = Partitions(counts, ORDER["seed"], ORDER["randomize_shard_order"], partitions)
-    per = partitions // nodes
-    start, end = parts.bounds(node * per)[0], parts.bounds((node + 1) * per - 1)[1]
     shards = load_index(index, config).shards
-    slots = range(parts.slot(start), parts.slot(end - 1) + 1)
-    return {shards[parts.shard_order[slot]].uri.rsplit("/", 1)[-1] for slot in slots}
+    found: set[str] = set()
+    for part in node_blocks(partitions, nodes, lanes)[node]:
+        start, end = parts.bounds(part)
+        if end > start:
+            for slot in range(parts.slot(start), parts.slot(end - 1) + 1):
+                found.add(shards[parts.shard_order[slot]].uri.rsplit("/", 1)[-1])
+    return found
 
 
 def test_four_nodes_read_disjoint_shard_sets_and_epoch_two_makes_no_get(dataset, s3_env, tmp_path, monkeypatch):
@@ -169,8 +174,27 @@ def test_resume_onto_fewer_nodes_is_exact_and_each_node_reads_its_share(dataset,
             for rank in ranks:
                 rank.load_state_dict(state)
             after += sum(read(ranks), [])
-            assert node.shards_read() <= block_shards(dataset, config, node.number, new_nodes), \
+            assert node.shards_read() <= block_shards(dataset, config, node.number, new_nodes, lanes=4), \
                 f"new node {node.number} of {new_nodes} read outside its partitions"
+        assert Counter(before + after) == Counter(list(expected())), "every sample exactly once"
+
+
+def test_a_resume_onto_half_the_nodes_keeps_each_survivors_cached_block(dataset, s3_env, tmp_path, monkeypatch):
+    config = StoreConfig.from_env()
+    with ExitStack() as stack:
+        before, state = stop_four_nodes(dataset, s3_env, tmp_path, monkeypatch, stack, 7, remainder="uneven")
+        assert state["lanes"] == 4
+        after = []
+        for number, node in enumerate(make_nodes(2, s3_env, tmp_path / "after", stack)):
+            node.cache = tmp_path / f"node-4-{number}"  # the surviving machine keeps its node cache
+            ranks = ranks_of(node, dataset, monkeypatch, remainder="uneven")
+            for rank in ranks:
+                rank.load_state_dict(state)
+            after += sum(read(ranks), [])
+            own = block_shards(dataset, config, number, 4)
+            added = block_shards(dataset, config, number + 2, 4)
+            assert node.shards_read() <= added, "a survivor fetched shards of the block it already held"
+            assert not (own - added) & node.shards_read()
         assert Counter(before + after) == Counter(list(expected())), "every sample exactly once"
 
 

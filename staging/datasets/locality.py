@@ -53,6 +53,11 @@ class NodeLocalOrder:
         self.remainder = check_remainder(remainder)
         self.epoch = 0
         self._resume_offsets: tuple[int, list[int]] | None = None
+        self.lanes: int | None = None  # the run's first node count, once a resume state named it
+
+    def _lanes(self) -> int:
+        """The node count whose blocks are this run's lanes (see lading.datasets.partition)."""
+        return self.lanes or self.layout.nodes
 
     def _counts(self) -> Sequence[int]:
         raise NotImplementedError
@@ -73,7 +78,7 @@ class NodeLocalOrder:
         resumed = self._resume_offsets is not None and self._resume_offsets[0] == epoch
         offsets = self._resume_offsets[1] if resumed else [0] * self.partitions  # type: ignore[index]
         return EpochDeal(self._partitions(), self.layout, offsets, self.seed, epoch,  # type: ignore[attr-defined]
-                         self.shuffle_buffer, self.remainder, resumed)  # type: ignore[attr-defined]
+                         self.shuffle_buffer, self.remainder, resumed, self._lanes())  # type: ignore[attr-defined]
 
     def __len__(self) -> int:
         """Samples this rank yields in the current epoch (from the resume point, after a resume)."""
@@ -97,7 +102,7 @@ class NodeLocalOrder:
         consumed = deal.consumed_after(samples_seen)
         return {"format": STATE_FORMAT, "epoch": self.epoch, "total": deal.parts.total,
                 "partitions": self.partitions, "consumed": encode_counts(consumed),
-                "samples": sum(consumed), "nodes": self.layout.nodes, **self._identity()}
+                "samples": sum(consumed), "nodes": self.layout.nodes, "lanes": self._lanes(), **self._identity()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the saved epoch where it stopped, on this layout (any nodes, ranks, workers,
@@ -121,6 +126,8 @@ class NodeLocalOrder:
             raise UsageError("the saved state's consumed counts do not fit this dataset's partitions")
         self.epoch = int(state["epoch"])
         self._resume_offsets = (self.epoch, offsets)
+        lanes = state.get("lanes", state.get("nodes"))
+        self.lanes = lanes if isinstance(lanes, int) and lanes > 0 else None
 
 
 __all__ = ["DEFAULT_PARTITIONS", "STATE_FORMAT", "NodeLocalOrder"]

@@ -6,7 +6,10 @@
    ``[c*T//C, (c+1)*T//C)``. Only the shards at partition edges are split.
 2. **Each node owns a contiguous block of partitions**: node ``n`` of ``N`` (``N`` divides ``C``)
    owns partitions ``[n*C/N, (n+1)*C/N)``, so it reads only the shards of its block (about
-   ``1/N`` of the data, plus the two shards split at its edges), in every epoch.
+   ``1/N`` of the data, plus the two shards split at its edges), in every epoch. The blocks of the
+   node count the run started with are its *lanes* (recorded in the state): after a resume onto
+   a node count that divides it, node ``n`` takes the lanes ``l`` with ``l % N == n``, so every
+   surviving node keeps the block its cache already holds (:func:`node_blocks`).
 3. **Inside a partition** the samples are permuted in windows of ``shuffle_buffer`` (window
    boundaries shifted and each window permuted per ``(seed, epoch, partition)``), a pure
    function: no buffer, so no hidden state.
@@ -265,25 +268,24 @@ class EpochDeal:
     """This rank's share of one epoch: ``count`` samples, ``position(i)`` in ``group``'s sequence."""
 
     def __init__(self, parts: Partitions, layout: Layout, offsets: Sequence[int], seed: int, epoch: int,
-                 window: int, remainder: str, resumed: bool = False) -> None:
+                 window: int, remainder: str, resumed: bool = False, lanes: int | None = None) -> None:
         self.parts, self.layout, self.offsets, self.remainder = parts, layout, list(offsets), remainder
         self.seed, self.epoch = seed, epoch
         nodes = layout.nodes
         self.local = nodes == 1 or parts.count % nodes == 0
         if not self.local:
             _log_loss(parts, nodes, epoch, resumed)
-        per = parts.count // nodes if self.local else parts.count
         self.groups = nodes if self.local else 1
+        self._blocks = node_blocks(parts.count, self.groups, lanes)
         self.ranks = layout.per_node if self.local else layout.world_size
         self.me = layout.local_rank if self.local else layout.rank
-        mine = layout.node if self.local else 0
-        self.mine = range(mine * per, (mine + 1) * per)
-        self.lengths = [self._length(g * per, (g + 1) * per) for g in range(self.groups)]
+        self.mine = self._blocks[layout.node if self.local else 0]
+        self.lengths = [self._length(block) for block in self._blocks]
         self.group = GroupOrder(parts, self.mine, self.offsets, seed, epoch, window)
         self.total = self.group.length
 
-    def _length(self, first: int, end: int) -> int:
-        return sum(max(0, self.parts.size(c) - self.offsets[c]) for c in range(first, end))
+    def _length(self, members: Sequence[int]) -> int:
+        return sum(max(0, self.parts.size(c) - self.offsets[c]) for c in members)
 
     @property
     def count(self) -> int:
@@ -302,15 +304,28 @@ class EpochDeal:
 
     def consumed_after(self, samples_seen: int) -> list[int]:
         """Every partition's consumed count once every rank consumed ``samples_seen`` samples."""
-        per = self.parts.count // self.groups
         done = list(self.offsets)
-        for g in range(self.groups):
-            members = range(g * per, (g + 1) * per)
+        for members in self._blocks:
             order = self.group if members == self.mine else GroupOrder(self.parts, members, self.offsets, self.seed, self.epoch, 1)
             positions = min(order.length, samples_seen * self.ranks)
             for part, count in order.consumed(positions).items():
                 done[part] = count
         return done
+
+
+def node_blocks(partitions: int, nodes: int, lanes: int | None = None) -> list[list[int]]:
+    """The partitions each of ``nodes`` nodes reads (``nodes`` divides ``partitions``).
+
+    ``lanes`` is the node count the run started with (its blocks are the lanes). When the node
+    count divides it (a resume onto half the nodes, say), node ``n`` takes the lanes ``l`` with
+    ``l % nodes == n``: each surviving node keeps the block it already holds in its node cache and
+    adds others'. Otherwise each node takes a contiguous block, ``[n*C/N, (n+1)*C/N)``."""
+    if lanes and lanes != nodes and lanes % nodes == 0 and partitions % lanes == 0:
+        width = partitions // lanes
+        return [[c for lane in range(node, lanes, nodes) for c in range(lane * width, (lane + 1) * width)]
+                for node in range(nodes)]
+    per = partitions // nodes
+    return [list(range(node * per, (node + 1) * per)) for node in range(nodes)]
 
 
 def _log_loss(parts: Partitions, nodes: int, epoch: int, resumed: bool) -> None:
