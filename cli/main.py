@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 import click
 from lading import __version__
@@ -142,5 +144,31 @@ def main(argv: list[str] | None = None) -> None:
     run_guarded(lambda: lading.main(args=args, prog_name="lading", standalone_mode=False), debug)
 
 
+def console() -> NoReturn:
+    """The ``lading`` command (console script and ``python -m lading``): :func:`main`, then exit
+    without finalizing the interpreter.
+
+    obstore's runtime threads may still hand a finished request's result to Python while the
+    interpreter finalizes, which aborts the process (SIGABRT) after the command has done its work.
+    The command's output and exit code are final by then, so it runs the ``atexit`` callbacks
+    (the I/O core's shutdown, logging), flushes its streams and leaves with ``os._exit``.
+    """
+    try:
+        main()
+        code: object = 0
+    except SystemExit as done:
+        code = done.code
+    if isinstance(code, str):
+        sys.stderr.write(code + "\n")
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a reader that closed the pipe; a closed stream
+            pass
+    os._exit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":
-    main()
+    console()

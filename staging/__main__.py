@@ -1,5 +1,5 @@
 """``python -m lading``: the command line."""
 
-from lading.cli.main import main
+from lading.cli.main import console
 
-main()
+console()

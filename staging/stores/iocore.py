@@ -30,6 +30,7 @@ class IOCore:
     def __init__(self, max_requests: int = MAX_REQUESTS) -> None:
         self.max_requests = max_requests
         self._pid = os.getpid()
+        self._closing = False
         self._loop = asyncio.new_event_loop()
         self._slots: asyncio.Semaphore | None = None
         ready = threading.Event()
@@ -37,7 +38,7 @@ class IOCore:
         self._thread.start()
         ready.wait()
         # Requests still in flight when the interpreter shuts down would complete into a
-        # finalizing interpreter (a crash): cancel them and stop the loop first.
+        # finalizing interpreter (an abort): let them finish and stop the loop first.
         atexit.register(self.close)
 
     def _serve(self, ready: threading.Event) -> None:
@@ -57,6 +58,9 @@ class IOCore:
         if threading.current_thread() is self._thread:
             work.close()
             raise RuntimeError("IOCore.run called from the I/O loop itself")
+        if self._closing:  # a daemon thread still reading while the interpreter exits
+            work.close()
+            raise RuntimeError("the I/O core is shut down: the interpreter is exiting")
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
         return _wait(future)
 
@@ -74,17 +78,36 @@ class IOCore:
                 raise result
         return results  # type: ignore[return-value]
 
-    def close(self) -> None:
-        """Cancel what is in flight and stop the loop (at exit; a forked child's copy of its
-        parent's core is left alone)."""
+    def close(self, timeout: float = 10.0) -> None:
+        """Let what is in flight finish, then stop the loop (at exit; a forked child's copy of its
+        parent's core is left alone).
+
+        Requests are not cancelled: obstore's Rust side would still complete a cancelled one
+        later, calling into an interpreter that is finalizing, which aborts the process. Only
+        requests still running after ``timeout`` are cancelled."""
         if self._pid != os.getpid() or not self._thread.is_alive():
             return
+        self._closing = True  # from here on no new request starts (see run)
         try:
-            asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result(timeout=5)
+            asyncio.run_coroutine_threadsafe(_settle(), self._loop).result(timeout=timeout)
         except Exception:  # noqa: BLE001 - best effort at exit
-            pass
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_all(), self._loop).result(timeout=timeout)
+            except Exception:  # noqa: BLE001
+                pass
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+        self._thread.join(timeout=timeout)
+
+
+async def _settle() -> None:
+    """Wait until every other task of the running loop has ended (new ones included)."""
+    current = asyncio.current_task()
+    while True:
+        await asyncio.sleep(0)  # requests submitted just before closing become tasks first
+        tasks = [task for task in asyncio.all_tasks() if task is not current]
+        if not tasks:
+            return
+        await asyncio.wait(tasks)
 
 
 async def _cancel_all() -> None:
