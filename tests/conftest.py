@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,17 @@ def gcs_env(gcs_server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, st
     for name, value in gcs_server.env.items():
         monkeypatch.setenv(name, value)
     return dict(gcs_server.env)
+
+
+def run_unprivileged(*args: str) -> subprocess.CompletedProcess:
+    """The CLI as a user without write access (``nobody`` when the tests run as root)."""
+    drop: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv to drop privileges")
+        drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    return subprocess.run([*drop, sys.executable, "-m", "lading", *args], capture_output=True, text=True,
+                          cwd="/", env=dict(os.environ), timeout=120)
 
 
 def run_lading(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from test_mount_support import alive, force_unmount, wait_for
+from conftest import run_unprivileged
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "paths"
@@ -178,17 +179,6 @@ def shared_dir():
     shutil.rmtree(parent, ignore_errors=True)
 
 
-def _run_unprivileged(*args: str) -> subprocess.CompletedProcess:
-    """The CLI as a user without write access (``nobody`` when the tests run as root)."""
-    drop: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv to drop privileges")
-        drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    return subprocess.run([*drop, sys.executable, "-m", "lading", *args], capture_output=True, text=True,
-                          cwd="/", env=dict(os.environ), timeout=120)
-
-
 @pytest.mark.parametrize("output", ["{ro}/f.snap.jsonl", "{ro}/f.snap.jsonl.gz"])
 def test_snapshot_onto_a_read_only_file_system_is_exit_4(s3, lading, read_only_mount, output):
     result = lading("snapshot", f"s3://{BUCKET}/train", "-o", output.format(ro=read_only_mount))
@@ -198,7 +188,7 @@ def test_snapshot_onto_a_read_only_file_system_is_exit_4(s3, lading, read_only_m
 @pytest.mark.parametrize("mode", [0o755, 0o700])  # 0700: not even searchable, so cleaning up fails too
 def test_snapshot_into_a_directory_the_user_cannot_write_is_exit_4(s3, shared_dir, mode):
     os.chmod(shared_dir / "dest", mode if os.geteuid() == 0 else mode & 0o555)
-    result = _run_unprivileged("snapshot", f"s3://{BUCKET}/train", "-o", str(shared_dir / "dest" / "f.snap.jsonl"))
+    result = run_unprivileged("snapshot", f"s3://{BUCKET}/train", "-o", str(shared_dir / "dest" / "f.snap.jsonl"))
     _one_line_error(result, 4, "permission denied", str(shared_dir / "dest"))
     assert os.listdir(shared_dir / "dest") == []
 
@@ -223,7 +213,7 @@ def test_pack_into_a_directory_the_user_cannot_write_is_exit_4(shared_dir):
     if os.geteuid() != 0:
         os.chmod(shared_dir / "dest", 0o555)
     for dest in (shared_dir / "dest", shared_dir / "dest" / "new"):
-        result = _run_unprivileged("pack", str(shared_dir / "pets"), str(dest))
+        result = run_unprivileged("pack", str(shared_dir / "pets"), str(dest))
         _one_line_error(result, 4, "permission denied")
     assert os.listdir(shared_dir / "dest") == []
 

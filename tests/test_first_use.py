@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import run_unprivileged
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -49,17 +50,6 @@ def unwritable_dir():
     shutil.rmtree(parent, ignore_errors=True)
 
 
-def _run_unprivileged(*args: str) -> subprocess.CompletedProcess:
-    """The CLI as a user without write access (``nobody`` when the tests run as root)."""
-    drop: list[str] = []
-    if os.geteuid() == 0:
-        if shutil.which("setpriv") is None:
-            pytest.skip("running as root without setpriv to drop privileges")
-        drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    return subprocess.run([*drop, sys.executable, "-m", "lading", *args], capture_output=True, text=True,
-                          cwd="/", env=dict(os.environ), timeout=120)
-
-
 @pytest.mark.parametrize("command", [
     ("sync", f"s3://{BUCKET}/data", "{dest}"),
     ("sync", f"s3://{BUCKET}/data", "{dest}/new-subdir"),
@@ -70,7 +60,7 @@ def test_a_dest_the_user_cannot_write_is_exit_4(s3, unwritable_dir, command):
     if os.geteuid() != 0:
         os.chmod(unwritable_dir, 0o555)
     args = [part.format(dest=unwritable_dir) for part in command]
-    result = _run_unprivileged(*args)
+    result = run_unprivileged(*args)
     _one_line_error(result, 4, str(unwritable_dir), "permission denied")
     assert os.listdir(unwritable_dir) == []
 
