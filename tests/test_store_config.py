@@ -51,10 +51,11 @@ def test_sync_with_env_keys_never_imports_botocore(s3_env, tmp_path):
         client.put_object(Bucket="lean", Key=f"p/{i}.bin", Body=b"x" * (i + 1))
     dest = tmp_path / "out"
     code = (
-        "import runpy, sys\n"
+        "import sys\n"
+        "from lading.cli.main import main  # the command without console()'s os._exit\n"
         f"sys.argv = ['lading', 'sync', 's3://lean/p', {str(dest)!r}]\n"
         "try:\n"
-        "    runpy.run_module('lading', run_name='__main__')\n"
+        "    main()\n"
         "except SystemExit as done:\n"
         "    print('exit', done.code)\n"
         "print(sorted(name for name in ('boto3', 'botocore', 'obstore') if name in sys.modules))\n"
