@@ -13,12 +13,15 @@ import atexit
 import concurrent.futures
 import os
 import threading
+import time
 from typing import Any, Awaitable, Coroutine, Sequence, TypeVar
 
 from lading.stores.process import ProcessLocal
 
 T = TypeVar("T")
 
+#: Seconds the interpreter's exit waits, once the loop stopped, for runtime threads to leave Python.
+_EXIT_GRACE = 0.05
 #: Requests in flight at once per process. Enough to hide a round trip behind many small GETs;
 #: few enough that a batch of large ones does not hold more than a few hundred MB.
 MAX_REQUESTS = 64
@@ -97,6 +100,10 @@ class IOCore:
                 pass
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=timeout)
+        # A runtime thread that delivered the last result may still be inside the loop's wake-up
+        # write, without the GIL; if it wants the GIL back once finalization has begun, the process
+        # aborts. Holding off a moment (the GIL released) lets it finish first.
+        time.sleep(_EXIT_GRACE)
 
 
 async def _settle() -> None:
