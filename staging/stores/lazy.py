@@ -4,13 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, TypeVar
 
-from lading.stores.process import ProcessLocal
-
 T = TypeVar("T")
-
-
-#: Former name of :class:`lading.stores.process.ProcessLocal` (one registry reset at fork).
-LazyClient = ProcessLocal
 
 
 def translated(operation: Callable[[], T], translate: Callable[[Exception, str], Exception], what: str) -> T:

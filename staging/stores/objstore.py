@@ -264,8 +264,5 @@ class ObstoreReads(ListingMixin):
         raise NotImplementedError
 
 
-#: For the backends' routing decisions: whether reads here may go through obstore.
-obstore_usable = use_obstore
-
 __all__ = ["Fetched", "FromResponse", "NO_RETRIES", "ObstoreReads", "RangeRequest", "Sink", "client_options",
            "resume_into", "status_and_code", "translate"]

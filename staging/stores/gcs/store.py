@@ -45,8 +45,9 @@ from lading.stores.base import ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
 from lading.stores.gcs.errors import from_response, status_of, translate
 from lading.stores.gcs.upload import ResumableUpload
-from lading.stores.lazy import LazyClient, translated
-from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options, obstore_usable
+from lading.stores.lazy import translated
+from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options
+from lading.stores.process import ProcessLocal, use_obstore
 from lading.stores.uri import StoreURI
 
 T = TypeVar("T")
@@ -86,10 +87,10 @@ class GCSStore(ObstoreReads):
         self.page_size = page_size
         self.resumable_threshold = min(resumable_threshold, 8 << 20)  # the SDK's one-shot limit
         self.chunk_size = chunk_size
-        self._client = LazyClient(self._build_client)
+        self._client: ProcessLocal[Any] = ProcessLocal(self._build_client)
         #: How reads go; with a custom endpoint (an emulator) decided by the first read.
         self.route: str | None = None if config.gcs_endpoint else XML
-        self._route_lock: LazyClient[threading.Lock] = LazyClient(threading.Lock)
+        self._route_lock: ProcessLocal[threading.Lock] = ProcessLocal(threading.Lock)
         self._host_header: str | None = None
 
     # -- obstore ---------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ class GCSStore(ObstoreReads):
         """Decide once per store (per process) how reads reach a custom endpoint, probing with
         ``key``. Leaves the route undecided when the probe cannot tell (the object is gone or
         replaced, a transient failure): the error propagates and the next read probes again."""
-        if self.route is not None or not obstore_usable() or not _obstore_can_name(key):
+        if self.route is not None or not use_obstore() or not _obstore_can_name(key):
             return
         with self._route_lock.get():
             if self.route is not None:
@@ -211,7 +212,7 @@ class GCSStore(ObstoreReads):
                          "without -public-host); reading with that Host header", self.url,
                          self.config.gcs_endpoint, EMULATOR_PUBLIC_HOST)
                 self._host_header = EMULATOR_PUBLIC_HOST
-                self._store = LazyClient(self._build)
+                self._store.reset()  # rebuilt with the Host header on next use
                 self.route = XML_PUBLIC_HOST
             else:
                 log.warning("%s: the endpoint %s does not serve object paths (/bucket/object) for the objects "
