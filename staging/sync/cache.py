@@ -54,9 +54,10 @@ from typing import Callable, Iterator, Mapping
 
 from lading.core.atomic import write_atomically
 from lading.core.errors import AccessDenied, ObjectChanged, ProblemFound, UsageError
-from lading.stores.base import Store
+from lading.stores.base import ObjectInfo, Store
+from lading.stores.s3.store import md5_of_etag
 from lading.stores.objstore import ObstoreReads
-from lading.transfer.verify import IntegrityError
+from lading.transfer.verify import Verifier
 
 log = logging.getLogger(__name__)
 
@@ -96,21 +97,22 @@ def _download_shard(store: Store, key: str, version: str | None, dest: Path, siz
 
 
 def _verify_md5(store: Store, key: str, version: str | None, dest: Path) -> None:
-    """Raise IntegrityError when ``version`` is an MD5 (a single-part S3 ETag) that the file's bytes
-    do not have, unless the store says the ETag is not the content's MD5 (SSE-KMS, SSE-C)."""
-    if not (isinstance(store, ObstoreReads) and store.scheme == "s3") or version is None \
-            or not re.fullmatch(r"[0-9a-fA-F]{32}", version):
+    """Raise IntegrityError when ``version`` is a single-part S3 ETag (an MD5) that the file's
+    bytes do not have, unless the store says the ETag is not the content's MD5 (SSE-KMS, SSE-C):
+    the transfer engine's :class:`Verifier`, over the file."""
+    md5 = md5_of_etag(version) if version and getattr(store, "scheme", "") == "s3" else None
+    if md5 is None:
         return
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(dest, "rb") as handle:
-        while chunk := handle.read(8 << 20):
-            digest.update(chunk)
-    if digest.hexdigest() == version.lower():
+    size = os.path.getsize(dest)
+    verifier = Verifier(ObjectInfo(key, size, version or "", md5=md5))
+    fd = os.open(dest, os.O_RDONLY)
+    try:
+        verifier.update_from_file(fd, 0, size)
+    finally:
+        os.close(fd)
+    if verifier.md5_mismatch(size) and not store.etag_is_md5(key):  # type: ignore[attr-defined]
         return
-    if not store.etag_is_md5(key):  # type: ignore[attr-defined]
-        return
-    raise IntegrityError(f"{store.url}/{key}: the downloaded bytes' MD5 is {digest.hexdigest()}, the ETag "
-                         f"says {version}", "run again; if it persists, the store or the network corrupts data")
+    verifier.check(size)
 
 
 def parse_limit(limit: int | str | None) -> int | None:
