@@ -47,6 +47,7 @@ from lading.stores.gcs.errors import from_response, status_of, translate
 from lading.stores.gcs.upload import ResumableUpload
 from lading.stores.lazy import translated
 from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options
+from lading.stores.iocore import io_core
 from lading.stores.process import ProcessLocal, use_obstore
 from lading.stores.uri import StoreURI
 
@@ -62,6 +63,13 @@ XML, XML_PUBLIC_HOST, MEDIA = "xml", "xml-public-host", "media"
 _MEDIA_PIECE = 256 << 10
 
 log = logging.getLogger(__name__)
+
+
+async def _head(store: Any, path: str) -> Any:
+    """obstore's HEAD, on the I/O core's loop."""
+    import obstore
+
+    return await obstore.head_async(store, path)
 
 
 def md5_hex(md5_base64: str | None) -> str | None:
@@ -223,12 +231,11 @@ class GCSStore(ObstoreReads):
     def _serves(self, key: str, info: ObjectInfo, host: str | None) -> bool:
         """Whether obstore's HEAD of ``key`` (with Host ``host``, or as configured) answers for the
         object the JSON API described as ``info``. Transient failures propagate."""
-        import obstore
 
         store = self._store.get() if host is None else self._obstore_for(host)
         path = self._path(key)
         try:
-            meta = self._translated(self._where(key), lambda _default: obstore.head(store, path))
+            meta = self._translated(self._where(key), lambda _default: io_core().run(_head(store, path)))
         except TransientError:
             raise
         except LadingError:
