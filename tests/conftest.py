@@ -104,6 +104,18 @@ def gcs_env(gcs_server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, st
     return dict(gcs_server.env)
 
 
+@pytest.fixture
+def read_only_mount(tmp_path: Path) -> Iterator[Path]:
+    """A read-only tmpfs (defeats root); skipped where mounting is not allowed."""
+    where = tmp_path / "ro"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a read-only tmpfs here")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
 def run_unprivileged(*args: str) -> subprocess.CompletedProcess:
     """The CLI as a user without write access (``nobody`` when the tests run as root)."""
     drop: list[str] = []

@@ -137,18 +137,6 @@ def test_mount_options_resolve_a_relative_source(tmp_path, monkeypatch):
 # -- 3. write failures of snapshot -o and pack are exit 4 / 6 -----------------------------------------
 
 @pytest.fixture
-def read_only_mount(tmp_path):
-    """A read-only tmpfs (defeats root); skipped where mounting is not allowed."""
-    where = tmp_path / "ro"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a read-only tmpfs here")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
-
-@pytest.fixture
 def full_disk(tmp_path):
     """A 64 KiB tmpfs, filled up; skipped where mounting is not allowed."""
     where = tmp_path / "full"

@@ -65,18 +65,6 @@ def test_a_dest_the_user_cannot_write_is_exit_4(s3, unwritable_dir, command):
     assert os.listdir(unwritable_dir) == []
 
 
-@pytest.fixture
-def read_only_mount(tmp_path):
-    """A read-only tmpfs (defeats root); skipped where mounting is not allowed."""
-    where = tmp_path / "ro"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a read-only tmpfs here")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], capture_output=True)
-
-
 @pytest.mark.parametrize("command", [
     ("sync", f"s3://{BUCKET}/data", "{dest}"),
     ("sync", f"s3://{BUCKET}/data", "{dest}/sub"),
