@@ -139,7 +139,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--skip", action="append", default=[], choices=["litdata", "cli-ray", "rows"])
     args = parser.parse_args()
-    from lading.context.sizes import parse_size
+    from lading.core.sizes import parse_size
 
     shard_size, small = parse_size(args.shard_size), parse_size(args.small_shard_size)
     source = args.out / "src"

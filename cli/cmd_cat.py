@@ -50,7 +50,7 @@ SOURCE, unless --allow-empty), 4 access denied, 5 transient failure after retrie
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     if value is None:
         return None
-    from lading.context.sizes import parse_size
+    from lading.core.sizes import parse_size
 
     try:
         return parse_size(value)

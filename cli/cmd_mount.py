@@ -57,7 +57,7 @@ Exit codes: 0 unmounted, 1 busy (files open; --lazy) or no fusermount, 3 not a m
 def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     if value is None:
         return None
-    from lading.context.sizes import parse_size
+    from lading.core.sizes import parse_size
 
     try:
         return parse_size(value)

@@ -12,7 +12,7 @@ from lading.cli.context import AppState
 from lading.cli.progress import Throttle, byte_bar, human, line_interval
 from lading.cli.option_rules import needs
 from lading.cli.store_options import pop_store_config, store_options
-from lading.context.sizes import format_size, parse_size
+from lading.core.sizes import format_size, parse_size
 
 PACK_HELP = """Pack the files under SOURCE into WebDataset tar shards at DEST.
 

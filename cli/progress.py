@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any, Mapping
 
-from lading.context.sizes import format_size
+from lading.core.sizes import format_size
 from lading.core.errors import UsageError
 
 #: Seconds between progress lines when stderr is not a terminal (``LADING_PROGRESS_SECONDS``).

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from lading.core.errors import AccessDenied
+from lading.core.errors import AccessDenied, UsageError
 from lading.core.retry import RetryPolicy
 from lading.datasets import PackedDataset, ShardDataset
 from lading.pack import PackOptions, plan_pack, run_pack
@@ -293,3 +293,12 @@ def test_engine_ray_without_ray_installed_is_a_usage_error(lading, tmp_path):
     assert run.returncode == 2, run.stderr
     assert run.stderr.count("\n") == 1 and "pip install 'lading-data[ray]'" in run.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_shard_sink_takes_the_size_strings_of_pack_shard_size_and_refuses_others(tmp_path):
+    assert ShardSink(str(tmp_path), name="a", shard_size="256KB").shard_size == 256_000
+    assert ShardSink(str(tmp_path), name="a", shard_size="1.5MiB").shard_size == 3 << 19
+    assert ShardSink(str(tmp_path), name="a", shard_size=4096).shard_size == 4096
+    for bad in ("12 parsecs", "0", "64M", -1, 2.5, True, None):
+        with pytest.raises(UsageError, match="shard_size"):
+            ShardSink(str(tmp_path), name="a", shard_size=bad)

@@ -15,7 +15,8 @@ from lading.context.config import config_warnings, load_config
 from lading.context.detignore import IgnoreSpec
 from lading.context.explain import Explanation, explain, upload_name
 from lading.context.report import CheckReport, DirStat, Remedy, directory_stats
-from lading.context.sizes import DET_LIMIT_BYTES, det_size, format_size, parse_size
+from lading.context.sizes import DET_LIMIT_BYTES, det_size
+from lading.core.sizes import format_size, parse_size
 from lading.context.walk import WalkResult, resolve_roots, walk_roots
 from lading.context.warnings import ContextWarning, content_warnings, nothing_uploaded_warning, walk_warnings
 

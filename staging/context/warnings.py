@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Sequence
 
-from lading.context.sizes import format_size
+from lading.core.sizes import format_size
 from lading.context.walk import Root, WalkResult
 
 CACHE_DIRS = frozenset({".cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox", "node_modules",

@@ -2,7 +2,7 @@
 
 .. code-block:: python
 
-    ds.write_datasink(ShardSink("s3://bucket/sets/imgs", name="imgs", shard_size=256 << 20))
+    ds.write_datasink(ShardSink("s3://bucket/sets/imgs", name="imgs", shard_size="256MiB"))
 
 Each row is a dict: ``__key__`` (a string; without it rows are keyed by write task and position)
 plus fields named like extensions (``{"__key__": "n01/x1", "jpg": b"...", "cls": 3}`` becomes
@@ -34,6 +34,7 @@ from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
 from lading.core.errors import LadingError, ProblemFound, UsageError
+from lading.core.sizes import parse_size
 from lading.core.values import encode_value
 from lading.pack import offsets
 from lading.pack.index import INDEX_KIND, PublishedShard, dump
@@ -165,18 +166,17 @@ class ShardSink(Datasink):
     Args:
         dest: a directory or bucket prefix (``s3://``, ``gs://``) every worker can write to.
         name: the dataset's name (letters, digits, ``.``, ``_``, ``-``): file names and index.
-        shard_size: target shard size in bytes (a shard ends at the first row past it).
+        shard_size: target shard size: bytes, or a size string as ``lading pack --shard-size``
+            takes (``"256KB"``, ``"64MiB"``); a shard ends at the first row past it.
         config: store settings (default: ``StoreConfig.from_env()`` on the driver, sent to the tasks).
     """
 
-    def __init__(self, dest: str, *, name: str, shard_size: int = DEFAULT_SHARD_SIZE,
+    def __init__(self, dest: str, *, name: str, shard_size: int | str = DEFAULT_SHARD_SIZE,
                  config: StoreConfig | None = None) -> None:
         check_name(name, "name")
-        if shard_size < 1:
-            raise UsageError(f"shard_size={shard_size} must be positive")
         self.dest = str(parse_uri(dest)) if parse_uri(dest).scheme != "file" else parse_uri(dest).prefix
         self.name = name
-        self.shard_size = int(shard_size)
+        self.shard_size = _shard_size(shard_size)
         self.config = config or StoreConfig.from_env()
         self.folder = ""  # shards and documents go into this folder of dest ("" or "x/")
         self.index: dict[str, Any] | None = None
@@ -311,6 +311,19 @@ class ShardSink(Datasink):
                 claims.delete(store, key)
         except LadingError as err:
             log.warning("could not remove the shards of the failed write under %s: %s", self.dest, err)
+
+
+def _shard_size(value: int | str) -> int:
+    """``shard_size`` in bytes: a positive int, or a size string parsed as ``--shard-size`` is."""
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except UsageError as err:
+            raise UsageError(f"shard_size={value!r}: {err.message}", err.hint) from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"shard_size={value!r} is not a size",
+                         'a positive number of bytes or a string such as "256KB" or "64MiB"')
+    return value
 
 
 def _put(store: Store, key: str, data: bytes) -> Any:
