@@ -10,16 +10,15 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from lading.core.errors import UsageError
-from lading.datasets.cache import CachedShard, NodeCache, default_cache_root, map_file
+from lading.datasets.cache import CachedShard, NodeCache, default_cache_root
 from lading.datasets.decode import DecodeOption, decode_sample, decoders_for
 from lading.datasets.index import load_index, store_for
-from lading.datasets.reader import Sample
+from lading.datasets.reader import Sample, map_local
 from lading.pack.offsets import OffsetsTable
 from lading.stores.base import Store
 from lading.stores.batch import RangeRequest, read_batch
 from lading.stores.config import StoreConfig
 from lading.stores.process import ProcessLocal, control_plane
-from lading.stores.uri import parse_uri
 
 #: Neighbouring samples of one shard closer than this are fetched in one read.
 DEFAULT_GAP = 64 << 10
@@ -120,7 +119,7 @@ class PackedDataset:
         ref = self.index.shards[shard]
         entry: tuple[Any, CachedShard | None] | None = None
         if ref.local:
-            entry = (map_file(Path(parse_uri(ref.uri).prefix)), None)
+            entry = (map_local(ref), None)
         elif self.use_cache:
             cache = self._cache(local)
             cached = None if cache is None else cache.find(ref.uri, ref.etag, ref.filesize)

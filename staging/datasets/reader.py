@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from lading.core.errors import NotFound, ProblemFound
+from lading.core.errors import NotFound, ObjectChanged, ProblemFound
 from lading.datasets.cache import CachedShard, NodeCache, ShardSource, map_file
 from lading.datasets.index import DatasetIndex, ShardRef, store_for
 from lading.pack.offsets import OffsetsTable
@@ -53,6 +53,34 @@ def scan_layout(buffer: Any, where: str) -> Layout:
     if key is not None:
         layout.append((key, tuple(members)))
     return layout
+
+
+def _recorded_size(ref: ShardRef) -> int | None:
+    """The size the index recorded for ``ref``: its ``filesize``, else the size part of a local
+    ``mtime-size`` version tag."""
+    if ref.filesize is not None:
+        return ref.filesize
+    mtime, dash, size = (ref.etag or "").partition("-")
+    return int(size) if dash and mtime.isdigit() and size.isdigit() else None
+
+
+def map_local(ref: ShardRef) -> Any:
+    """A local shard mapped in place, refused when its size is not the one its index recorded
+    (a truncated or replaced file would otherwise read as empty or wrong samples). Only the
+    size is compared: copying a pack (``cp -r``) changes the files' times, not their sizes."""
+    path = Path(parse_uri(ref.uri).prefix)
+    try:
+        buffer = map_file(path)
+    except FileNotFoundError:
+        raise NotFound(f"shard not found: {path}") from None
+    expected, size = _recorded_size(ref), len(buffer)
+    if expected is not None and size != expected:
+        close = getattr(buffer, "close", None)
+        if close is not None:
+            close()
+        raise ObjectChanged(f"{path} has {size} bytes, its index says {expected}",
+                            "the shard was truncated or replaced after packing: re-pack the dataset")
+    return buffer
 
 
 class OpenShard:
@@ -162,11 +190,7 @@ class ShardReader:
     def _map(self, number: int) -> tuple[Any, CachedShard | None]:
         ref = self.shards[number]
         if ref.local:
-            path = Path(parse_uri(ref.uri).prefix)
-            try:
-                return map_file(path), None
-            except FileNotFoundError:
-                raise NotFound(f"shard not found: {path}") from None
+            return map_local(ref), None
         cached = self.cache().open(self.source(number))
         return cached.buffer, cached
 

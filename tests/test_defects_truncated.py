@@ -1,0 +1,67 @@
+"""Issue 26, items 1 and 2: a truncated local shard and a truncated snapshot are errors that name
+the file, never empty samples, a raw EOFError or "interrupted". Each test failed before its fix."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from lading.core.errors import ObjectChanged
+from lading.datasets import PackedDataset, ShardDataset
+from lading.pack import PackOptions, plan_pack, run_pack
+
+# --- 1: a local shard cut short -------------------------------------------------------------------
+
+
+@pytest.fixture
+def pack_of_four(tmp_path: Path) -> Path:
+    """A local pack of 24 samples in four shards; returns its index."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(24):
+        (src / f"s{i:03d}.bin").write_bytes(bytes([i]) * 3000)
+        (src / f"s{i:03d}.json").write_text(json.dumps({"i": i}))
+    plan = plan_pack(str(src), str(tmp_path / "out"), PackOptions("ds", shard_size=20_000))
+    run_pack(plan, str(src), str(tmp_path / "out"))
+    index = tmp_path / "out" / "ds.index.json"
+    assert len(json.loads(index.read_text())["shardlist"]) >= 4
+    return index
+
+
+def truncate_second_shard(index: Path) -> Path:
+    shard = index.parent / json.loads(index.read_text())["shardlist"][1]["url"]
+    os.truncate(shard, 5000)
+    return shard
+
+
+def test_shard_dataset_refuses_a_truncated_local_shard(pack_of_four):
+    shard = truncate_second_shard(pack_of_four)
+    with pytest.raises(ObjectChanged) as caught:
+        list(ShardDataset(str(pack_of_four)))
+    assert str(shard) in caught.value.message and "5000 bytes" in caught.value.message
+    assert "re-pack" in caught.value.hint
+
+
+def test_packed_dataset_refuses_a_truncated_local_shard(pack_of_four):
+    shard = truncate_second_shard(pack_of_four)
+    dataset = PackedDataset(str(pack_of_four))
+    counts = [entry["nsamples"] for entry in json.loads(pack_of_four.read_text())["shardlist"]]
+    assert dataset[0]["bin"] == bytes([0]) * 3000  # the first shard is whole
+    with pytest.raises(ObjectChanged) as caught:
+        dataset[counts[0] + counts[1] - 1]  # the last sample of the cut shard
+    assert str(shard) in caught.value.message
+    with pytest.raises(ObjectChanged):
+        dataset.__getitems__([0, counts[0]])
+
+
+def test_a_whole_copied_pack_still_reads(pack_of_four, tmp_path):
+    """Only the size is compared: a copy with new modification times is the same pack."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in pack_of_four.parent.iterdir():
+        (copy / path.name).write_bytes(path.read_bytes())
+    index = copy / pack_of_four.name
+    assert len(list(ShardDataset(str(index)))) == 24
+    assert PackedDataset(str(index))[23]["bin"] == bytes([23]) * 3000
