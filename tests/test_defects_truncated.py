@@ -65,3 +65,59 @@ def test_a_whole_copied_pack_still_reads(pack_of_four, tmp_path):
     index = copy / pack_of_four.name
     assert len(list(ShardDataset(str(index)))) == 24
     assert PackedDataset(str(index))[23]["bin"] == bytes([23]) * 3000
+
+
+# --- 2: a snapshot file cut short -----------------------------------------------------------------
+
+
+@pytest.fixture
+def cut_snapshot(tmp_path: Path, lading) -> tuple[Path, Path, Path]:
+    """A snapshot of 2,000 local files, gzipped, whole and cut to half its bytes:
+    (source, whole, cut)."""
+    source = tmp_path / "many"
+    source.mkdir()
+    for i in range(2000):
+        (source / f"object-with-a-longish-name-{i:05d}.txt").write_text(str(i))
+    whole = tmp_path / "whole.snap.jsonl.gz"
+    assert lading("snapshot", str(source), "-o", str(whole)).returncode == 0
+    cut = tmp_path / "cut.snap.jsonl.gz"
+    data = whole.read_bytes()
+    cut.write_bytes(data[:len(data) // 2])
+    return source, whole, cut
+
+
+def one_line(result, code: int) -> str:
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lading: error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["sync", "sync --snapshot", "cat", "snapshot diff"])
+def test_a_truncated_snapshot_is_exit_2_naming_the_file(cut_snapshot, lading, tmp_path, command):
+    source, whole, cut = cut_snapshot
+    args = {"sync": ["sync", str(cut), str(tmp_path / "dest")],
+            "sync --snapshot": ["sync", str(source), str(tmp_path / "dest"), "--snapshot", str(cut)],
+            "cat": ["cat", str(cut)],
+            "snapshot diff": ["snapshot", "diff", str(whole), str(cut)]}[command]
+    line = one_line(lading(*args), 2)
+    assert str(cut) in line and "truncated" in line
+    assert not (tmp_path / "dest").exists()
+
+
+def test_a_damaged_snapshot_is_exit_2_naming_the_file(cut_snapshot, lading):
+    _source, whole, cut = cut_snapshot
+    data = bytearray(whole.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the deflate stream
+    cut.write_bytes(bytes(data))
+    assert str(cut) in one_line(lading("cat", str(cut)), 2)
+
+
+def test_store_dataset_over_a_truncated_snapshot_is_a_usage_error(cut_snapshot):
+    from lading.core.errors import UsageError
+    from lading.datasets import StoreDataset
+
+    _source, _whole, cut = cut_snapshot
+    with pytest.raises(UsageError) as caught:
+        StoreDataset(str(cut))
+    assert str(cut) in caught.value.message

@@ -28,6 +28,7 @@ import json
 import os
 import re
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterator
@@ -117,20 +118,37 @@ def _remove_quietly(path: Path) -> None:
 
 def read_header(path: str | Path) -> SnapshotHeader:
     """The snapshot's header; UsageError when ``path`` is not a snapshot."""
-    with _open_checked(Path(path)) as handle:
-        return _header(handle.readline(), path)
+    lines = _lines(Path(path))
+    try:
+        return _header(next(lines, b""), path)
+    finally:
+        lines.close()
 
 
 def read_snapshot(path: str | Path, prefix: str = "") -> Iterator[ObjectInfo]:
     """The snapshot's objects under ``prefix``, in key order, one line in memory at a time."""
-    with _open_checked(Path(path)) as handle:
-        _header(handle.readline(), path)
-        for number, line in enumerate(handle, start=2):
+    lines = _lines(Path(path))
+    try:
+        _header(next(lines, b""), path)
+        for number, line in enumerate(lines, start=2):
             info = _info(line, path, number)
             if info.key.startswith(prefix):
                 yield info
             elif info.key > prefix:
                 return  # sorted: nothing under the prefix follows
+    finally:
+        lines.close()
+
+
+def _lines(path: Path) -> Iterator[bytes]:
+    """The snapshot's lines. A gzip file cut short or damaged is a UsageError naming it (its
+    EOFError would otherwise read as an interrupt to the command line)."""
+    with _open_checked(path) as handle:
+        try:
+            yield from handle
+        except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+            raise UsageError(f"{path} is a truncated or damaged snapshot ({err})",
+                             "take it again: lading snapshot SOURCE -o FILE") from None
 
 
 @dataclass(frozen=True)
