@@ -7,6 +7,7 @@ real (SIGKILL of the task's process); Ray itself is never patched.
 from __future__ import annotations
 
 import ast
+import re
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ from lading.stores import StoreConfig
 from proxies import FaultProxy
 
 ray = pytest.importorskip("ray")
-from ray_fixtures import ray_cluster  # noqa: E402,F401 - the module's Ray
+from ray_fixtures import WORKER_KEYS, ray_cluster  # noqa: E402,F401 - the module's Ray
 from lading.pack.ray import ShardSink, run_pack_ray  # noqa: E402 - only with Ray installed
 
 BUCKET = "lading-pack-ray"
@@ -42,8 +43,8 @@ def s3(s3_env):
 
 
 def config(endpoint: str) -> StoreConfig:
-    """Settings for the driver and, sent with each task, the Ray workers (whose environment
-    predates the test's moto variables): the credentials travel in the config."""
+    """Settings for the driver and, sent with each task, the Ray workers (which resolve their own
+    credentials: ray_fixtures.WORKER_KEYS)."""
     return replace(StoreConfig.from_env(endpoint_url=endpoint), retry=FAST_RETRY, timeout=10)
 
 
@@ -302,3 +303,37 @@ def test_shard_sink_takes_the_size_strings_of_pack_shard_size_and_refuses_others
     for bad in ("12 parsecs", "0", "64M", -1, 2.5, True, None):
         with pytest.raises(UsageError, match="shard_size"):
             ShardSink(str(tmp_path), name="a", shard_size=bad)
+
+
+def signed_by(seen) -> str:
+    """The access key id an S3 request was signed with."""
+    found = re.search(r"Credential=([^/]+)/", seen.headers.get("Authorization") or "")
+    return found.group(1) if found else ""
+
+
+def test_ray_tasks_resolve_their_own_credentials_and_never_receive_the_drivers(ray_cluster, s3, s3_env, tmp_path,
+                                                                                monkeypatch):
+    secret = f"driver-secret-{os.urandom(8).hex()}"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "driver-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    make_source(tmp_path / "src", count=20)
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        settings = replace(StoreConfig.from_env(endpoint_url=proxy.url), retry=FAST_RETRY, timeout=10)
+        assert settings.env_credentials[1] == secret
+        sink = ShardSink(f"s3://{BUCKET}/sink", name="imgs", shard_size=3_000, config=settings)
+        assert secret.encode() not in ray.cloudpickle.dumps(sink), "the sink carries the driver's secret to its tasks"
+        ray.data.from_items(rows(30), override_num_blocks=2).write_datasink(sink)
+        plan = plan_pack(str(tmp_path / "src"), f"s3://{BUCKET}/packed", PackOptions("p", shard_size=5_000), settings)
+        run_pack_ray(plan, str(tmp_path / "src"), f"s3://{BUCKET}/packed", settings)
+        explicit = replace(settings, env_credentials=("explicit-key", "explicit-secret", None),
+                           credentials_from_environment=False)
+        plan = plan_pack(str(tmp_path / "src"), f"s3://{BUCKET}/given", PackOptions("p", shard_size=5_000), explicit)
+        run_pack_ray(plan, str(tmp_path / "src"), f"s3://{BUCKET}/given", explicit)
+    signers = {}
+    for seen in proxy.requests:
+        if seen.method == "PUT":
+            kind = "shard" if seen.path.endswith(".tar") else "index" if seen.path.endswith(".index.json") else ""
+            signers.setdefault((seen.path.split("/")[2], kind), set()).add(signed_by(seen))
+    assert signers[("sink", "shard")] == signers[("packed", "shard")] == {WORKER_KEYS[0]}, "tasks used the driver's keys"
+    assert signers[("sink", "index")] == signers[("packed", "index")] == {"driver-key"}
+    assert signers[("given", "shard")] == {"explicit-key"}, "keys given in the config travel with it"

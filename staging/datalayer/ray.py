@@ -74,7 +74,7 @@ class _VersionSink(ShardSink):
         self._block: dict[str, Any] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
+        state = super().__getstate__()
         state["claim"] = None  # the claim (its heartbeat thread) stays on the driver
         return state
 

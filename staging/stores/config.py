@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
@@ -28,6 +28,9 @@ class StoreConfig:
     # asked for: what botocore's chain would pick first anyway. They go to obstore as they are,
     # so a sync with an endpoint and a region never imports botocore (it costs ~70 ms).
     env_credentials: tuple[str, str, str | None] | None = field(default=None, repr=False)
+    # True when env_credentials were read from this process's environment (resolve_store_config),
+    # False when a caller gave them: only those a caller gave travel to workers (for_workers).
+    credentials_from_environment: bool = field(default=False, repr=False)
     ca_bundle: str | None = None
     # Proxies from HTTPS_PROXY / HTTP_PROXY / NO_PROXY (either case), for obstore and boto3 alike.
     https_proxy: str | None = None
@@ -37,6 +40,15 @@ class StoreConfig:
     def proxy_for(self, url: str) -> str | None:
         """The proxy for requests to ``url`` (by its scheme), or None."""
         return self.http_proxy if url.startswith("http://") else self.https_proxy
+
+    def for_workers(self) -> "StoreConfig":
+        """These settings as sent to worker processes (Ray tasks), which may run on other machines
+        and outlive short-lived session keys: credentials read from this process's environment are
+        left out, so each worker resolves its own through its credential chain (its environment,
+        profile, instance or pod role). Credentials a caller put in the config explicitly are kept."""
+        if not self.credentials_from_environment:
+            return self
+        return replace(self, env_credentials=None, credentials_from_environment=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **flags: Any) -> "StoreConfig":
@@ -63,6 +75,7 @@ def resolve_store_config(
     """
     env = os.environ if env is None else env
     endpoint = _endpoint(endpoint_url, env)
+    credentials = None if profile or no_sign_request else _env_credentials(env)
     emulator = env.get("STORAGE_EMULATOR_HOST") or None
     if emulator and not emulator.startswith("http"):
         emulator = f"http://{emulator}"
@@ -75,7 +88,8 @@ def resolve_store_config(
         gcs_endpoint=emulator,
         timeout=timeout if timeout is not None else _number(env, "LADING_TIMEOUT", "60", float),
         retry=RetryPolicy(attempts=_number(env, "LADING_RETRIES", "6", int)),
-        env_credentials=None if profile or no_sign_request else _env_credentials(env),
+        env_credentials=credentials,
+        credentials_from_environment=credentials is not None,
         ca_bundle=env.get("AWS_CA_BUNDLE") or None,
         https_proxy=_first(env, "HTTPS_PROXY", "https_proxy"),
         http_proxy=_first(env, "HTTP_PROXY", "http_proxy"),

@@ -203,7 +203,7 @@ def _run_tasks(ray: Any, plan: PackPlan, jobs: list[ShardJob], todo: list[int], 
         name="lading_pack_shard", max_retries=MAX_RETRIES, retry_exceptions=[TransientError],
         num_cpus=1, scheduling_strategy="SPREAD")
     in_flight = max(4, 2 * int(ray.cluster_resources().get("CPU", 1)))
-    config_ref = ray.put(config)
+    config_ref = ray.put(config.for_workers())  # each worker resolves its own credentials
     waiting: dict[Any, int] = {}
     queue = list(reversed(todo))
     try:

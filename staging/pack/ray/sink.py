@@ -168,7 +168,10 @@ class ShardSink(Datasink):
         name: the dataset's name (letters, digits, ``.``, ``_``, ``-``): file names and index.
         shard_size: target shard size: bytes, or a size string as ``lading pack --shard-size``
             takes (``"256KB"``, ``"64MiB"``); a shard ends at the first row past it.
-        config: store settings (default: ``StoreConfig.from_env()`` on the driver, sent to the tasks).
+        config: store settings (default: ``StoreConfig.from_env()`` on the driver), sent to the
+            tasks without the credentials read from the driver's environment: each worker
+            resolves its own through its credential chain; credentials put in ``config``
+            explicitly travel with it.
     """
 
     def __init__(self, dest: str, *, name: str, shard_size: int | str = DEFAULT_SHARD_SIZE,
@@ -182,6 +185,13 @@ class ShardSink(Datasink):
         self.index: dict[str, Any] | None = None
         self.shards: list[PublishedShard] = []
         self._pattern = re.compile(rf"^{re.escape(name)}-\d{{6}}-\d{{4}}\.tar$")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """What travels to Ray's write tasks: the settings without credentials read from the
+        driver's environment, so each worker resolves its own (StoreConfig.for_workers)."""
+        state = dict(self.__dict__)
+        state["config"] = self.config.for_workers()
+        return state
 
     # -- what subclasses (lading.datalayer.ray) change ------------------------------------------
 
