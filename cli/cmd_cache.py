@@ -73,7 +73,7 @@ def _age(seconds: float) -> str:
     return "just now"
 
 
-cache_dir_option = click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+cache_dir_option = click.option("--cache-dir", type=click.Path(file_okay=False, readable=False), default=None,
                                 help="Cache root (default: $LADING_CACHE_DIR, else /tmp/lading-cache-<uid>).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
 

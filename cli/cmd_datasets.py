@@ -101,7 +101,7 @@ def list_datasets(store_uri: str, as_json: bool, **options: Any) -> None:
 
 @datasets.command("show", epilog=SHOW_EPILOG)
 @click.argument("uri", metavar="STORE_URI/NAME/VERSION")
-@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--cache-dir", type=click.Path(file_okay=False, readable=False), default=None,
               help="Node cache root to check (default: $LADING_CACHE_DIR, else ~/.cache/lading).")
 @json_option
 @store_options

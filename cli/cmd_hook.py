@@ -13,7 +13,7 @@ import click
 from lading.cli.context import AppState
 from lading.cli.progress import Throttle, human, line_interval
 from lading.cli.store_options import pop_store_config, store_options
-from lading.core.errors import UsageError
+from lading.core.errors import NotFound, UsageError
 from lading.stores.config import StoreConfig
 from lading.transfer import TransferResult
 
@@ -166,7 +166,8 @@ Examples:
 
 \b
 Exit codes: 0 written or already up to date, 2 usage (arguments, DEST not absolute,
-CONTEXT_DIR not a directory, damaged markers), 4 startup-hook.sh not writable."""
+CONTEXT_DIR not a directory, damaged markers), 3 CONTEXT_DIR does not exist,
+4 startup-hook.sh not writable."""
 
 HOOK_RUN_HELP = """Stage the experiment config's data.datasets on this node.
 
@@ -237,7 +238,7 @@ def _init_arguments(args: tuple[str, ...]) -> tuple[Path, tuple[str, ...]]:
                          missing_dest)
     context = Path(args[0] if len(args) in (1, 3) else ".")
     if not context.exists():
-        raise UsageError(f"context directory {str(context)!r} does not exist")
+        raise NotFound(f"context directory {str(context)!r} does not exist")  # as `lading check` says it
     if not context.is_dir():
         raise UsageError(f"context directory {str(context)!r} is not a directory",
                          "CONTEXT_DIR is the model directory that holds startup-hook.sh")

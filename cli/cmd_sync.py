@@ -328,7 +328,7 @@ def _report_failures(summary: Any) -> int:
 @click.option("--delete", is_flag=True, help="Remove files lading synced earlier that left the source.")
 @click.option("--allow-empty", is_flag=True,
               help="Accept a source with no objects (or none matching the filters); default: exit 3.")
-@click.option("--cache-dir", type=click.Path(file_okay=False), default=None, envvar="LADING_CACHE_DIR",
+@click.option("--cache-dir", type=click.Path(file_okay=False, readable=False), default=None, envvar="LADING_CACHE_DIR",
               help="Node cache directory, yours alone (default /tmp/lading-cache-<uid>, mode 0700; "
                    "giving it turns the cache on).")
 @click.option("--no-cache", is_flag=True, help="Never use the node cache.")

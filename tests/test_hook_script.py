@@ -58,14 +58,14 @@ def test_cli_init_dry_run_changes_nothing(lading, tmp_path):
     assert not (tmp_path / "startup-hook.sh").exists()
 
 
-@pytest.mark.parametrize("args, message", [
-    (("s3://bucket/x/", "relative/dest"), "absolute"),
-    (("s3:/bucket", "/tmp/x"), "malformed"),
-    (("/no/such/context", "s3://bucket/x/", "/tmp/x"), "does not exist"),
+@pytest.mark.parametrize("args, message, code", [
+    (("s3://bucket/x/", "relative/dest"), "absolute", 2),
+    (("s3:/bucket", "/tmp/x"), "malformed", 2),
+    (("/no/such/context", "s3://bucket/x/", "/tmp/x"), "does not exist", 3),  # as in `lading check`
 ])
-def test_cli_init_bad_input_is_a_usage_error(lading, tmp_path, args, message):
+def test_cli_init_bad_input_is_a_usage_error(lading, tmp_path, args, message, code):
     result = lading("hook", "init", *args, cwd=tmp_path)
-    assert result.returncode == 2 and message in result.stderr
+    assert result.returncode == code and message in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -67,9 +67,9 @@ class LocalPublisher:
     def __init__(self, root: Path, plan: PackPlan) -> None:
         self.plan = plan
         self.final_dir = root / plan.prefix if plan.prefix else root
-        if (self.final_dir / Path(plan.index_key).name).exists():
-            raise _already_packed(str(self.final_dir / Path(plan.index_key).name))
-        try:
+        try:  # the check too: a DEST under a directory we may not enter fails here (EACCES)
+            if (self.final_dir / Path(plan.index_key).name).exists():
+                raise _already_packed(str(self.final_dir / Path(plan.index_key).name))
             self.final_dir.mkdir(parents=True, exist_ok=True)
             _remove_stale_staging(self.final_dir, plan.options.name)
             self.staging = Path(tempfile.mkdtemp(prefix=f".{plan.options.name}.lading-pack-{os.getpid()}-",

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from lading.core.atomic import write_atomically
-from lading.core.errors import AccessDenied, ObjectChanged, ProblemFound, UsageError
+from lading.core.errors import AccessDenied, NotFound, ObjectChanged, ProblemFound, UsageError, local_error
 from lading.stores.base import ObjectInfo, Store
 from lading.stores.s3.store import md5_of_etag
 from lading.stores.objstore import ObstoreReads
@@ -128,11 +128,17 @@ def parse_limit(limit: int | str | None) -> int | None:
     return parse_limit(int(float(match.group(1)) * _UNITS[unit]))
 
 
+_OWN_DIRECTORY = "set LADING_CACHE_DIR (or cache_dir=) to a directory you can write"
+
+
 def check_root(root: Path) -> None:
     """Refuse (AccessDenied, exit 4, as ``lading sync`` refuses its node cache) a cache root that
     is not a directory owned by this user, or that group or others can write to. A symlink is
-    judged by its target."""
-    st = os.stat(root)
+    judged by its target. One we may not read or enter is AccessDenied too."""
+    try:
+        st = os.stat(root)
+    except OSError as err:
+        raise local_error(err, f"use the cache directory {root}", _OWN_DIRECTORY) from None
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"cache directory {root} is not a directory")
     if st.st_uid != os.geteuid():
@@ -143,6 +149,8 @@ def check_root(root: Path) -> None:
         raise AccessDenied(f"refusing cache directory {root}: others can write to it "
                            f"(mode {stat.S_IMODE(st.st_mode):04o}); its shards would feed your training",
                            f"chmod go-w {root}, or use another directory")
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise AccessDenied(f"cannot use the cache directory {root}: permission denied", _OWN_DIRECTORY)
 
 
 def _digest(text: str) -> str:
@@ -253,9 +261,8 @@ class NodeCache:
             self.folder = self.root / _DATASETS
             self.folder.mkdir(exist_ok=True, mode=0o700)
             check_root(self.folder)
-        except PermissionError as err:
-            raise UsageError(f"cannot use cache directory {self.root}: {err.strerror}",
-                             "set LADING_CACHE_DIR (or cache_dir=) to a directory you can write") from err
+        except OSError as err:
+            raise local_error(err, f"use the cache directory {self.root}", _OWN_DIRECTORY) from err
         self._known: set[Path] = set()
         self._lock = threading.Lock()
         self.index = EntryIndex(self.folder)
@@ -564,8 +571,10 @@ class CachedDataset:
 def open_root(root: Path | str | None) -> Path:
     """The cache root to inspect (checked like a dataset would check it), or NotFound-like empty."""
     path = Path(root).expanduser() if root is not None else default_cache_root()
-    if path.exists():
+    try:
         check_root(path)
+    except NotFound:
+        pass  # nothing cached yet
     return path
 
 
