@@ -67,6 +67,14 @@ class IOCore:
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
         return _wait(future)
 
+    def spawn(self, work: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start one coroutine on the loop and return at once (from any other thread): for callers
+        that wait on their own terms, such as the mount's readers waiting on many GETs at once."""
+        if self._closing:
+            work.close()
+            raise RuntimeError("the I/O core is shut down: the interpreter is exiting")
+        return asyncio.run_coroutine_threadsafe(work, self._loop)
+
     def run_all(self, works: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
         """Run a batch concurrently (at most ``max_requests`` at a time); results in order. The
         first failure is raised once every request of the batch has ended."""
