@@ -78,7 +78,8 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--rank", type=int, help="This rank (default: from the launcher's environment).")
 @click.option("--world-size", type=int, help="Number of ranks (default: from the launcher's environment).")
 @click.option("--max-memory", callback=_size, metavar="SIZE",
-              help="Bound on all read buffers (default: 1/16 of RAM, 128MiB..2GiB).")
+              help="The daemon's memory budget (RSS): readahead and cached data get what the listed "
+                   "tree leaves of it, at least 16MiB [default: 128MiB].")
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep fetched data on local disk so later epochs skip the store.")
 @click.option("--cache-size", callback=_size, metavar="SIZE",
@@ -86,7 +87,8 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds a read may wait for the store before failing with EIO.")
 @click.option("--workers", "--concurrency", "workers", type=click.IntRange(1, 256), default=32, show_default=True,
-              help="Ranged GETs in flight at most (--concurrency: the old name).")
+              help="Readahead GETs in flight at most; a reader's own misses never wait behind them "
+                   "(--concurrency: the old name).")
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Daemon log (stats on SIGUSR1 and at unmount). Default: none when detached.")
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount (FUSE allow_other).")
@@ -103,7 +105,7 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
     from dataclasses import replace
 
     from lading.core.retry import RetryPolicy
-    from lading.mounts.lifecycle import MountOptions, default_max_memory
+    from lading.mounts.lifecycle import DEFAULT_MAX_MEMORY, MountOptions
     from lading.mounts.lifecycle import mount as do_mount
     from lading.mounts.reader import ReaderConfig
     from lading.selection.topology import detect_topology
@@ -122,8 +124,8 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
         mountpoint=mountpoint.absolute(),
         store=config,
         view=_view(uri, manifest, topology.rank, topology.world_size, distribution, balance, allow_empty),
-        reader=ReaderConfig(max_memory=max_memory or default_max_memory(), concurrency=workers,
-                            timeout=timeout),
+        reader=ReaderConfig(concurrency=workers, timeout=timeout),
+        max_memory=max_memory or DEFAULT_MAX_MEMORY,
         cache_dir=cache_dir.absolute() if cache_dir else None,
         cache_size=cache_size or 10 << 30,
         foreground=foreground,

@@ -1,7 +1,7 @@
-"""Buffers of file data: a memory LRU bounded by a global budget, and an optional disk LRU.
+"""The optional disk cache of file data: an LRU of fixed-size chunks.
 
-Both are keyed by chunk: ``(file index, chunk number)`` in memory, and a name derived from the
-object's key *and version* on disk, so a changed object can never be served from a stale cache.
+Chunks are named after the object's key *and version*, so a changed object can never be served
+from a stale cache. (The memory cache is the reader's, :mod:`lading.mounts.reader`.)
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import sys
 import threading
 from collections import OrderedDict
 from pathlib import Path
@@ -18,69 +17,8 @@ from lading.stores import AccessDenied, UsageError
 
 log = logging.getLogger("lading.mount")
 
-ChunkId = tuple[int, int]
-
-
-class MemoryCache:
-    """Chunks in memory, least recently used evicted first once ``budget`` bytes are held.
-
-    ``reserved`` counts bytes of GETs in flight, so that prefetching can be throttled before
-    the data arrives.
-    """
-
-    def __init__(self, budget: int) -> None:
-        self.budget = budget
-        self._chunks: OrderedDict[ChunkId, memoryview] = OrderedDict()
-        self._held = 0
-        self.reserved = 0
-        self._lock = threading.Lock()
-
-    def get(self, chunk: ChunkId) -> memoryview | None:
-        """The chunk's bytes, marking it recently used, or None."""
-        with self._lock:
-            data = self._chunks.get(chunk)
-            if data is not None:
-                self._chunks.move_to_end(chunk)
-            return data
-
-    def put(self, chunk: ChunkId, data: memoryview) -> None:
-        """Store a chunk, evicting old ones to stay within the budget."""
-        with self._lock:
-            old = self._chunks.pop(chunk, None)
-            if old is not None:
-                self._held -= len(old)
-            self._chunks[chunk] = data
-            self._held += len(data)
-            while self._held > self.budget and len(self._chunks) > 1:
-                _, evicted = self._chunks.popitem(last=False)
-                self._held -= len(evicted)
-
-    def discard(self, chunk: ChunkId) -> None:
-        """Forget a chunk (already consumed by a sequential reader)."""
-        with self._lock:
-            old = self._chunks.pop(chunk, None)
-            if old is not None:
-                self._held -= len(old)
-
-    def headroom(self) -> int:
-        """Bytes that can still be reserved for prefetching without evicting anything."""
-        with self._lock:
-            return self.budget - self._held - self.reserved
-
-    def reserve(self, nbytes: int) -> None:
-        """Account for a GET about to be issued."""
-        with self._lock:
-            self.reserved += nbytes
-
-    def release(self, nbytes: int) -> None:
-        """A GET finished (its data, if any, is now ``put``)."""
-        with self._lock:
-            self.reserved -= nbytes
-
-    @property
-    def held(self) -> int:
-        """Bytes currently cached."""
-        return self._held
+#: Bytes per disk-cache chunk (the last chunk of a file is shorter).
+CHUNK = 256 * 1024
 
 
 def chunk_prefix(key: str, version: str) -> str:
@@ -177,31 +115,3 @@ class DiskCache:
     def held(self) -> int:
         """Bytes on disk."""
         return self._held
-
-
-class BufferPool:
-    """Reuses buffers of one standard size (GETs) once nothing refers to them any more.
-
-    ``bytearray(n)`` zeroes n bytes and, for fresh memory, takes a page fault per 4 KiB, all
-    under the GIL: that was half of the daemon's GIL time on a cold sequential read. A buffer is
-    free again when no chunk view points into it (its reference count is back to ours).
-    """
-
-    def __init__(self, size: int, capacity: int) -> None:
-        self.size = size
-        self.capacity = capacity
-        self._buffers: list[bytearray] = []
-        self._lock = threading.Lock()
-
-    def take(self, size: int) -> bytearray:
-        """A buffer of ``size`` bytes (contents undefined)."""
-        if size != self.size or not self.capacity:
-            return bytearray(size)
-        with self._lock:
-            for buffer in self._buffers:
-                if sys.getrefcount(buffer) <= 3:  # the list, this loop, getrefcount's argument
-                    return buffer
-            buffer = bytearray(size)
-            if len(self._buffers) < self.capacity:
-                self._buffers.append(buffer)
-            return buffer

@@ -171,7 +171,9 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
         def release(self, path: str, fh: int) -> int:
             """Forget a handle."""
             with self._lock:
-                self._handles.pop(fh, None)
+                handle = self._handles.pop(fh, None)
+            if handle is not None:
+                reader.release(handle)
             return 0
 
         @boundary(verb("statfs"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +19,7 @@ class MountOptions:
     store: StoreConfig = field(default_factory=StoreConfig)
     view: ViewSpec = field(default_factory=ViewSpec)
     reader: ReaderConfig = field(default_factory=ReaderConfig)
+    max_memory: int = 128 << 20  # the daemon's memory budget (RSS), buffers included
     cache_dir: Path | None = None
     cache_size: int = 10 << 30
     foreground: bool = False
@@ -37,10 +37,16 @@ class MountReady:
     seconds: float
 
 
-def default_max_memory() -> int:
-    """A modest share of RAM for buffers: 1/16 of it, between 128 MiB and 2 GiB."""
-    try:
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        total = 8 << 30
-    return max(128 << 20, min(2 << 30, total // 16))
+#: The daemon's memory budget unless --max-memory says otherwise.
+DEFAULT_MAX_MEMORY = 128 << 20
+#: File-data buffers get at least this much, whatever the budget leaves them.
+MIN_BUFFERS = 16 << 20
+#: Kept free within the budget for what buffers do not count: the allocator's free memory (up to
+#: its trim threshold), FUSE's threads and requests, Python objects per open file.
+OVERHEAD = 32 << 20
+
+
+def buffer_budget(max_memory: int, daemon_rss: int) -> int:
+    """Bytes of file data the reader may hold or have in flight: what ``max_memory`` leaves once
+    the daemon (interpreter, store client, listed tree) takes ``daemon_rss``, less a reserve."""
+    return max(MIN_BUFFERS, max_memory - daemon_rss - OVERHEAD)

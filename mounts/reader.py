@@ -1,43 +1,64 @@
-"""Lazy reads for the mount: chunked, version-guarded ranged GETs with adaptive prefetch.
+"""Lazy reads for the mount: version-pinned ranged GETs on the I/O core, shaped by how a file is read.
 
-Data is addressed in fixed chunks (``CHUNK`` bytes). A GET covers a run of chunks and is
-always guarded by the object's version, so every byte of a file comes from the version that
-was listed; a changed object raises ObjectChanged instead of mixing bytes.
+Every GET is a coroutine on this process's I/O core (:mod:`lading.stores.ranged`): FUSE's threads
+plan what to fetch, hand the GETs to the loop in one hop and wait only for the bytes they need;
+no thread waits on the loop per GET or per piece. A GET's answer is one zero-copy buffer of the
+store client's, copied once, straight into the page the kernel asked for.
 
-- Sequential readers (each read starting near where the previous one ended) get a prefetch
-  window that starts at ``INITIAL_WINDOW`` and doubles up to ``MAX_WINDOW``, split into GETs
-  of up to ``MAX_GET`` bytes that run in parallel on the fetch pool.
-- Random readers get only the aligned chunks they touch.
-- Small files are fetched whole when opened.
-- Every byte held in memory or in flight counts against one global budget.
+What is fetched depends on the access pattern, per open file:
+
+- **Sequential** (each read starts near where the previous one ended, twice in a row): a readahead
+  window that starts at :data:`INITIAL_WINDOW` and doubles up to :data:`MAX_WINDOW` (and to the
+  reader's share of the memory budget), as parts of up to :data:`MAX_PART` in flight at once.
+- **Random**: what was asked for, rounded out to :data:`BLOCK`, with no readahead; misses that
+  touch each other (several readers, or one read spanning blocks) become one GET.
+- **Small files** (up to :data:`SMALL_FILE`) are fetched whole, in one GET, when opened; when files
+  are opened in listing order (a directory being walked), the next few small files are fetched too.
+
+Fetched ranges (*extents*) are cached until read (a sequential reader's are dropped once served:
+the kernel's page cache has them) or evicted, least recently used first. Every byte held or in
+flight counts against one budget (:attr:`ReaderConfig.max_memory`): readahead uses only what is
+free, a reader's demand may evict.
 """
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import logging
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import Callable
 
-from lading.mounts.cache import BufferPool, ChunkId, DiskCache, MemoryCache, chunk_prefix
-from lading.mounts.source import range_streamer
+from lading.mounts.cache import CHUNK, DiskCache, chunk_prefix
+from lading.mounts.memory import buffer_address
 from lading.mounts.stats import Stats
 from lading.mounts.tree import FileEntry
-from lading.stores import DEFAULT_POLICY, LadingError, Store, TransientError
+from lading.stores import LadingError, Store, TransientError
+from lading.stores.iocore import io_core
+from lading.stores.ranged import RangeRequest, async_range_reader
 
 log = logging.getLogger("lading.mount")
 
-CHUNK = 256 * 1024
-INITIAL_WINDOW = 1 << 20
-MAX_WINDOW = 128 << 20
-MAX_GET = 4 << 20
-MIN_GET = 1 << 20
-SEQUENTIAL_SLACK = 8 << 20  # > the kernel readahead the daemon sets (4 MiB)
+BLOCK = 16 << 10
 SMALL_FILE = 1 << 20
-STALL_GRACE = 0.5  # seconds during which a chunk that just timed out fails without waiting
+INITIAL_WINDOW = 1 << 20
+MAX_WINDOW = 64 << 20
+MIN_PART = 512 << 10
+MAX_PART = 8 << 20
+#: A read this close to where the last one ended continues it (the kernel's readahead requests
+#: arrive out of order); once streaming, anything inside the window counts too.
+NEAR = 256 << 10
+STREAM_SLACK = 8 << 20
+#: Files fetched ahead of a directory walk, and the share of the budget they may take.
+WALK_AHEAD = 32
+WALK_SHARE = 4
+WALK_JITTER = 16  # several readers walking together open files a little out of order
+STALL_GRACE = 0.5  # seconds during which a file whose read just timed out fails without waiting
 
 
 class ReadTimeout(TransientError):
@@ -46,336 +67,516 @@ class ReadTimeout(TransientError):
 
 @dataclass
 class ReaderConfig:
-    """Tuning of the read path."""
+    """Tuning of the read path. ``max_memory``: bytes of file data held or in flight at most."""
 
-    max_memory: int = 512 << 20
+    max_memory: int = 64 << 20
     concurrency: int = 32
     timeout: float = 30.0
     small_file: int = SMALL_FILE
     max_window: int = MAX_WINDOW
 
 
+class Extent:
+    """Bytes ``[start, end)`` of one file: in flight (``data`` None) or arrived."""
+
+    __slots__ = ("index", "start", "end", "data", "address", "future", "served", "live")
+
+    def __init__(self, index: int, start: int, end: int) -> None:
+        self.index = index
+        self.start = start
+        self.end = end
+        self.data: memoryview | None = None  # keeps the buffer at ``address`` alive
+        self.address = 0
+        self.future: Future[int] = Future()  # the address, once arrived
+        self.served = 0
+        self.live = True  # still in the cache's index (else its bytes are no longer counted)
+
+    def arrive(self, data: memoryview) -> None:
+        """The bytes are in: note where they are (readers are woken separately)."""
+        self.address = buffer_address(data)
+        self.data = data  # set last: a reader that sees it may use ``address``
+
+
+class FileCache:
+    """One file's extents, sorted and non-overlapping."""
+
+    __slots__ = ("starts", "extents", "stalled")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.extents: list[Extent] = []
+        self.stalled = 0.0  # when a read of this file last timed out
+
+    def add(self, extent: Extent) -> None:
+        """Insert an extent (it overlaps none)."""
+        i = bisect.bisect_left(self.starts, extent.start)
+        self.starts.insert(i, extent.start)
+        self.extents.insert(i, extent)
+
+    def remove(self, extent: Extent) -> None:
+        """Drop an extent from the index."""
+        i = bisect.bisect_left(self.starts, extent.start)
+        if i < len(self.extents) and self.extents[i] is extent:
+            del self.starts[i]
+            del self.extents[i]
+
+    def overlapping(self, start: int, end: int) -> list[Extent]:
+        """Extents that share bytes with ``[start, end)``, in order."""
+        i = max(0, bisect.bisect_right(self.starts, start) - 1)
+        found = []
+        extents = self.extents
+        while i < len(extents) and extents[i].start < end:
+            if extents[i].end > start:
+                found.append(extents[i])
+            i += 1
+        return found
+
+    def holes(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The parts of ``[start, end)`` no extent covers."""
+        gaps = []
+        position = start
+        for extent in self.overlapping(start, end):
+            if extent.start > position:
+                gaps.append((position, extent.start))
+            position = max(position, extent.end)
+        if position < end:
+            gaps.append((position, end))
+        return gaps
+
+
 class OpenFile:
-    """One open file handle: the entry it reads and its sequential-read state."""
+    """One open file handle: the entry it reads and its access-pattern state."""
 
-    __slots__ = ("entry", "prefix", "lock", "next_offset", "window", "prefetched_to", "opened", "answered")
+    __slots__ = ("entry", "next_offset", "streak", "window", "prefetched_to", "opened", "answered")
 
-    def __init__(self, entry: FileEntry, prefix: str) -> None:
+    def __init__(self, entry: FileEntry) -> None:
         self.entry = entry
-        self.prefix = prefix
-        self.lock = threading.Lock()
         self.next_offset = 0
+        self.streak = 0  # consecutive reads that continued the previous one
         self.window = INITIAL_WINDOW
         self.prefetched_to = 0
         self.opened = time.monotonic()
         self.answered = False
 
+    @property
+    def streaming(self) -> bool:
+        """Whether this handle reads sequentially (and gets readahead)."""
+        return self.streak >= 2
+
+
+@dataclass
+class _Fetch:
+    """One GET: bytes ``[start, end)`` of ``entry`` for the extents that tile it."""
+
+    entry: FileEntry
+    start: int
+    end: int
+    extents: list[Extent]
+    demand: bool
+
 
 class Reader:
-    """Serves byte ranges of tree entries from memory, disk cache or the store."""
+    """Serves byte ranges of tree entries from memory, the disk cache or the store."""
 
     def __init__(self, store: Store, config: ReaderConfig, disk: DiskCache | None = None,
-                 stats: Stats | None = None) -> None:
+                 stats: Stats | None = None, entry_at: Callable[[int], FileEntry] | None = None,
+                 file_count: int = 0) -> None:
         self.store = store
-        self._stream = range_streamer(store)
-        self._retry = getattr(getattr(store, "config", None), "retry", DEFAULT_POLICY)
         self.config = config
-        self.memory = MemoryCache(config.max_memory)
         self.disk = disk
         self.stats = stats or Stats()
-        self._pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="lading-get")
-        self._pending: dict[ChunkId, Future[memoryview]] = {}
-        self._stalled: dict[ChunkId, float] = {}  # chunk -> when a reader last timed out on it
-        self._buffers = BufferPool(MAX_GET, max(0, config.max_memory // 4) // MAX_GET)
+        self.budget = config.max_memory
+        self._read_range = async_range_reader(store)
+        self._core = io_core()
         self._lock = threading.Lock()
+        self._files: dict[int, FileCache] = {}
+        self._unread: OrderedDict[Extent, None] = OrderedDict()  # arrived, nothing served yet
+        self._leftover: OrderedDict[Extent, None] = OrderedDict()  # arrived, partly served
+        self._held = 0  # bytes of live extents, arrived or in flight
+        self._streams: set[OpenFile] = set()
+        self._slots: object = None  # the readahead semaphore, made on the loop
+        self._tasks: set[object] = set()  # GETs running (the loop keeps only weak references)
+        self._entry_at = entry_at
+        self._file_count = file_count
+        self._walk_next = -1
+        self._walk_streak = 0
+        self._walked_to = -1
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="lading-disk") if disk else None
+        self._closed = False
 
     def close(self) -> None:
-        """Stop the fetch pool without waiting for stuck requests."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop accepting reads; GETs in flight finish on the I/O core on their own."""
+        self._closed = True
+        if self._writer is not None:
+            self._writer.shutdown(wait=True)
 
-    # -- handles ---------------------------------------------------------------------------
+    @property
+    def held(self) -> int:
+        """Bytes of file data held or in flight."""
+        return self._held
+
+    # -- handles ---------------------------------------------------------------------------------
     def open(self, entry: FileEntry) -> OpenFile:
-        """A new handle; small files start downloading whole right away."""
-        handle = OpenFile(entry, chunk_prefix(entry.key, entry.version) if self.disk else "")
+        """A new handle; a small file starts downloading whole right away, and so do the next
+        small files when files are being opened in listing order."""
+        handle = OpenFile(entry)
         self.stats.add(opens=1)
-        if 0 < entry.size <= self.config.small_file:
-            self._ensure(handle, 0, _chunks_in(entry.size), demand=False)
-            handle.prefetched_to = entry.size
+        fetches: list[_Fetch] = []
+        with self._lock:
+            if 0 < entry.size <= self.config.small_file:
+                self._whole_file(entry, fetches)
+                handle.prefetched_to = entry.size
+            self._walk(entry.index, fetches)
+        self._submit(fetches)
         return handle
+
+    def release(self, handle: OpenFile) -> None:
+        """A handle was closed."""
+        with self._lock:
+            self._streams.discard(handle)
 
     def read(self, handle: OpenFile, offset: int, size: int) -> bytes:
         """Bytes ``[offset, offset+size)`` of the file (short at end of file)."""
-        return b"".join(self.slices(handle, offset, size))
+        buffer = (ctypes.c_char * max(1, size))()
+        count = self.read_into(handle, offset, size, ctypes.addressof(buffer))
+        return buffer.raw[:count]
 
     def read_into(self, handle: OpenFile, offset: int, size: int, dest: int) -> int:
-        """Copy bytes ``[offset, offset+size)`` to address ``dest`` (FUSE's buffer); return the count.
-
-        One copy from our buffers straight into the kernel's: no intermediate bytes object.
-        """
-        written = 0
-        for piece in self.slices(handle, offset, size):
-            n = len(piece)
-            ctypes.memmove(dest + written, ctypes.addressof(ctypes.c_char.from_buffer(piece)), n)
-            written += n
-        return written
-
-    def slices(self, handle: OpenFile, offset: int, size: int) -> list[memoryview]:
-        """Views of our buffers that together hold bytes ``[offset, offset+size)``."""
+        """Copy bytes ``[offset, offset+size)`` to address ``dest`` (FUSE's buffer); return the count."""
         end = min(offset + size, handle.entry.size)
-        if offset >= end:
-            return []
-        self._plan_prefetch(handle, offset, end)
-        pieces = self._gather(handle, offset, end)
-        self.stats.add(reads=1, bytes_served=end - offset)
+        if offset >= end or self._closed:
+            return 0
+        if self.disk is not None:
+            self._load_from_disk(handle.entry, offset, end)
+        fetches: list[_Fetch] = []
+        with self._lock:
+            files = self._files.setdefault(handle.entry.index, FileCache())
+            self._fail_fast_if_stalled(handle, files)
+            self._classify(handle, offset, end)
+            # Held here, so that making room for new GETs cannot take the bytes of this read away.
+            needed = files.overlapping(offset, end)
+            self._demand(handle, files, offset, end, fetches)
+            needed += [extent for fetch in fetches for extent in fetch.extents
+                       if extent.start < end and extent.end > offset]
+            needed.sort(key=lambda extent: extent.start)
+            if handle.streaming:
+                self._readahead(handle, files, end, fetches)
+            self._coalesce(fetches)
+        self._submit(fetches)
+        copied = self._copy(handle, needed, offset, end, dest)
+        self.stats.add(reads=1, bytes_served=copied)
         if not handle.answered:
             handle.answered = True
             self.stats.sample("ttfb", time.monotonic() - handle.opened)
-        return pieces
+        return copied
 
-    # -- prefetch policy -------------------------------------------------------------------
-    def _plan_prefetch(self, handle: OpenFile, offset: int, end: int) -> None:
-        size = handle.entry.size
-        with handle.lock:
-            # The kernel's readahead sends several requests at once and they arrive in any
-            # order: anything near the last read, or inside what we prefetched, is sequential.
-            slack = max(SEQUENTIAL_SLACK, handle.window // 2)
-            sequential = (handle.next_offset - slack <= offset <= handle.next_offset + slack
-                          or handle.next_offset <= offset < handle.prefetched_to)
-            if not sequential:
-                handle.window = INITIAL_WINDOW
-                handle.prefetched_to = end
-            handle.next_offset = max(end, handle.next_offset) if sequential else end
-            if not sequential or handle.prefetched_to >= size:
-                return
-            if handle.prefetched_to >= end + handle.window // 2:
-                return
-            start = max(handle.prefetched_to, offset)
-            stop = min(size, end + handle.window)
-            budget = max(0, self.memory.headroom())
-            stop = min(stop, max(end, start + budget))
-            if stop <= start:
-                return
-            handle.prefetched_to = stop
-            handle.window = min(handle.window * 2, self.config.max_window)
-            get_size = min(MAX_GET, max(MIN_GET, handle.window // 4))
-            first, last = start // CHUNK, _chunks_in(stop)
-            # Chunks well behind a sequential reader are in the page cache: drop our copy.
-            behind = offset // CHUNK - 16
-            for chunk in range(max(0, behind - 2 * (handle.window // CHUNK)), max(0, behind)):
-                self.memory.discard((handle.entry.index, chunk))
-        self._ensure(handle, first, last, demand=False, get_chunks=max(1, get_size // CHUNK))
-
-    # -- data path -------------------------------------------------------------------------
-    def _gather(self, handle: OpenFile, offset: int, end: int) -> list[memoryview]:
-        first, last = offset // CHUNK, _chunks_in(end)
-        index = handle.entry.index
-        views = []
-        missing = False
-        for chunk in range(first, last):
-            view = self.memory.get((index, chunk))
-            if view is None:
-                missing = True
-                break
-            views.append(view)
-        if missing:
-            waited = time.monotonic()
-            views = self._wait_chunks(handle, first, last)
-            self.stats.add(misses=1, wait_us=int((time.monotonic() - waited) * 1e6))
+    # -- what to fetch ---------------------------------------------------------------------------
+    def _classify(self, handle: OpenFile, offset: int, end: int) -> None:
+        """Count the reads that continue the previous one; anything else restarts the count."""
+        slack = max(STREAM_SLACK, handle.window // 2) if handle.streaming else NEAR
+        continues = (handle.next_offset - slack <= offset <= handle.next_offset + slack
+                     or (handle.streaming and offset < handle.prefetched_to and end > handle.next_offset - slack))
+        if handle.answered or handle.streak:
+            handle.streak = handle.streak + 1 if continues else 0
+        elif offset == 0:
+            handle.streak = 1  # a first read at the start: likely the beginning of a scan
+        if handle.streaming:
+            self._streams.add(handle)
         else:
+            self._streams.discard(handle)
+            handle.window = INITIAL_WINDOW
+            handle.prefetched_to = max(handle.prefetched_to, end) if handle.entry.size <= self.config.small_file \
+                else end
+        handle.next_offset = max(end, handle.next_offset) if continues else end
+
+    def _demand(self, handle: OpenFile, files: FileCache, offset: int, end: int, fetches: list[_Fetch]) -> None:
+        """GETs for the bytes this read needs and nobody has: rounded out to :data:`BLOCK`; a
+        streaming reader's first GET reaches :data:`MIN_PART` further."""
+        size = handle.entry.size
+        lo = offset - offset % BLOCK
+        hi = min(size, -(-end // BLOCK) * BLOCK)
+        if handle.streaming:
+            hi = min(size, max(hi, lo + MIN_PART))
+        holes = files.holes(lo, hi)
+        if not holes:
             self.stats.add(memory_hits=1)
-        pieces = []
-        position = first * CHUNK
-        for view in views:
-            lo, hi = max(offset - position, 0), min(end - position, len(view))
-            if hi > lo:
-                pieces.append(view[lo:hi])
-            position += len(view)
-        return pieces
-
-    def _wait_chunks(self, handle: OpenFile, first: int, last: int) -> list[memoryview]:
-        deadline = time.monotonic() + self.config.timeout
-        self._fail_fast_if_stalled(handle, first, last)
-        futures = self._ensure(handle, first, last, demand=True)
-        views = []
-        for chunk in range(first, last):
-            future = futures[chunk]
-            try:
-                views.append(future.result(timeout=max(0.0, deadline - time.monotonic())))
-            except FutureTimeout:
-                with self._lock:
-                    key = (handle.entry.index, chunk)
-                    if self._pending.get(key) is future:
-                        del self._pending[key]  # the next read asks the store again
-                    self._stalled[key] = time.monotonic()
-                self.stats.add(read_timeouts=1)
-                raise ReadTimeout(f"{handle.entry.key}: no answer from the store within "
-                                  f"{self.config.timeout:g}s") from None
-        return views
-
-    def _fail_fast_if_stalled(self, handle: OpenFile, first: int, last: int) -> None:
-        """Fail at once if these chunks just timed out: the kernel retries a failed readahead
-        with a second read at once, and that one must not wait another --timeout."""
-        if not self._stalled:
             return
-        now = time.monotonic()
-        with self._lock:
-            for chunk in range(first, last):
-                when = self._stalled.get((handle.entry.index, chunk))
-                if when is not None and now - when < STALL_GRACE:
-                    self.stats.add(read_timeouts=1)
-                    raise ReadTimeout(f"{handle.entry.key}: the store just timed out")
+        self.stats.add(misses=1)
+        for start, stop in holes:
+            if stop <= offset or start >= end:
+                if not handle.streaming:
+                    continue  # rounding only: fetch it only with a hole the read needs
+            self._make_room(stop - start, demand=True)
+            fetches.append(self._fetch(handle.entry, files, start, stop, demand=True))
+        handle.prefetched_to = max(handle.prefetched_to, hi)
 
-    def _ensure(self, handle: OpenFile, first: int, last: int, demand: bool,
-                get_chunks: int | None = None) -> dict[int, Future[memoryview]]:
-        """Make sure chunks ``[first, last)`` are cached or being fetched; return their futures.
+    def _readahead(self, handle: OpenFile, files: FileCache, end: int, fetches: list[_Fetch]) -> None:
+        """Keep a streaming reader's window ahead of it, within its share of the free budget."""
+        size = handle.entry.size
+        if handle.prefetched_to >= size or handle.prefetched_to >= end + handle.window // 2:
+            return
+        share = max(MIN_PART, self.budget // (2 * max(1, len(self._streams))))
+        window = min(handle.window, self.config.max_window, share)
+        start = max(handle.prefetched_to, end)
+        stop = min(size, end + window)
+        part = min(MAX_PART, max(MIN_PART, window // 8))
+        position = start
+        while position < stop:
+            piece_end = min(stop, position + part)
+            if size - piece_end < MIN_PART // 2:
+                piece_end = size  # no tiny last part
+            if self._held + (piece_end - position) > self.budget:
+                self._make_room(piece_end - position, demand=False)
+                if self._held + (piece_end - position) > self.budget:
+                    break
+            for hole_start, hole_end in files.holes(position, piece_end):
+                fetches.append(self._fetch(handle.entry, files, hole_start, hole_end, demand=False))
+            position = piece_end
+        handle.prefetched_to = max(handle.prefetched_to, position)
+        if position > start:
+            handle.window = min(handle.window * 2, self.config.max_window)
 
-        Missing runs become GETs of at most ``get_chunks`` chunks (demand reads: one GET).
-        """
-        index = handle.entry.index
-        futures: dict[int, Future[memoryview]] = {}
-        run: list[int] = []
-        runs: list[list[int]] = []
-        limit = get_chunks or (last - first)
-        if demand and self.disk is not None:  # disk reads outside the lock
-            for chunk in range(first, last):
-                if self.memory.get((index, chunk)) is None:
-                    self._from_disk(handle, chunk)
-        with self._lock:
-            for chunk in range(first, last):
-                key = (index, chunk)
-                view = self.memory.get(key)
-                if view is not None:
-                    if demand:
-                        done: Future[memoryview] = Future()
-                        done.set_result(view)
-                        futures[chunk] = done
-                    if run:
-                        runs.append(run)
-                        run = []
-                    continue
-                pending = self._pending.get(key)
-                if pending is None and not demand and self.disk is not None \
-                        and self.disk.has(f"{handle.prefix}-{chunk}"):
-                    if run:  # the disk cache has it; read it when asked for
-                        runs.append(run)
-                        run = []
-                    continue
-                if pending is not None:
-                    futures[chunk] = pending
-                    if run:
-                        runs.append(run)
-                        run = []
-                    continue
-                future = Future()
-                self._pending[key] = future
-                futures[chunk] = future
-                run.append(chunk)
-                if len(run) >= limit:
-                    runs.append(run)
-                    run = []
-            if run:
-                runs.append(run)
-        for chunks in runs:
-            self._submit(handle, chunks, {c: futures[c] for c in chunks})
-        return futures
+    def _whole_file(self, entry: FileEntry, fetches: list[_Fetch], demand: bool = True) -> None:
+        files = self._files.setdefault(entry.index, FileCache())
+        for start, stop in files.holes(0, entry.size):
+            if self.disk is not None and self._on_disk(entry, start, stop):
+                continue
+            self._make_room(stop - start, demand=demand)
+            fetches.append(self._fetch(entry, files, start, stop, demand=demand))
 
-    def _from_disk(self, handle: OpenFile, chunk: int) -> memoryview | None:
-        assert self.disk is not None
-        data = self.disk.get(f"{handle.prefix}-{chunk}")
-        if data is None:
-            return None
-        view = memoryview(bytearray(data))  # writable, like every buffer read_into copies from
-        self.memory.put((handle.entry.index, chunk), view)
-        self.stats.add(disk_hits=1)
-        return view
+    def _walk(self, index: int, fetches: list[_Fetch]) -> None:
+        """Files opened in listing order (a directory walked, one or several readers): fetch the
+        next small files ahead, within a quarter of the budget."""
+        if self._entry_at is None:
+            return
+        near = self._walk_next - WALK_AHEAD <= index <= self._walk_next + WALK_JITTER
+        self._walk_streak = self._walk_streak + 1 if near else 0
+        self._walk_next = max(self._walk_next, index) if near else index
+        if self._walk_streak < 3:
+            return
+        allowance = self.budget // WALK_SHARE
+        target = min(self._file_count, self._walk_next + 1 + WALK_AHEAD)
+        position = max(self._walked_to, self._walk_next + 1)
+        while position < target:
+            entry = self._entry_at(position)
+            if entry.size > self.config.small_file:
+                break  # a large file: its reader's own pattern decides
+            if entry.size and entry.index not in self._files:
+                if self._held + entry.size > allowance:
+                    break
+                self._whole_file(entry, fetches, demand=False)
+            position += 1
+        self._walked_to = position
 
-    def _submit(self, handle: OpenFile, chunks: list[int], futures: dict[int, Future[memoryview]]) -> None:
-        entry = handle.entry
-        start = chunks[0] * CHUNK
-        stop = min(entry.size, (chunks[-1] + 1) * CHUNK)
-        self.memory.reserve(stop - start)
+    def _fetch(self, entry: FileEntry, files: FileCache, start: int, end: int, demand: bool) -> _Fetch:
+        extent = Extent(entry.index, start, end)
+        if self._files.get(entry.index) is not files:  # made room by dropping this file's last extent
+            self._files[entry.index] = files
+        files.add(extent)
+        self._held += end - start
+        return _Fetch(entry, start, end, [extent], demand)
+
+    @staticmethod
+    def _coalesce(fetches: list[_Fetch]) -> None:
+        """Merge GETs of one file that touch each other (at most :data:`MAX_PART` each)."""
+        fetches.sort(key=lambda f: (f.entry.index, f.start))
+        merged: list[_Fetch] = []
+        for fetch in fetches:
+            last = merged[-1] if merged else None
+            if (last is not None and last.entry.index == fetch.entry.index and last.end == fetch.start
+                    and fetch.end - last.start <= MAX_PART):
+                last.end = fetch.end
+                last.extents.extend(fetch.extents)
+                last.demand = last.demand or fetch.demand
+            else:
+                merged.append(fetch)
+        fetches[:] = merged
+
+    def _make_room(self, nbytes: int, demand: bool) -> None:
+        """Evict arrived extents, least recently used first, until ``nbytes`` more fit the budget:
+        readahead evicts only what was partly read already, a reader's demand anything arrived."""
+        queues = (self._leftover, self._unread) if demand else (self._leftover,)
+        for queue in queues:
+            while queue and self._held + nbytes > self.budget:
+                extent, _ = queue.popitem(last=False)
+                self._drop(extent)
+
+    def _drop(self, extent: Extent) -> None:
+        """Forget an extent (its bytes stay valid for whoever holds a reference)."""
+        if not extent.live:
+            return
+        extent.live = False
+        self._held -= extent.end - extent.start
+        self._unread.pop(extent, None)
+        self._leftover.pop(extent, None)
+        files = self._files.get(extent.index)
+        if files is not None:
+            files.remove(extent)
+            if not files.extents and not files.stalled:
+                del self._files[extent.index]
+
+    # -- the I/O core ----------------------------------------------------------------------------
+    def _submit(self, fetches: list[_Fetch]) -> None:
+        if not fetches:
+            return
+        self.stats.add(requests=len(fetches))
         try:
-            self._pool.submit(self._fetch, handle, chunks, futures, start, stop)
-        except RuntimeError:  # the pool is shut down: we are unmounting
-            self.memory.release(stop - start)
-            self._fail(entry.index, futures, TransientError("unmounting"))
+            self._core.spawn(self._run(fetches))
+        except RuntimeError as err:  # the I/O core is shutting down with the process
+            for fetch in fetches:
+                self._failed(fetch, TransientError(f"unmounting: {err}"))
 
-    def _fetch(self, handle: OpenFile, chunks: list[int], futures: dict[int, Future[memoryview]],
-               start: int, stop: int) -> None:
-        """One GET for a run of chunks, publishing each chunk as soon as its bytes are in.
+    async def _run(self, fetches: list[_Fetch]) -> None:
+        import asyncio
 
-        A transient failure mid-body is retried from the first chunk not yet published.
-        """
-        entry = handle.entry
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.config.concurrency)
+        loop = asyncio.get_running_loop()
+        for fetch in fetches:
+            task = loop.create_task(self._get(fetch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _get(self, fetch: _Fetch) -> None:
+        """One GET: demand GETs at once, readahead within ``--workers`` GETs in flight."""
+        slots = self._slots
+        assert slots is not None
+        if not fetch.demand:
+            await slots.acquire()  # type: ignore[attr-defined]
         began = time.monotonic()
-        buffer = self._buffers.take(stop - start)
-        view = memoryview(buffer)
-        state = {"filled": 0, "published": 0}
-        attempt = 1
-
-        def sink(piece: memoryview) -> None:  # the piece is already in place in ``buffer``
-            size = len(piece)
-            filled = state["filled"] + size
-            state["filled"] = filled
-            self.stats.add(bytes_fetched=size)  # counted before the chunk is handed out
-            while state["published"] < len(chunks):
-                chunk_end = min(len(buffer), (state["published"] + 1) * CHUNK)
-                if filled < chunk_end:
-                    break
-                self._publish(handle, chunks[state["published"]], futures,
-                              view[state["published"] * CHUNK:chunk_end])
-                state["published"] += 1
-
         try:
-            while True:
-                resume = state["published"] * CHUNK
-                self.stats.add(requests=1)
-                state["filled"] = resume
-                try:
-                    self._stream(entry.key, start + resume, stop, entry.version, view[resume:], sink)
-                    if state["published"] < len(chunks):
-                        raise TransientError(f"{entry.key}: short read ({state['filled']} of {len(buffer)} bytes)")
-                    break
-                except TransientError as err:
-                    if attempt >= self._retry.attempts:
-                        raise
-                    log.info("GET %s [%d, %d) attempt %d failed, retrying: %s", entry.key, start + resume,
-                             stop, attempt, err.message)
-                    time.sleep(self._retry.delay(attempt))
-                    attempt += 1
+            entry = fetch.entry
+            view = await self._read_range(RangeRequest(entry.key, fetch.start, fetch.end, entry.version or None))
+            if len(view) != fetch.end - fetch.start:
+                raise TransientError(f"{entry.key}: short read ({len(view)} of {fetch.end - fetch.start} bytes "
+                                     f"at {fetch.start})")
         except BaseException as err:  # noqa: BLE001 - every failure must reach the waiting reader
-            self.memory.release(stop - start)
-            self.stats.add(request_errors=1)
-            if not isinstance(err, LadingError):
-                log.warning("GET %s [%d, %d) failed: %r", entry.key, start, stop, err)
-                err = TransientError(f"{entry.key}: {err}")
-            self._fail(entry.index, futures, err)
+            self._failed(fetch, err)
             return
-        self.memory.release(stop - start)
+        finally:
+            if not fetch.demand:
+                slots.release()  # type: ignore[attr-defined]
         self.stats.sample("get_latency", time.monotonic() - began)
+        self.stats.add(bytes_fetched=len(view))
+        self._arrived(fetch, view)
 
-    def _publish(self, handle: OpenFile, chunk: int, futures: dict[int, Future[memoryview]],
-                 data: memoryview) -> None:
-        key = (handle.entry.index, chunk)
-        self.memory.put(key, data)
-        if self.disk is not None:
-            self.disk.put(f"{handle.prefix}-{chunk}", data)
+    def _arrived(self, fetch: _Fetch, view: memoryview) -> None:
+        for extent in fetch.extents:
+            extent.arrive(view[extent.start - fetch.start:extent.end - fetch.start])
         with self._lock:
-            if self._pending.get(key) is futures[chunk]:
-                del self._pending[key]
-            self._stalled.pop(key, None)
-        futures[chunk].set_result(data)
+            for extent in fetch.extents:
+                if extent.live:
+                    self._unread[extent] = None
+        for extent in fetch.extents:
+            extent.future.set_result(extent.address)
+        if self._writer is not None:
+            self._writer.submit(self._to_disk, fetch.entry, fetch.start, view)
 
-    def _fail(self, index: int, futures: dict[int, Future[memoryview]], err: BaseException) -> None:
+    def _failed(self, fetch: _Fetch, err: BaseException) -> None:
+        self.stats.add(request_errors=1)
+        if not isinstance(err, LadingError):
+            log.warning("GET %s [%d, %d) failed: %r", fetch.entry.key, fetch.start, fetch.end, err)
+            err = TransientError(f"{fetch.entry.key}: {err}")
         with self._lock:
-            for chunk, future in futures.items():
-                if self._pending.get((index, chunk)) is future:
-                    del self._pending[(index, chunk)]
-        for future in futures.values():
-            if not future.done():
-                future.set_exception(err)
+            for extent in fetch.extents:
+                self._drop(extent)  # the next read asks the store again
+        for extent in fetch.extents:
+            extent.future.set_exception(err)
 
+    # -- serving ---------------------------------------------------------------------------------
+    def _copy(self, handle: OpenFile, extents: list[Extent], offset: int, end: int, dest: int) -> int:
+        """Wait for each extent in turn and copy its part of the read into ``dest``."""
+        deadline = time.monotonic() + self.config.timeout
+        waited = 0.0
+        copied = 0
+        position = offset
+        for extent in extents:
+            if extent.data is None:
+                began = time.monotonic()
+                try:
+                    extent.future.result(timeout=max(0.0, deadline - began))
+                except FutureTimeout:
+                    self._timed_out(handle, extent)
+                    raise ReadTimeout(f"{handle.entry.key}: no answer from the store within "
+                                      f"{self.config.timeout:g}s") from None
+                waited += time.monotonic() - began
+            lo, hi = max(position, extent.start), min(end, extent.end)
+            if lo != position or hi <= lo:
+                raise TransientError(f"{handle.entry.key}: internal error: no data for [{position}, {end})")
+            ctypes.memmove(dest + copied, extent.address + lo - extent.start, hi - lo)
+            copied += hi - lo
+            position = hi
+        if waited:
+            self.stats.add(wait_us=int(waited * 1e6))
+        self._served(handle, extents, offset, end)
+        return copied
 
-def _chunks_in(end: int) -> int:
-    """Number of chunks needed to cover ``[0, end)``."""
-    return (end + CHUNK - 1) // CHUNK
+    def _served(self, handle: OpenFile, extents: list[Extent], offset: int, end: int) -> None:
+        """Account the bytes served: an extent served whole is dropped (the kernel's page cache
+        has it now); one served in part stays, as the most recently used leftover."""
+        with self._lock:
+            for extent in extents:
+                extent.served += min(end, extent.end) - max(offset, extent.start)
+                if not extent.live:
+                    continue
+                if extent.served >= extent.end - extent.start:
+                    self._drop(extent)
+                else:
+                    self._unread.pop(extent, None)
+                    self._leftover[extent] = None
+                    self._leftover.move_to_end(extent)
+
+    def _timed_out(self, handle: OpenFile, extent: Extent) -> None:
+        self.stats.add(read_timeouts=1)
+        with self._lock:
+            self._drop(extent)  # the next read asks the store again
+            self._files.setdefault(handle.entry.index, FileCache()).stalled = time.monotonic()
+
+    def _fail_fast_if_stalled(self, handle: OpenFile, files: FileCache) -> None:
+        """Fail at once if this file just timed out: the kernel retries a failed readahead with a
+        second read at once, and that one must not wait another --timeout."""
+        if files.stalled and time.monotonic() - files.stalled < STALL_GRACE:
+            self.stats.add(read_timeouts=1)
+            raise ReadTimeout(f"{handle.entry.key}: the store just timed out")
+        files.stalled = 0.0
+
+    # -- the disk cache --------------------------------------------------------------------------
+    def _on_disk(self, entry: FileEntry, start: int, end: int) -> bool:
+        assert self.disk is not None
+        prefix = chunk_prefix(entry.key, entry.version)
+        return all(self.disk.has(f"{prefix}-{chunk}") for chunk in range(start // CHUNK, -(-end // CHUNK)))
+
+    def _load_from_disk(self, entry: FileEntry, offset: int, end: int) -> None:
+        """Cached chunks of ``[offset, end)`` not in memory become extents (read outside the lock)."""
+        assert self.disk is not None
+        prefix = chunk_prefix(entry.key, entry.version)
+        for chunk in range(offset // CHUNK, -(-end // CHUNK)):
+            lo, hi = chunk * CHUNK, min(entry.size, (chunk + 1) * CHUNK)
+            with self._lock:
+                files = self._files.get(entry.index)
+                holes = files.holes(lo, hi) if files is not None else [(lo, hi)]
+            if not holes or not self.disk.has(f"{prefix}-{chunk}"):
+                continue
+            data = self.disk.get(f"{prefix}-{chunk}")
+            if data is None or len(data) != hi - lo:
+                continue
+            view = memoryview(data)
+            with self._lock:
+                files = self._files.setdefault(entry.index, FileCache())
+                for start, stop in files.holes(lo, hi):
+                    self._make_room(stop - start, demand=True)
+                    extent = self._fetch(entry, files, start, stop, demand=True).extents[0]
+                    extent.arrive(view[start - lo:stop - lo])
+                    extent.future.set_result(extent.address)
+                    self._unread[extent] = None
+            self.stats.add(disk_hits=1)
+
+    def _to_disk(self, entry: FileEntry, start: int, view: memoryview) -> None:
+        """Whole chunks of a GET's answer (and the file's last one) into the disk cache."""
+        assert self.disk is not None
+        prefix = chunk_prefix(entry.key, entry.version)
+        end = start + len(view)
+        for chunk in range(-(-start // CHUNK), -(-end // CHUNK)):
+            lo, hi = chunk * CHUNK, min(entry.size, (chunk + 1) * CHUNK)
+            if hi <= end and not self.disk.has(f"{prefix}-{chunk}"):
+                self.disk.put(f"{prefix}-{chunk}", view[lo - start:hi - start])
