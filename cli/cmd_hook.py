@@ -81,7 +81,7 @@ class LogProgress:
 
 
 def _echo_for(state: AppState) -> Callable[[str], None]:
-    return (lambda line: None) if state.quiet else (lambda line: click.echo(line, err=True))
+    return state.status
 
 
 def _slot_count(env: Mapping[str, str]) -> int:
@@ -110,9 +110,9 @@ def _stage_one(state: AppState, config: StoreConfig, source: str, dest: str,
     raise_for_failures(staged.result)
     linked = build_views(staged.root, staged.result.files, views(staged.result))
     result = staged.result
-    if not json_out and not state.quiet:
-        click.echo(_summary_line(progress.label, result.fetched, result.fetched_bytes, result.unchanged,
-                                 result.removed, time.monotonic() - progress.throttle.started), err=True)
+    if not json_out:
+        state.result(_summary_line(progress.label, result.fetched, result.fetched_bytes, result.unchanged,
+                                   result.removed, time.monotonic() - progress.throttle.started))
     return result.to_json() | {"view_links": linked}
 
 
@@ -221,7 +221,7 @@ def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
         click.echo(text, nl=False)
         return 0
     changed = write_hook(path, text)
-    click.echo(f"{path}: {'updated' if changed else 'already up to date'}", err=True)
+    click.echo(f"{path}: {'updated' if changed else 'already up to date'}", err=True)  # the result: shown with -q
     return 0
 
 
@@ -260,7 +260,7 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool, **options
     config, origin = _load_experiment_config(config_file, os.environ)
     specs = datasets_from_config(config, origin)
     if not specs:
-        click.echo(f"lading: {origin} lists no data.datasets; nothing to stage", err=True)
+        state.result(f"lading: {origin} lists no data.datasets; nothing to stage")
     trial_slots = slots_per_trial(config)
     summaries = []
     for spec in specs:
@@ -409,11 +409,12 @@ def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json:
     if as_json:
         click.echo(json.dumps({"fits": after.fits, "applied": True, "plan": plan.to_json(),
                                "result": result.to_json(), "total_bytes": after.total_bytes}, indent=2))
-    elif not quiet:
-        click.echo(f"uploaded {result.uploaded} file(s) ({human(result.uploaded_bytes)}), "
-                   f"{result.already_there} already in {plan.bucket}; all verified")
-        click.echo(f"{plan.context / '.detignore'}: +{len(result.detignore_added)} line(s); "
-                   f"startup-hook.sh: {'updated' if result.hook_changed else 'already up to date'}")
+    else:
+        if not quiet:
+            click.echo(f"uploaded {result.uploaded} file(s) ({human(result.uploaded_bytes)}), "
+                       f"{result.already_there} already in {plan.bucket}; all verified")
+            click.echo(f"{plan.context / '.detignore'}: +{len(result.detignore_added)} line(s); "
+                       f"startup-hook.sh: {'updated' if result.hook_changed else 'already up to date'}")
         verdict = "fits" if after.fits else "STILL OVER"
         click.echo(f"now: {verdict}, {human(after.total_bytes)} of {human(after.limit_bytes)}; "
                    "your files are untouched (only ignored); the hook downloads them when the task starts")

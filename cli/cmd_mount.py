@@ -138,9 +138,9 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
     hidden = _entries(options.mountpoint)  # counted now: once mounted, the mount hides them
 
     def announce(ready: MountReady) -> None:
-        if hidden and not state.quiet:
-            click.echo(f"lading: warning: {ready.mountpoint} is not empty: the mount hides its {hidden} "
-                       f"entr{'y' if hidden == 1 else 'ies'} until unmounted", err=True)
+        if hidden:
+            state.status(f"lading: warning: {ready.mountpoint} is not empty: the mount hides its {hidden} "
+                         f"entr{'y' if hidden == 1 else 'ies'} until unmounted")
         _report(state, json_out, uri, ready, shard, foreground)
 
     ready = do_mount(options, on_ready=announce)
@@ -164,11 +164,8 @@ def _report(state: AppState, json_out: bool, uri: str, ready: MountReady, shard:
         click.echo(json.dumps({"mountpoint": str(ready.mountpoint), "source": uri,
                                "pid": ready.pid, "seconds": round(ready.seconds, 3)}), nl=True)
         return
-    if state.quiet:
-        return
     tail = " (Ctrl-C to unmount)" if foreground else f"; unmount with: lading unmount {ready.mountpoint}"
-    click.echo(f"mounted {uri}{shard} at {ready.mountpoint} in {ready.seconds:.1f}s"
-               f" (pid {ready.pid}){tail}", err=True)
+    state.result(f"mounted {uri}{shard} at {ready.mountpoint} in {ready.seconds:.1f}s (pid {ready.pid}){tail}")
 
 
 @click.command(help=UNMOUNT_HELP, short_help="Unmount a lading mount.")
@@ -180,8 +177,7 @@ def unmount(state: AppState, mountpoint: Path, lazy: bool) -> int:
     from lading.mounts.lifecycle import unmount as do_unmount
 
     do_unmount(mountpoint.absolute(), lazy=lazy)
-    if not state.quiet:
-        click.echo(f"unmounted {mountpoint}", err=True)
+    state.result(f"unmounted {mountpoint}")
     return 0
 
 

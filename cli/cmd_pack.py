@@ -71,14 +71,6 @@ class _Bar:
         self.bar.close()
 
 
-class _PlainConsole:
-    """The one method of rich's Console we use, for output that is not a terminal."""
-
-    def print(self, text: str) -> None:
-        """Write a line (a status line: stderr, as every command's)."""
-        click.echo(text, err=True)
-
-
 class _LogLines:
     """PackEvents for logs (stderr not a terminal): a progress line every few seconds."""
 
@@ -120,22 +112,16 @@ def _plan_summary(plan: Any) -> dict[str, Any]:
 
 
 def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
-    if sys.stderr.isatty():
-        from rich.console import Console
-
-        console: Any = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)  # paths may hold [ ]
-    else:  # a log or a pipe: plain lines, without paying for rich's import
-        console = _PlainConsole()
     shards = summary["shards"]
     sizes = [shard["bytes"] for shard in shards]
     verb = "would pack" if dry_run else "packed"
-    console.print(f"{verb} {summary['files']:,} files ({summary['samples']:,} samples, "
-                  f"{format_size(summary['input_bytes'])}) into {len(shards)} shard(s) of "
-                  f"{format_size(min(sizes))}..{format_size(max(sizes))}"
-                  + ("" if dry_run else f" in {summary['seconds']:.1f} s"))
-    if not dry_run and not state.quiet:
-        console.print(f"index:    {summary['index']}")
-        console.print(f"manifest: {summary['manifest']}")
+    state.result(f"{verb} {summary['files']:,} files ({summary['samples']:,} samples, "
+                 f"{format_size(summary['input_bytes'])}) into {len(shards)} shard(s) of "
+                 f"{format_size(min(sizes))}..{format_size(max(sizes))}"
+                 + ("" if dry_run else f" in {summary['seconds']:.1f} s"))
+    if not dry_run:
+        state.status(f"index:    {summary['index']}")
+        state.status(f"manifest: {summary['manifest']}")
 
 
 @click.command(help=PACK_HELP, short_help="Pack many small files into WebDataset tar shards.")

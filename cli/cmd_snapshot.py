@@ -110,9 +110,9 @@ def snapshot(state: AppState, source: str, output: str, sagemaker_manifest: str 
                                "objects": summary.objects, "bytes": summary.total_bytes,
                                "file_bytes": summary.file_bytes, "sagemaker_manifest": sagemaker_manifest},
                               indent=2))
-    elif not state.quiet:
-        click.echo(f"{summary.path}: {summary.objects:,} objects, {human(summary.total_bytes)} at {summary.source} "
-                   f"(taken {summary.taken}; the file is {human(summary.file_bytes)})", err=True)
+    else:
+        state.result(f"{summary.path}: {summary.objects:,} objects, {human(summary.total_bytes)} at "
+                     f"{summary.source} (taken {summary.taken}; the file is {human(summary.file_bytes)})")
     return 0
 
 
@@ -133,9 +133,7 @@ def diff(state: AppState, old: str, new: str, json_out: bool) -> int:
         for mark, keys in (("+", result.added), ("-", result.removed), ("~", result.changed)):
             for key in keys:
                 click.echo(f"{mark} {key}")
-        if not state.quiet:
-            click.echo(f"{len(result.added)} added, {len(result.removed)} removed, {len(result.changed)} changed",
-                       err=True)
+        state.result(f"{len(result.added)} added, {len(result.removed)} removed, {len(result.changed)} changed")
     return 1 if (result.added or result.removed or result.changed) else 0
 
 

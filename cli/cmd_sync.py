@@ -281,14 +281,14 @@ def _print_plan(plan: Any) -> None:
         click.echo(f"  ... and {hidden} more (--json lists them all)")
 
 
-def _print_summary(summary: Any) -> None:
+def _print_summary(state: AppState, summary: Any) -> None:
     via = f" via node cache ({human(summary.downloaded_bytes)} downloaded)" if summary.cache else ""
     if summary.reused:
         names = ", ".join(f"{d['name']} {d['version']}" if d["version"] else d["name"] for d in summary.reused)
         via += f", reused cached packed dataset {names} (ETags match the bucket)"
-    click.echo(f"synced {summary.files} file(s), {human(summary.bytes)} to {summary.dest} in "
-               f"{summary.seconds:.1f}s ({human(summary.throughput)}/s){via}; {summary.skipped} up to date, "
-               f"{summary.deleted} deleted, {len(summary.failed)} failed", err=True)  # status: stderr
+    state.result(f"synced {summary.files} file(s), {human(summary.bytes)} to {summary.dest} in "
+                 f"{summary.seconds:.1f}s ({human(summary.throughput)}/s){via}; {summary.skipped} up to date, "
+                 f"{summary.deleted} deleted, {len(summary.failed)} failed")
 
 
 def _report_failures(summary: Any) -> int:
@@ -364,7 +364,6 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
     topology = _resolve_topology(options)  # what is left: the topology flags
     uri = parse_uri(source)
     dest = default_dest(dest, options.pop("channel", None))
-    dest = default_dest(dest, options.pop("channel", None))
     target = render_dest(dest, topology)
     _check_sharded_dest(dest, distribution, topology)
     manifest = load_manifest(manifest_file) if manifest_file else None
@@ -386,8 +385,8 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
         progress.close()
     if json_out:
         click.echo(json.dumps(summary.to_json(), indent=2))
-    elif not state.quiet or summary.failed:
-        _print_summary(summary)
+    else:
+        _print_summary(state, summary)
     return _report_failures(summary)
 
 

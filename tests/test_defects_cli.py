@@ -66,7 +66,7 @@ def test_snapshot_diff_takes_global_flags_last(lading, bucket, tmp_path):
     snap = tmp_path / "a.snap.jsonl"
     assert lading("snapshot", f"s3://{BUCKET}/train", "-o", str(snap)).returncode == 0
     result = lading("snapshot", "diff", str(snap), str(snap), "-q")
-    assert result.returncode == 0 and result.stderr == "" and result.stdout == ""
+    assert result.returncode == 0 and result.stderr == "0 added, 0 removed, 0 changed\n" and result.stdout == ""
 
 
 # --- 9: one-line errors ----------------------------------------------------------------------------

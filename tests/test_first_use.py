@@ -208,7 +208,8 @@ def test_global_flags_work_after_the_subcommand(lading, tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.txt").write_text("a")
     quiet = lading("sync", str(tmp_path / "src"), str(tmp_path / "dest"), "-q")
-    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == "", quiet
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr.startswith("synced 1 file(s)"), quiet
+    assert len(quiet.stderr.splitlines()) == 1, quiet.stderr  # -q: only the final result
     loud = lading("sync", str(tmp_path / "src"), str(tmp_path / "dest2"))
     assert "synced 1 file(s)" in loud.stderr and loud.stdout == ""
     debug = lading("sync", str(tmp_path / "missing"), str(tmp_path / "dest3"), "--debug")
