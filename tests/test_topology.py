@@ -67,6 +67,8 @@ def test_missing_local_info_means_one_process_per_node():
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, None, "local rank 2"),
     ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, None, "exceeds world size"),
     ({"PMI_RANK": "0", "PMI_SIZE": "0"}, None, "at least 1"),
+    ({}, {"node_rank": 5, "world_size": 1}, "node rank 5 is outside 0..0"),
+    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "3"}, None, "node rank 3 is outside 0..2"),
 ])
 def test_invalid_values_are_usage_errors(env, explicit, needle):
     with pytest.raises(UsageError) as info:
@@ -91,3 +93,10 @@ def test_topology_command_bad_value_exits_2(lading):
     result = lading("topology", env={"RANK": "7", "WORLD_SIZE": "2"})
     assert result.returncode == 2
     assert "rank 7 is outside" in result.stderr and "Traceback" not in result.stderr
+    result = lading("topology", "--node-rank", "5", "--world-size", "1")
+    assert result.returncode == 2 and "node rank 5 is outside 0..0" in result.stderr, result.stderr
+
+
+def test_an_indexed_job_without_a_world_size_keeps_its_node_rank():
+    topo = detect_topology({"JOB_COMPLETION_INDEX": "3"})
+    assert (topo.rank, topo.world_size, topo.node_rank) == (0, 1, 3)

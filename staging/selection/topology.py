@@ -204,3 +204,10 @@ def _validate(topology: Topology) -> None:
         fail(f"local world size {topology.local_world_size} exceeds world size {topology.world_size}")
     if topology.node_rank < 0:
         fail(f"node rank must not be negative, got {topology.node_rank}")
+    # This node holds local_world_size ranks and every other node at least one: so at most
+    # world_size - local_world_size + 1 nodes. Unknown world size (an indexed job without
+    # --world-size is rank 0 of 1 on its node): nothing to check against.
+    nodes = topology.world_size - topology.local_world_size + 1
+    if topology.sources.get("world_size") != "default" and topology.node_rank >= nodes:
+        fail(f"node rank {topology.node_rank} is outside 0..{nodes - 1} (world size {topology.world_size}, "
+             f"{topology.local_world_size} rank(s) on this node)")
