@@ -54,6 +54,11 @@ The API:
   can see the fault end, so before any retry: e.g. replace the object between a cut body and
   the request that resumes it.
 - ``proxy.clear_faults()`` removes every rule.
+- ``FaultProxy(upstream_url, latency=0.02)`` holds every forwarded request that long before
+  sending it upstream (a round trip to a distant store; concurrent requests overlap, as
+  bench/latproxy.py does for benchmarks). ``proxy.body_bytes`` counts the response body bytes
+  relayed, by path; ``proxy.peak_in_flight`` is the most requests forwarded at once (both reset
+  by ``reset_counts()``).
 
 The Host header is forwarded unchanged, so S3 signatures stay valid and servers that build
 absolute URLs (GCS resumable-upload sessions) point them back at the proxy.
@@ -67,6 +72,7 @@ import re
 import socket
 import struct
 import threading
+import time
 import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
@@ -203,18 +209,24 @@ class _Handler(BaseHTTPRequestHandler):
             pairs = [(k, v) for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True) if k != "max-keys"]
             target = path + "?" + urllib.parse.urlencode(pairs + [("max-keys", "2")])
             dropped = "droptoken"
+        proxy._in_flight(+1)
         try:
-            upstream = proxy._open_upstream()
-            upstream.request(self.command, target, body=body, headers=headers)
-            response = upstream.getresponse()
-        except OSError as err:
-            proxy._record(Seen(self.command, path, query, None, Headers(self.headers.items())))
-            self._send_simple(502, f"upstream failed: {err}".encode(), "text/plain")
-            return
-        try:
-            self._relay(response, path, query, dropped)
+            if proxy.latency:
+                time.sleep(proxy.latency)
+            try:
+                upstream = proxy._open_upstream()
+                upstream.request(self.command, target, body=body, headers=headers)
+                response = upstream.getresponse()
+            except OSError as err:
+                proxy._record(Seen(self.command, path, query, None, Headers(self.headers.items())))
+                self._send_simple(502, f"upstream failed: {err}".encode(), "text/plain")
+                return
+            try:
+                self._relay(response, path, query, dropped)
+            finally:
+                upstream.close()
         finally:
-            upstream.close()
+            proxy._in_flight(-1)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = do_PATCH = _handle
 
@@ -282,6 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
             chunk = chunk[: limit - sent]
             self.wfile.write(chunk)
             sent += len(chunk)
+            proxy._sent(path, len(chunk))
         if truncate:
             self.wfile.flush()
             if rule is not None and rule.then is not None:
@@ -317,7 +330,7 @@ class _Handler(BaseHTTPRequestHandler):
 class FaultProxy:
     """An HTTP proxy on 127.0.0.1 that counts requests and injects faults on demand."""
 
-    def __init__(self, upstream_url: str) -> None:
+    def __init__(self, upstream_url: str, latency: float = 0.0) -> None:
         parsed = urllib.parse.urlsplit(upstream_url)
         if parsed.scheme != "http" or not parsed.hostname:
             raise ValueError(f"FaultProxy needs an http:// upstream, got {upstream_url!r}")
@@ -325,6 +338,10 @@ class FaultProxy:
         self.upstream_port = parsed.port or 80
         self.requests: list[Seen] = []
         self.injected: Counter[str] = Counter()
+        self.latency = latency
+        self.body_bytes: Counter[str] = Counter()
+        self.peak_in_flight = 0
+        self._forwarding = 0
         self._rules: list[FaultRule] = []
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
@@ -391,6 +408,8 @@ class FaultProxy:
         with self._lock:
             self.requests.clear()
             self.injected.clear()
+            self.body_bytes.clear()
+            self.peak_in_flight = self._forwarding
 
     @property
     def counts(self) -> Counter[tuple[str, str]]:
@@ -434,6 +453,15 @@ class FaultProxy:
 
     def _post_fault(self, method: str, path: str) -> FaultRule | None:
         return self._pick(method, path, ("truncate",))
+
+    def _in_flight(self, change: int) -> None:
+        with self._lock:
+            self._forwarding += change
+            self.peak_in_flight = max(self.peak_in_flight, self._forwarding)
+
+    def _sent(self, path: str, nbytes: int) -> None:
+        with self._lock:
+            self.body_bytes[path] += nbytes
 
     def _track(self, conn: socket.socket, add: bool) -> None:
         with self._lock:
