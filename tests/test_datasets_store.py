@@ -69,6 +69,20 @@ def test_missing_prefix_is_not_found(tmp_path):
         StoreDataset(str(tmp_path / "missing"))
 
 
+def test_an_empty_prefix_is_not_found_as_the_cli_says(s3_env, lading, folder, tmp_path):
+    import boto3
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="empty-prefix")
+    assert lading("sync", "s3://empty-prefix/train", str(tmp_path / "out")).returncode == NotFound.exit_code
+    with pytest.raises(NotFound, match="nothing at s3://empty-prefix/train"):
+        StoreDataset("s3://empty-prefix/train")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(NotFound, match="nothing at"):
+        StoreDataset(str(tmp_path / "empty"))
+    with pytest.raises(NotFound, match=r"no objects ending in \.jpg"):
+        StoreDataset(str(folder[0]), suffixes=[".jpg"])
+
+
 def test_dataloader_map_style_with_workers(folder):
     torch_data = pytest.importorskip("torch.utils.data")
     root, objects = folder

@@ -6,6 +6,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from lading.core.errors import NotFound
 from lading.datasets.decode import DecodeOption, decode_field, decoder_for, decoders_for
 from lading.stores import open_store
 from lading.stores.base import ObjectInfo, Store
@@ -28,7 +29,8 @@ class StoreDataset:
     once, here, through the SDK (so DataLoader workers forked later can all read through
     obstore); each process opens its own connection lazily. When index ``i`` follows ``i-1``, the
     next ``prefetch`` objects are fetched in the background; a batch (``__getitems__``, what
-    DataLoader asks for) is one call to the I/O core, its GETs concurrent.
+    DataLoader asks for) is one call to the I/O core, its GETs concurrent. Nothing under the
+    prefix (or none with ``suffixes``) raises NotFound, as ``lading sync`` exits 3.
     """
 
     def __init__(self, uri: str, *, transform: Callable[[Any, str], Any] | None = None,
@@ -40,10 +42,15 @@ class StoreDataset:
         self.decoders = decoders_for(decode)
         self.prefetch = prefetch
         with control_plane():
+            store = open_store(parse_uri(uri), self.config)
             self.objects: list[ObjectInfo] = sorted(
-                (info for info in open_store(parse_uri(uri), self.config).list()
+                (info for info in store.list()
                  if not info.key.endswith("/") and (not suffixes or info.key.endswith(tuple(suffixes)))),
                 key=lambda info: info.key)
+        if not self.objects:  # a mistyped prefix, as `lading sync` says with exit 3
+            matching = f" ending in {', '.join(suffixes)}" if suffixes else ""
+            raise NotFound(f"nothing at {store.url}: no objects{matching} under this prefix",
+                           "check the bucket and prefix (keys are case-sensitive)")
         self._local: ProcessLocal[_Local] = ProcessLocal(_Local)
 
     def __getstate__(self) -> dict[str, Any]:
