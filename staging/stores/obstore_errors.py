@@ -14,6 +14,8 @@ _STATUS = re.compile(r"status code: (\d{3})")
 _S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
 _PATH_NAMED = re.compile(r'[Pp]ath "([^"]*)"')
 _JSON_REASON = re.compile(r'"reason"\s*:\s*"([A-Za-z0-9 ]+)"')
+_S3_MESSAGE = re.compile(r"<Message>([^<]+)</Message>")
+_JSON_MESSAGE = re.compile(r'"message"\s*:\s*"([^"\\]+)"')
 _BAD_CERTIFICATE = re.compile(r"InvalidCertificate\(\s*([A-Za-z]+)")
 _NETWORK_WORDS = ("error sending request", "connection", "timed out", "timeout", "dns error",
                   "broken pipe", "reset by peer", "unexpected eof", "error decoding response body",
@@ -29,6 +31,13 @@ def status_and_code(err: BaseException) -> tuple[int, str]:
     return (int(status.group(1)) if status else 0), (code.group(1) if code else "")
 
 
+def server_message(err: BaseException) -> str:
+    """The message of the error body an obstore error carries (S3's ``<Message>``, GCS's JSON
+    ``message``), or "" when the body has none."""
+    found = _S3_MESSAGE.search(str(err)) or _JSON_MESSAGE.search(str(err))
+    return " ".join(found.group(1).split()) if found else ""
+
+
 def translate(err: BaseException, what: str, from_response: FromResponse) -> BaseException:
     """An obstore exception as a project error (anything else is returned unchanged)."""
     import obstore.exceptions as ox
@@ -41,8 +50,9 @@ def translate(err: BaseException, what: str, from_response: FromResponse) -> Bas
         return from_response(code or "NoSuchKey", status or 404, message, what)
     if isinstance(err, (ox.PreconditionError, ox.NotModifiedError)):
         return from_response(code or "PreconditionFailed", status or 412, message, what)
-    if isinstance(err, (ox.PermissionDeniedError, ox.UnauthenticatedError)):
-        return from_response(code or "AccessDenied", status or 403, message, what)
+    if isinstance(err, (ox.PermissionDeniedError, ox.UnauthenticatedError)) or status in (401, 403):
+        # the server's own words when it sent some, never obstore's request dump
+        return from_response(code or "AccessDenied", status or 403, server_message(err), what)
     if isinstance(err, ox.InvalidPathError) or "invalid path" in str(err).lower():
         named = _PATH_NAMED.search(str(err))
         key = named.group(1) if named else "?"
@@ -72,4 +82,4 @@ def _first_line(err: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-__all__ = ["FromResponse", "status_and_code", "translate"]
+__all__ = ["FromResponse", "server_message", "status_and_code", "translate"]

@@ -67,7 +67,7 @@ def from_response(code: str, status: int, message: str, what: str) -> LadingErro
             return NotFound(f"bucket {bucket} not found", "check its name, and the project you can see it in")
         return NotFound(f"not found: {what}")
     if status in (401, 403):
-        return AccessDenied(f"access denied to {what}: {message}", CREDENTIALS_HINT)
+        return AccessDenied(f"access denied to {what}" + (f": {message}" if message else ""), CREDENTIALS_HINT)
     if status in (429, 503):
         return Throttled(f"throttled by GCS on {what}: {message}")
     if status == 408 or status >= 500:

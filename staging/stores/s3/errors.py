@@ -75,6 +75,8 @@ def _from_client_error(err: BaseException, what: str) -> LadingError:
 def from_response(code: str, status: int, message: str, what: str) -> LadingError:
     """An S3 error response (error ``code`` from its XML body, HTTP ``status``) as a project
     error; shared by the boto3 and obstore paths (:mod:`lading.stores.objstore`)."""
+    if code in _DENIED or status in (401, 403):
+        return AccessDenied(_denied(what, code, message), CREDENTIALS_HINT)
     message = message or code or str(status)
     if code in _CHANGED or status in (304, 412):
         return ObjectChanged(f"{what} changed (precondition failed: the ETag no longer matches)",
@@ -82,14 +84,21 @@ def from_response(code: str, status: int, message: str, what: str) -> LadingErro
     if code in _NOT_FOUND or status == 404:
         if code == "NoSuchBucket":
             return bucket_not_found(what)
+        if not code:  # S3 answers a listing's 404 with an error code (NoSuchBucket): this is no S3
+            return NotFound(f"the endpoint did not answer as S3 for {what}: HTTP 404 without an S3 error",
+                            "check --endpoint-url / AWS_ENDPOINT_URL: it should be the address of an S3 API")
         return NotFound(f"object not found: {what}")
-    if code in _DENIED or status in (401, 403):
-        return AccessDenied(f"access denied to {what}: {message}", CREDENTIALS_HINT)
     if code in _THROTTLED or status in (429, 503):
         return Throttled(f"throttled by S3 on {what}: {message}")
     if code in _TRANSIENT or status >= 500:
         return TransientError(f"S3 server error on {what}: {message}")
     return LadingError(f"S3 refused the request on {what}: {code or status}: {message}")
+
+
+def _denied(what: str, code: str, message: str) -> str:
+    """``access denied to WHAT``, with the server's reason when it gave more than "denied"."""
+    reason = message if message not in ("", code, "Access Denied") else code
+    return f"access denied to {what}" + (f": {reason}" if reason not in ("", "AccessDenied", "401", "403") else "")
 
 
 def bucket_not_found(what: str) -> NotFound:
