@@ -166,8 +166,8 @@ def test_eviction_under_a_small_limit_while_reading(s3_env, tmp_path):
         sizes = {info.key.rsplit("/", 1)[-1]: info.size for info in open_store(index.rsplit("/", 1)[0], config).list()}
         limit = 2 * max(sizes[name] for name in shards) + 1000  # two shards, and a bit
         cache = tmp_path / "cache"
-        # partitions=1: a node reads its block shard by shard (more partitions read them side by side)
-        dataset = ShardDataset(index, config=config, cache_dir=cache, cache_limit=limit, prefetch=0, partitions=1)
+        # unshuffled: a node reads its lanes shard by shard
+        dataset = ShardDataset(index, config=config, cache_dir=cache, cache_limit=limit, prefetch=0)
         proxy.reset_counts()
         peak = 0
         got = {}

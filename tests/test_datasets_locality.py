@@ -12,15 +12,16 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from lading.datasets import DEFAULT_PARTITIONS, NodeLocalSampler, PackedDataset, ShardDataset, load_index
-from lading.datasets.partition import Partitions, node_blocks
+from lading.datasets import NodeLocalSampler, PackedDataset, ShardDataset, load_index
+from lading.datasets.order.deal import lane_owners
+from lading.datasets.order.lanes import Lanes
 from lading.pack import PackOptions, plan_pack, run_pack
 from lading.stores import StoreConfig
 from proxies import FaultProxy
 
 NSAMPLES = 240
 PER_NODE = 2
-ORDER = {"shuffle_buffer": 6, "seed": 5, "randomize_shard_order": True}
+ORDER = {"shuffle_buffer": 6, "seed": 5, "randomize_shard_order": True, "shuffle_block": 2}
 
 
 def expected() -> dict[str, bytes]:
@@ -98,19 +99,21 @@ def read(ranks: list[ShardDataset], stop: int | None = None) -> list[list[str]]:
     return keys
 
 
-def block_shards(index: str, config: StoreConfig, node: int, nodes: int, partitions: int = DEFAULT_PARTITIONS,
+def block_shards(index: str, config: StoreConfig, node: int, nodes: int, homes: int | None = None,
                  lanes: int | None = None) -> set[str]:
-    """The shards holding the samples of ``node``'s partitions (edges included); ``lanes``: the
-    node count the run started with (see lading.datasets.partition.node_blocks)."""
-    counts = load_index(index, config).counts
-    parts = Partitions(counts, ORDER["seed"], ORDER["randomize_shard_order"], partitions)
-    shards = load_index(index, config).shards
+    """The shards holding the samples of the lanes ``node`` of ``nodes`` owns (edges included);
+    ``homes``: the node count the run started with (see lading.datasets.order.deal.lane_owners)."""
+    homes = homes or nodes
+    loaded = load_index(index, config)
+    count = lanes or ShardDataset(index, config=config, rank=0, world_size=homes * PER_NODE,
+                                  local_world_size=PER_NODE, **ORDER).lanes
+    run = Lanes(loaded.counts, ORDER["seed"], ORDER["randomize_shard_order"], count)
+    owners = lane_owners(count, nodes, homes)
+    assert owners is not None
     found: set[str] = set()
-    for part in node_blocks(partitions, nodes, lanes)[node]:
-        start, end = parts.bounds(part)
-        if end > start:
-            for slot in range(parts.slot(start), parts.slot(end - 1) + 1):
-                found.add(shards[parts.shard_order[slot]].uri.rsplit("/", 1)[-1])
+    for lane in range(count):
+        if owners[lane] == node:
+            found.update(loaded.shards[shard].uri.rsplit("/", 1)[-1] for shard in run.pieces(lane)[0].tolist())
     return found
 
 
@@ -150,6 +153,13 @@ def test_four_nodes_read_disjoint_shard_sets_and_epoch_two_makes_no_get(dataset,
 
 def stop_four_nodes(dataset: str, s3_env, root: Path, monkeypatch, stack: ExitStack, stop: int,
                     **options) -> tuple[list[str], dict]:
+    consumed, state, _ = stop_nodes(dataset, s3_env, root, monkeypatch, stack, stop, **options)
+    return consumed, state
+
+
+def stop_nodes(dataset: str, s3_env, root: Path, monkeypatch, stack: ExitStack, stop: int,
+               **options) -> tuple[list[str], dict, list[set[str]]]:
+    """Four nodes each read ``stop`` samples per rank: what they read, the state, each node's shard GETs."""
     nodes = make_nodes(4, s3_env, root, stack)
     consumed, states = [], []
     for node in nodes:
@@ -157,8 +167,8 @@ def stop_four_nodes(dataset: str, s3_env, root: Path, monkeypatch, stack: ExitSt
             consumed += read([rank], stop)[0]
             states.append(rank.state_dict(stop))
     assert all(state == states[0] for state in states), "ranks agree on the state"
-    assert states[0]["samples"] == 8 * stop
-    return consumed, states[0]
+    assert states[0]["total"] - states[0]["left"] == 8 * stop
+    return consumed, states[0], [node.shards_read() for node in nodes]
 
 
 @pytest.mark.parametrize("new_nodes", [2, 3])
@@ -174,16 +184,16 @@ def test_resume_onto_fewer_nodes_is_exact_and_each_node_reads_its_share(dataset,
             for rank in ranks:
                 rank.load_state_dict(state)
             after += sum(read(ranks), [])
-            assert node.shards_read() <= block_shards(dataset, config, node.number, new_nodes, lanes=4), \
-                f"new node {node.number} of {new_nodes} read outside its partitions"
+            assert node.shards_read() <= block_shards(dataset, config, node.number, new_nodes, homes=4), \
+                f"new node {node.number} of {new_nodes} read outside its lanes"
         assert Counter(before + after) == Counter(list(expected())), "every sample exactly once"
 
 
 def test_a_resume_onto_half_the_nodes_keeps_each_survivors_cached_block(dataset, s3_env, tmp_path, monkeypatch):
     config = StoreConfig.from_env()
     with ExitStack() as stack:
-        before, state = stop_four_nodes(dataset, s3_env, tmp_path, monkeypatch, stack, 7, remainder="uneven")
-        assert state["lanes"] == 4
+        before, state, fetched = stop_nodes(dataset, s3_env, tmp_path, monkeypatch, stack, 7, remainder="uneven")
+        assert state["homes"] == 4
         after = []
         for number, node in enumerate(make_nodes(2, s3_env, tmp_path / "after", stack)):
             node.cache = tmp_path / f"node-4-{number}"  # the surviving machine keeps its node cache
@@ -193,8 +203,10 @@ def test_a_resume_onto_half_the_nodes_keeps_each_survivors_cached_block(dataset,
             after += sum(read(ranks), [])
             own = block_shards(dataset, config, number, 4)
             added = block_shards(dataset, config, number + 2, 4)
-            assert node.shards_read() <= added, "a survivor fetched shards of the block it already held"
-            assert not (own - added) & node.shards_read()
+            assert block_shards(dataset, config, number, 2, homes=4) == own | added
+            assert node.shards_read() <= own | added, "a survivor reads only its own and its new lanes"
+            assert not fetched[number] & node.shards_read(), "a survivor fetched a shard its cache already held"
+            assert node.shards_read() & added, "and it took over the lanes of a node that left"
         assert Counter(before + after) == Counter(list(expected())), "every sample exactly once"
 
 
@@ -215,19 +227,19 @@ def test_resume_keeps_equal_counts_per_rank(dataset, s3_env, tmp_path, monkeypat
         assert max(seen.values()) == 1 and NSAMPLES - len(seen) < 3 * PER_NODE
 
 
-@pytest.mark.parametrize("partitions, new_nodes", [(8, 3), (DEFAULT_PARTITIONS, 11)])
+@pytest.mark.parametrize("lanes, new_nodes", [(8, 3), (None, 11)])
 def test_incompatible_node_count_is_exact_and_logs_the_loss(dataset, s3_env, tmp_path, monkeypatch, caplog,
-                                                              partitions, new_nodes):
+                                                              lanes, new_nodes):
     with ExitStack() as stack:
         before, state = stop_four_nodes(dataset, s3_env, tmp_path, monkeypatch, stack, 6, remainder="uneven",
-                                        partitions=partitions)
-        assert state["partitions"] == partitions
+                                        lanes=lanes)
+        assert state["lanes"] == (lanes or 12), "lanes chosen from the data: a multiple of the 4 nodes"
         caplog.clear()
         nodes = make_nodes(new_nodes, s3_env, tmp_path / "after", stack)
         after = []
         with caplog.at_level(logging.INFO, logger="lading"):
             for node in nodes:
-                ranks = ranks_of(node, dataset, monkeypatch, remainder="uneven")  # the state's partitions win
+                ranks = ranks_of(node, dataset, monkeypatch, remainder="uneven")  # the state's lanes win
                 for rank in ranks:
                     rank.load_state_dict(state)
                 after += sum(read(ranks), [])

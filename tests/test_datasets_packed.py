@@ -69,7 +69,7 @@ def test_random_indices_return_exactly_the_input_files(local_pack):
 
 def test_pack_order_matches_the_iterable(local_pack):
     index, _, order = local_pack
-    assert [s["__key__"] for s in ShardDataset(index, partitions=1)] == order
+    assert [s["__key__"] for s in ShardDataset(index)] == order
 
 
 def test_distributed_sampler_with_dataloader_workers(local_pack):

@@ -71,8 +71,8 @@ def test_ranks_and_workers_are_disjoint_and_complete(packed, world, workers):
 
 
 def test_unshuffled_single_reader_yields_pack_order(packed):
-    # one partition: one node's sequence is the pack itself (more partitions interleave, for locality)
-    assert collect(packed, 1, 1, partitions=1) == [[[f"s{i:03d}" for i in range(NSAMPLES)]]]
+    # unshuffled, one node: its sequence is the pack itself
+    assert collect(packed, 1, 1) == [[[f"s{i:03d}" for i in range(NSAMPLES)]]]
     interleaved = collect(packed, 1, 1)[0][0]
     assert sorted(interleaved) == [f"s{i:03d}" for i in range(NSAMPLES)] and interleaved == collect(packed, 1, 1)[0][0]
 

@@ -1,8 +1,9 @@
 """Datasets for training code that read straight from a store. No torch import at module import.
 
 - :class:`ShardDataset`: iterable over packed tar shards (``lading pack``) through the node cache;
-  one global order per epoch, dealt to ranks and DataLoader workers so that a resumed epoch
-  (any world size, any number of workers) delivers every sample exactly once.
+  the one epoch order (:mod:`lading.datasets.order`: node-local lanes walked a block of shards at
+  a time, dealt to ranks and DataLoader workers) so that a resumed epoch (any nodes, world size,
+  number of workers) delivers every sample exactly once.
 - :class:`MixedDataset`: a deterministic weighted interleave of ShardDatasets, resumable the same way.
 - :class:`PackedDataset`: map-style random access into packed shards, one ranged read per sample;
   :class:`NodeLocalSampler` gives it ShardDataset's node-local order (DistributedSampler's place).
@@ -23,9 +24,8 @@ from lading.datasets.cache import NodeCache, default_cache_root
 from lading.datasets.decode import DEFAULT_DECODERS
 from lading.datasets.index import DatasetIndex, ShardRef, load_index
 from lading.datasets.mixed import MixedDataset
-from lading.datasets.order import REMAINDERS, Deal, EpochOrder
+from lading.datasets.order import REMAINDERS, EpochOrder
 from lading.datasets.packed import PackedDataset
-from lading.datasets.partition import DEFAULT_PARTITIONS
 from lading.datasets.records import RecordDataset
 from lading.datasets.sampler import NodeLocalSampler
 from lading.datasets.shards import ShardDataset, ShardSpan, iter_shard
@@ -36,10 +36,8 @@ from lading.datasets.store import StoreDataset
 __all__ = [
     "DEFAULT_DECODERS",
     "DataLoader",
-    "DEFAULT_PARTITIONS",
     "REMAINDERS",
     "DatasetIndex",
-    "Deal",
     "EpochOrder",
     "MixedDataset",
     "NodeLocalSampler",

@@ -1,6 +1,6 @@
 """MixedDataset: a deterministic weighted interleave of ShardDatasets, elastic and exact on resume.
 
-The mixed epoch is a global sequence too (:mod:`lading.datasets.order`): positions are cut into
+The mixed epoch is a global sequence: positions are cut into
 blocks of ``block`` positions; in each block, dataset ``d`` gets its share of the block (largest
 remainder of ``block * weight_d``), placed at positions permuted with a generator seeded by
 ``(seed, epoch, block number)``. So the proportions hold within every block, and position ``p``'s
@@ -15,12 +15,17 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
+
+import numpy as np
 
 from lading.core.errors import UsageError
-from lading.datasets.elastic import ElasticIterable
-from lading.datasets.order import EpochOrder
+from lading.datasets.iterable import IterableBase
+from lading.datasets.order import check_remainder, check_slot
+from lading.datasets.order.deal import Layout, worker_locals
+from lading.datasets.order.walk import RankOrder
 from lading.datasets.shards import ShardDataset
+from lading.datasets.slots import distributed_slot
 
 
 def apportion(weights: Sequence[float], seats: int) -> list[int]:
@@ -82,36 +87,27 @@ class _MixEpoch:
         self.order = MixOrder(mixed.quotas, mixed.seed, epoch)
         self.before = mixed.draws_before(epoch)
         self.readers = [child.reader() for child in mixed.datasets]
-        self._orders: dict[tuple[int, int], EpochOrder] = {}
+        self._orders: dict[tuple[int, int], RankOrder] = {}
 
-    def _child_order(self, d: int, epoch: int) -> EpochOrder:
+    def _child_order(self, d: int, epoch: int) -> RankOrder:
         order = self._orders.get((d, epoch))
         if order is None:
             if len(self._orders) >= 2 * len(self.readers) + 2:
                 self._orders.pop(next(iter(self._orders)))
-            order = self._orders[(d, epoch)] = self.mixed.datasets[d].order(epoch)
+            order = self._orders[(d, epoch)] = self.mixed.datasets[d].whole_epoch(epoch)
         return order
 
-    def _child_position(self, position: int) -> tuple[int, int, int]:
+    def fetch(self, position: int) -> Any:
         d, draw = self.order.source(position)
         epoch, child_position = divmod(self.before[d] + draw, self.mixed.sizes[d])
-        return d, epoch, child_position
-
-    def begin(self, position: int) -> None:
-        drawn = self.order.draws(position)
-        for d in range(len(self.readers)):
-            draws = self.before[d] + drawn[d]
-            epoch, child_position = divmod(draws, self.mixed.sizes[d])
-            self.readers[d].upcoming(self._child_order(d, epoch).shards_from(child_position))
-
-    def fetch(self, position: int) -> Any:
-        d, epoch, child_position = self._child_position(position)
-        shard, index = self._child_order(d, epoch).locate(child_position)
+        order = self._child_order(d, epoch)
+        shards, samples, _ = order.locate(np.array([child_position], dtype=np.int64))
+        shard, index = int(shards[0]), int(samples[0])
         child = self.mixed.datasets[d]
         return child.finish(self.readers[d].sample(shard, index), shard)
 
 
-class MixedDataset(ElasticIterable):
+class MixedDataset(IterableBase):
     """A weighted, deterministic interleave of :class:`ShardDataset` s (each with an index).
 
     ``weights`` (default: the datasets' sizes) set the share of each dataset in every block of
@@ -149,7 +145,15 @@ class MixedDataset(ElasticIterable):
         self.samples_per_epoch = sum(sizes) if samples_per_epoch is None else samples_per_epoch
         if self.samples_per_epoch < 0:
             raise UsageError(f"samples_per_epoch={samples_per_epoch} must not be negative")
-        self._setup(rank, world_size, batch_size, remainder)
+        default_rank, default_world = distributed_slot()
+        self.rank = default_rank if rank is None else rank
+        self.world_size = default_world if world_size is None else world_size
+        check_slot(self.rank, self.world_size)
+        if batch_size is not None and batch_size < 1:
+            raise UsageError(f"batch_size={batch_size} must be positive")
+        self.batch_size, self.remainder = batch_size, check_remainder(remainder)
+        self.epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, positions consumed before this run)
 
     def draws_before(self, epoch: int) -> list[int]:
         """Draws each dataset made in the mixed epochs before ``epoch``."""
@@ -165,8 +169,54 @@ class MixedDataset(ElasticIterable):
     def _total(self) -> int:
         return self.samples_per_epoch
 
-    def _plan(self, epoch: int) -> _MixEpoch:
-        return _MixEpoch(self, epoch)
+    def _deal(self) -> tuple[int, int]:
+        """``(start, count)``: positions consumed before this run, and this rank's samples."""
+        start = self._resume[1] if self._resume is not None and self._resume[0] == self.epoch else 0
+        left = max(0, self.samples_per_epoch - start)
+        if self.remainder == "pad":
+            return start, -(-left // self.world_size)
+        if self.remainder == "drop":
+            return start, left // self.world_size
+        return start, max(0, -(-(left - self.rank) // self.world_size))
+
+    def __len__(self) -> int:
+        """Samples this rank yields in the current epoch (from the resume point, after a resume)."""
+        return self._deal()[1]
+
+    def iter_worker(self, worker: int, num_workers: int) -> Iterator[Any]:
+        """The rank's batches ``worker``, ``worker + num_workers``, ... (each ``batch_size`` samples):
+        rank ``r`` of ``W`` takes positions ``start + r``, ``start + W + r``, ... of the mixed epoch."""
+        start, count = self._deal()
+        plan = _MixEpoch(self, self.epoch)
+        total = self.samples_per_epoch
+        for local in worker_locals(count, self.batch_size or 1, worker, num_workers).tolist():
+            position = start + local * self.world_size + self.rank
+            yield plan.fetch(position if position < total else position % total)
+
+    def state_dict(self, samples_seen: int) -> dict[str, Any]:
+        """A small JSON-able state: save it with the checkpoint, on any rank (they agree)."""
+        start, count = self._deal()
+        if not 0 <= samples_seen <= count:
+            raise UsageError(f"samples_seen={samples_seen}: this rank has {count} samples in epoch {self.epoch}")
+        consumed = min(self.samples_per_epoch, start + samples_seen * self.world_size)
+        return {"format": self.STATE_FORMAT, "epoch": self.epoch, "consumed": consumed,
+                "total": self.samples_per_epoch, **self._identity()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved epoch where it stopped (any world size, workers, batch size)."""
+        if not isinstance(state, dict) or state.get("format") != self.STATE_FORMAT:
+            raise UsageError(f"not a MixedDataset state (format {self.STATE_FORMAT!r} expected)")
+        mine = {**self._identity(), "total": self.samples_per_epoch}
+        differing = sorted(key for key, value in mine.items() if state.get(key) != value)
+        if differing:
+            shown = ", ".join(f"{key}: saved {state.get(key)!r}, now {mine[key]!r}" for key in differing)
+            raise UsageError(f"the saved state is for another dataset or order ({shown})",
+                             "resume with the same datasets, weights and seeds as the saved run")
+        consumed = int(state["consumed"])
+        if not 0 <= consumed <= self.samples_per_epoch:
+            raise UsageError(f"the saved state's consumed={consumed} is outside 0..{self.samples_per_epoch}")
+        self.epoch = int(state["epoch"])
+        self._resume = (self.epoch, consumed)
 
     def _identity(self) -> dict[str, Any]:
         return {"datasets": [dataset._identity() for dataset in self.datasets], "quotas": self.quotas,

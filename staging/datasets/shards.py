@@ -9,14 +9,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterator, Sequence, TypeVar
 
+import numpy as np
+
 from lading.core.errors import NotFound, ProblemFound, UsageError
-from lading.datasets.cache import NodeCache
+from lading.datasets.cache import NodeCache, parse_limit
 from lading.datasets.decode import DecodeOption, decode_sample, decoders_for
-from lading.datasets.elastic import ElasticIterable
-from lading.datasets.locality import STATE_FORMAT, NodeLocalOrder
 from lading.datasets.index import DatasetIndex, ShardRef, load_index, store_for
-from lading.datasets.order import EpochOrder, worker_batches
-from lading.datasets.partition import DEFAULT_PARTITIONS, GroupOrder
+from lading.datasets.iterable import IterableBase
+from lading.datasets.order import EpochOrder, check_remainder
+from lading.datasets.order.deal import Layout, worker_locals
+from lading.datasets.order.engine import block_shards, resolve_layout
+from lading.datasets.order.walk import RankOrder
 from lading.datasets.reader import Sample, ShardReader
 from lading.pack.tarread import TarFormatError, iter_files
 from lading.stores.base import ObjectInfo, Store
@@ -142,88 +145,44 @@ def _buffer_shuffled(samples: Iterator[_T], size: int, rng: random.Random) -> It
     yield from buffer
 
 
-class _ShardEpoch:
-    """One epoch of a ShardDataset in one process: position -> sample."""
-
-    def __init__(self, order: EpochOrder, reader: ShardReader, finish: Callable[[Sample, int], Any]) -> None:
-        self.order, self.reader, self.finish = order, reader, finish
-        self._window = self._first = -1
-
-    def begin(self, position: int) -> None:
-        self.reader.upcoming(self.order.shards_from(position))
-
-    def fetch(self, position: int) -> Any:
-        window = position // self.order.window
-        if window != self._window:  # shards behind this window are done: let eviction have them
-            self._window = window
-            first = self.order.first_slot(position)
-            if first != self._first:
-                self._first, slot = first, self.order.slot
-                self.reader.release(lambda number: slot[number] < first)
-        shard, index = self.order.locate(position)
-        return self.finish(self.reader.sample(shard, index), shard)
-
-
-class _NodeEpoch:
-    """One epoch of a ShardDataset's node group in one process: position -> sample."""
-
-    def __init__(self, group: GroupOrder, reader: ShardReader, finish: Callable[[Sample, int], Any]) -> None:
-        self.group, self.reader, self.finish = group, reader, finish
-        self._every = max(1, len(group.members))
-        self._fetched = 0
-
-    def begin(self, position: int) -> None:
-        self.reader.upcoming(self.group.shards_from(position))
-
-    def fetch(self, position: int) -> Any:
-        self._fetched += 1
-        if self._fetched % self._every == 0:  # shards no partition needs any more: let eviction have them
-            done = self.group.done_before(position)
-            if done:
-                self.reader.release(done.__contains__)
-        shard, index = self.group.locate(position)
-        return self.finish(self.reader.sample(shard, index), shard)
-
-
-class ShardDataset(NodeLocalOrder, ElasticIterable):
+class ShardDataset(IterableBase):
     """Iterable over packed shards: an index URI (``.../NAME.index.json``) or a list of shard URIs.
 
-    With an index (sample counts known), the order is node-local (:mod:`lading.datasets.partition`):
-    the samples of the run's shard order (index order, or with ``randomize_shard_order`` an order
-    seeded by ``seed``, the same in every epoch) are cut into ``partitions`` contiguous partitions;
-    node ``n`` of ``N`` reads only the partitions ``[n*C/N, (n+1)*C/N)``, so it downloads about
-    ``1/N`` of the shards and keeps them across epochs. Inside a node the order changes every
-    epoch (windows of ``shuffle_buffer`` permuted per epoch, partitions interleaved), positions
-    are dealt round-robin to the node's ranks; each rank's samples are cut into batches of
-    ``batch_size`` (pass the DataLoader's) and DataLoader worker ``w`` yields the rank's batches
-    ``w``, ``w + num_workers``, ... Nodes and local ranks come from ``local_world_size`` (default:
-    the launcher's, see :mod:`lading.selection.topology`; else one rank per node). Every rank gets
-    the same number of samples: ``remainder="pad"`` (default; short nodes wrap to the start of
-    their sequence, as DistributedSampler pads), ``"drop"`` (the extra positions are skipped) or
-    ``"uneven"`` (each sample exactly once). :meth:`state_dict` / :meth:`load_state_dict` resume
-    an epoch exactly, with any number of nodes, ranks, workers and batch size; on a node count
-    that divides ``partitions`` each node keeps reading only its own partitions.
+    With an index (sample counts known), the order is the one epoch-order engine's
+    (:mod:`lading.datasets.order`): the run's samples are cut into *lanes* (chosen from the data,
+    or ``lanes=``); node ``n`` of ``N`` reads only its lanes, so it downloads about ``1/N`` of the
+    shards and keeps them across epochs. A node walks its lanes a *block* of shards at a time
+    (``shuffle_block``: shards, or bytes such as ``"2GB"``; default half of what ``cache_limit``
+    holds, else 16 shards): its shard pieces in an order permuted per epoch, each sample moved by
+    up to ``shuffle_buffer / 2`` positions (capped by the block), so a node needs about one block of
+    shards at a time however large the dataset. Positions are dealt round-robin to the node's ranks;
+    each rank's samples are cut into batches of ``batch_size`` (pass the DataLoader's) and worker ``w``
+    yields the rank's batches ``w``, ``w + num_workers``, ... Nodes and local ranks come from
+    ``local_world_size`` (default: the launcher's, see :mod:`lading.selection.topology`; else one
+    rank per node). Every rank gets the same number of samples: ``remainder="pad"`` (default; a
+    node short of samples after balancing wraps to its start), ``"drop"`` or ``"uneven"`` (each
+    sample exactly once). :meth:`state_dict` / :meth:`load_state_dict` resume an epoch exactly,
+    with any number of nodes, ranks, workers and batch size.
 
     Remote shards are read from the node cache (``cache_dir``, ``cache_limit``; see
-    :mod:`lading.datasets.cache`), downloaded once per node; local shards are read in place.
+    :mod:`lading.datasets.cache`), downloaded once per node; local shards are read in place. A
+    ``cache_limit`` smaller than two blocks' largest shards is refused here, naming the smallest that works.
     ``decode`` turns fields into objects (:mod:`lading.datasets.decode`), then ``transform(sample)``
     runs. ``rank``/``world_size`` default to torch.distributed's when a process group is
-    initialised, else 0 and 1.
+    initialised, else the launcher's, else 0 and 1.
 
     With a bare list of shards (no counts), whole shards are dealt to ranks, then workers, and
     ``shuffle_buffer`` is a streaming shuffle buffer: counts per rank differ and there is no
     resume state. Pack the shards (an index) for the guarantees above.
     """
 
-    STATE_FORMAT = STATE_FORMAT
-
     def __init__(self, source: str | Sequence[str], *, rank: int | None = None, world_size: int | None = None,
                  shuffle_buffer: int = 0, seed: int = 0, randomize_shard_order: bool = False,
                  batch_size: int | None = None, remainder: str = "pad", decode: DecodeOption = None,
                  transform: Callable[[Sample], Any] | None = None, config: StoreConfig | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | str | None = None,
-                 prefetch: int = 2, local_world_size: int | None = None,
-                 partitions: int = DEFAULT_PARTITIONS) -> None:
+                 prefetch: int = 2, local_world_size: int | None = None, shuffle_block: int | str | None = None,
+                 lanes: int | None = None) -> None:
         self.config = config or StoreConfig.from_env()
         self.index: DatasetIndex | None = None
         if isinstance(source, str) and source.endswith(".json"):
@@ -236,23 +195,56 @@ class ShardDataset(NodeLocalOrder, ElasticIterable):
             self.shards = [ShardRef(uri) for uri in source]
         if not self.shards:
             raise UsageError("no shards to read")
-        self._setup(rank, world_size, batch_size, remainder)
-        self._setup_locality(rank, world_size, local_world_size, partitions, remainder)
-        self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
-        self.randomize_shard_order = randomize_shard_order
+        if shuffle_buffer < 0:
+            raise UsageError(f"shuffle_buffer={shuffle_buffer} must not be negative")
+        if batch_size is not None and batch_size < 1:
+            raise UsageError(f"batch_size={batch_size} must be positive")
+        self.layout = resolve_layout(rank, world_size, local_world_size)
+        self.rank, self.world_size = self.layout.rank, self.layout.world_size
+        self.local_world_size = self.layout.per_node
+        self.batch_size, self.remainder = batch_size, check_remainder(remainder)
+        self.shuffle_buffer, self.seed, self.randomize_shard_order = shuffle_buffer, seed, randomize_shard_order
         self.decoders = decoders_for(decode)
         self.transform = transform
         self.cache_dir = None if cache_dir is None else str(cache_dir)
-        self.cache_limit = cache_limit
+        self.cache_limit = parse_limit(cache_limit)
         self.prefetch = prefetch
+        self.epoch = 0
+        self.order: EpochOrder | None = None
+        if self.index is not None:
+            self.order = self._new_order(shuffle_block, lanes)
         if self.cache_dir is not None or cache_limit is not None or not all(ref.local for ref in self.shards):
             NodeCache(self.cache_dir, cache_limit)  # refuse a bad root or limit now, not in a worker
+
+    def _new_order(self, shuffle_block: int | str | None, lanes: int | None) -> EpochOrder:
+        assert self.index is not None
+        sizes = [ref.filesize for ref in self.shards]
+        shard_bytes = np.array(sizes, dtype=np.int64) if all(size is not None for size in sizes) else None
+        block = block_shards(shuffle_block, self.cache_limit, shard_bytes)
+        if self.cache_limit is not None and shard_bytes is not None and not all(ref.local for ref in self.shards):
+            smallest = int(np.sort(shard_bytes)[::-1][:block + 1].sum())
+            if self.cache_limit < smallest:
+                raise UsageError(f"cache_limit={self.cache_limit} bytes cannot hold one block of {block} shard(s) "
+                                 f"and the next shard: the smallest that works is {smallest} bytes",
+                                 "raise cache_limit, or lower shuffle_block")
+        return EpochOrder(self.index.counts, seed=self.seed, shuffle_buffer=self.shuffle_buffer,
+                          randomize_shard_order=self.randomize_shard_order, layout=self.layout,
+                          remainder=self.remainder, block=block, lanes=lanes)
 
     @property
     def nsamples(self) -> int | None:
         """Samples in the whole dataset, when an index gave the counts."""
         return None if self.index is None else sum(self.index.counts)
+
+    @property
+    def shuffle_block(self) -> int | None:
+        """Shards a node walks together (None without an index)."""
+        return None if self.order is None else self.order.block
+
+    @property
+    def lanes(self) -> int | None:
+        """The run's lane count (None without an index)."""
+        return None if self.order is None else self.order.lane_count
 
     # -- per process -----------------------------------------------------------------------------
 
@@ -260,14 +252,12 @@ class ShardDataset(NodeLocalOrder, ElasticIterable):
         """This process's reader (a new one after a fork: threads and open shards don't come along)."""
         holder = self.__dict__.get("_local")
         if holder is None:
-            holder = self.__dict__["_local"] = ProcessLocal()  # dropped when pickled (elastic.py)
+            holder = self.__dict__["_local"] = ProcessLocal()  # dropped when pickled (iterable.py)
         return holder.get(self._new_reader)
 
     def _new_reader(self) -> ShardReader:
         cache_dir, cache_limit = self.cache_dir, self.cache_limit
-        keep = 4
-        if self.index is not None:
-            keep = self.deal().group.keep_open()
+        keep = 4 if self.order is None else self.order.block + self.prefetch + 4
         return ShardReader(self.shards, self.index, self.config, lambda: NodeCache(cache_dir, cache_limit),
                            self.prefetch, keep)
 
@@ -277,64 +267,65 @@ class ShardDataset(NodeLocalOrder, ElasticIterable):
             decode_sample(sample, self.decoders, None if shard is None else (lambda: self.shards[shard].uri))
         return sample if self.transform is None else self.transform(sample)
 
-    def order(self, epoch: int | None = None) -> EpochOrder:
-        """The global sequence of an epoch (needs an index)."""
-        if self.index is None:
-            raise UsageError("a list of shards has no global order", "read the shards through their index")
-        return EpochOrder(self.index.counts, self.seed, self.epoch if epoch is None else epoch,
-                          self.randomize_shard_order, self.shuffle_buffer)
-
-    # -- ElasticIterable hooks -------------------------------------------------------------------
-
-    def _total(self) -> int:
-        if self.index is None:
-            raise UsageError("a list of shards has no sample counts: no length or resume state",
+    def _ordered(self) -> EpochOrder:
+        if self.order is None:
+            raise UsageError("a list of shards has no sample counts: no length, order or resume state",
                              "read the shards through their index (NAME.index.json)")
-        return sum(self.index.counts)
-
-    def _plan(self, epoch: int) -> _ShardEpoch:
-        finish = self.finish if self.decoders is not None or self.transform is not None else _identity
-        return _ShardEpoch(self.order(epoch), self.reader(), finish)
+        return self.order
 
     def _identity(self) -> dict[str, Any]:
         assert self.index is not None
-        return {"dataset": self.index.identity, "seed": self.seed, "shuffle_buffer": max(1, self.shuffle_buffer),
-                "randomize_shard_order": self.randomize_shard_order}
+        return {"dataset": self.index.identity, "seed": self.seed, "shuffle_buffer": self.shuffle_buffer,
+                "randomize_shard_order": self.randomize_shard_order, "shuffle_block": self._ordered().block}
 
-    def _counts(self) -> Sequence[int]:
-        self._total()
-        assert self.index is not None
-        return self.index.counts
+    # -- epochs and resume -----------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Samples this rank yields in the current epoch; a TypeError without an index (no counts)."""
-        if self.index is None:
+        """Samples this rank yields in the current epoch (from the resume point, after a resume);
+        a TypeError without an index (no counts)."""
+        if self.order is None:
             raise TypeError("a ShardDataset over a list of shards has no length (no sample counts)")
-        return super().__len__()
+        return self.order.count(self.epoch)
+
+    def whole_epoch(self, epoch: int) -> RankOrder:
+        """Epoch ``epoch``'s whole sequence as one rank's walk (what a MixedDataset draws from)."""
+        order = self._ordered()
+        whole = EpochOrder(order.counts, seed=self.seed, shuffle_buffer=self.shuffle_buffer,
+                           randomize_shard_order=self.randomize_shard_order, layout=Layout(0, 1, 0, 0, 1),
+                           remainder="uneven", block=order.block, lanes=order.lane_count)
+        return whole.rank_order(epoch)
+
+    def locations(self, epoch: int | None = None) -> Iterator[tuple[int, int]]:
+        """``(shard, sample in shard)`` of this rank's samples, in order (no worker split)."""
+        return iter_locations(self._ordered(), self.epoch if epoch is None else epoch)
 
     def state_dict(self, samples_seen: int) -> dict[str, Any]:
-        """See :meth:`ElasticIterable.state_dict`; needs an index."""
-        self._total()
-        return super().state_dict(samples_seen)
+        """A small JSON-able state (the same on every rank): save it with the checkpoint.
+
+        ``samples_seen`` is how many samples this rank's training loop consumed in the current
+        epoch *in this run* (since iteration started, or since the resume point after a resume).
+        """
+        return self._ordered().state(self.epoch, samples_seen, self._identity())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the saved epoch where it stopped, on this layout (any nodes, ranks, workers,
+        batch size): every sample of the epoch not consumed before is delivered once."""
+        self.epoch = self._ordered().load(state, self._identity(), type(self).__name__)
 
     # -- iteration -------------------------------------------------------------------------------
 
     def iter_worker(self, worker: int, num_workers: int) -> Iterator[Any]:
         """The samples worker ``worker`` of ``num_workers`` yields (what ``__iter__`` runs)."""
-        if self.index is not None:
-            return self._iter_partitioned(worker, num_workers)
+        if self.order is not None:
+            return self._iter_ordered(worker, num_workers)
         return self._iter_listed(worker, num_workers)
 
-    def _iter_partitioned(self, worker: int, num_workers: int) -> Iterator[Any]:
-        deal = self.deal()
+    def _iter_ordered(self, worker: int, num_workers: int) -> Iterator[Any]:
+        assert self.order is not None
+        walk = self.order.rank_order(self.epoch)
+        locals_ = worker_locals(walk.count, self.batch_size or 1, worker, num_workers)
         finish = self.finish if self.decoders is not None or self.transform is not None else _identity
-        plan = _NodeEpoch(deal.group, self.reader(), finish)
-        position = deal.position
-        for number, batch in enumerate(worker_batches(deal.count, self.batch_size or 1, worker, num_workers)):
-            if number == 0:
-                plan.begin(position(batch.start))
-            for local in batch:
-                yield plan.fetch(position(local))
+        yield from read_walk(walk, locals_, self.reader(), finish, walk.ranks * num_workers)
 
     def spans(self, worker: int = 0, num_workers: int = 1) -> list[ShardSpan]:
         """With a list of shards: the whole shards worker ``worker`` of ``num_workers`` reads."""
@@ -356,6 +347,45 @@ class ShardDataset(NodeLocalOrder, ElasticIterable):
 
         for sample, number in _buffer_shuffled(stream(), self.shuffle_buffer, rng):
             yield self.finish(sample, number)
+
+
+def iter_locations(order: EpochOrder, epoch: int) -> Iterator[tuple[int, int]]:
+    """``(shard, sample in shard)`` of this rank's samples of ``epoch``, in order."""
+    walk = order.rank_order(epoch)
+    for _, shards, samples, _ in walk.locations(np.arange(walk.count, dtype=np.int64)):
+        yield from zip(shards.tolist(), samples.tolist())
+
+
+def read_walk(walk: RankOrder, locals_: np.ndarray, reader: ShardReader, finish: Callable[[Sample, int], Any],
+              spread: int) -> Iterator[Any]:
+    """Samples of ``walk`` at rank-local numbers ``locals_``: shards opened as first needed, the
+    next ones prefetched, each released once this walk has passed its last use (so the node
+    cache may evict it). ``spread``: node positions between this walk's consecutive samples."""
+    done_after: dict[int, int] = {}
+    chunks = _chunks(walk, locals_, max(16, min(1024, 4096 // max(1, spread))))
+    current = next(chunks, None)
+    while current is not None:
+        following = next(chunks, None)
+        positions, shards, samples, done = current
+        upcoming = _first_seen(shards if following is None else np.concatenate((shards, following[1])))
+        reader.upcoming(upcoming)
+        for shard, sample, last in zip(shards.tolist(), samples.tolist(), done.tolist()):
+            done_after[shard] = last
+            yield finish(reader.sample(shard, sample), shard)
+        now = int(positions[-1])
+        reader.release(lambda number: done_after.get(number, -1) < now)
+        current = following
+
+
+def _chunks(walk: RankOrder, locals_: np.ndarray, size: int) -> Iterator[tuple[np.ndarray, ...]]:
+    for begin in range(0, len(locals_), size):
+        positions = walk.node_positions(locals_[begin:begin + size])
+        yield (positions, *walk.locate(positions))
+
+
+def _first_seen(shards: np.ndarray) -> list[int]:
+    _, first = np.unique(shards, return_index=True)
+    return shards[np.sort(first)].tolist()
 
 
 def _identity(sample: Sample, shard: int | None = None) -> Sample:

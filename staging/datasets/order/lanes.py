@@ -1,0 +1,106 @@
+"""Shuffle: lanes fixed for the run, and each lane's order in an epoch.
+
+- **Lanes.** The run's shard order (index order, or with ``randomize_shard_order`` an order seeded
+  by ``seed`` alone) concatenates every shard's samples; lane ``l`` of ``L`` holds samples
+  ``[l*T//L, (l+1)*T//L)`` of it. Only shards at lane edges are split. ``L`` is chosen from the
+  data (:func:`choose_lanes`) and recorded in the resume state, so it is fixed for the run.
+- **A lane's order in an epoch** (:class:`LaneOrder`): its shard pieces in an order permuted per
+  ``(seed, epoch, lane)``, their samples concatenated, and each sample moved by a random offset of
+  at most half the shuffle window (MosaicML's ``py1e`` idea: keys ``j + U(-w/2, w/2)``, sorted).
+  A sample therefore stays within ``w/2`` positions of its shard's place, so reading a lane needs
+  about one window of shards at a time: the bounded working set.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+#: Lane counts are divisors of this (2^8 * 3^2 * 5 * 7): every node count up to 10, and
+#: 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 96, 128, 192, 256 among others, divide some of them.
+LANE_BASE = 80640
+#: The node counts jobs run with, most common first: lane counts are scored by how many divide them.
+COMMON_NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64, 3, 6, 12, 24, 48, 96, 128, 256, 5, 10, 20, 40, 80, 160,
+                      7, 14, 28, 56, 112, 192, 224)
+
+
+def _divisors(number: int) -> list[int]:
+    return [d for d in range(1, number + 1) if number % d == 0]
+
+
+@lru_cache(maxsize=64)
+def choose_lanes(total: int, block_samples: int, nodes: int) -> int:
+    """The run's lane count: a multiple of ``nodes`` (the run's first node count) with lanes of at
+    least ``block_samples`` samples, dividing as many common node counts as possible (ties: more
+    lanes). When a node's share is smaller than one block, one lane per node."""
+    most = max(1, total // max(1, block_samples))
+    if most < nodes:
+        return max(1, nodes)
+    options = [nodes * d for d in _divisors(LANE_BASE) if nodes * d <= most]
+    return max(options, key=lambda lanes: (sum(lanes % n == 0 for n in COMMON_NODE_COUNTS), lanes))
+
+
+def _rng(*words: int | str) -> np.random.Generator:
+    text = ":".join(str(word) for word in words)
+    return np.random.default_rng(np.frombuffer(text.encode(), dtype=np.uint8).astype(np.uint32))
+
+
+class Lanes:
+    """The run's lanes over samples per shard ``counts`` (see the module docstring)."""
+
+    def __init__(self, counts: np.ndarray, seed: int, randomize_shard_order: bool, count: int) -> None:
+        counts = np.asarray(counts, dtype=np.int64)
+        order = np.arange(len(counts), dtype=np.int64)
+        if randomize_shard_order:
+            order = _rng("lading-run", seed).permutation(len(counts))
+        self.counts, self.order, self.count = counts, order, max(1, count)
+        self.starts = np.concatenate(([0], np.cumsum(counts[order])))
+        self.total = int(self.starts[-1])
+
+    def bounds(self, lane: int) -> tuple[int, int]:
+        """Lane ``lane``'s samples in the run's concatenation: ``[start, end)``."""
+        return lane * self.total // self.count, (lane + 1) * self.total // self.count
+
+    def sizes(self) -> np.ndarray:
+        """Samples in every lane."""
+        edges = np.arange(self.count + 1, dtype=np.int64) * self.total // self.count
+        return np.diff(edges)
+
+    def pieces(self, lane: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(shard, first sample, length)`` of the shard pieces lane ``lane`` holds, in run order."""
+        start, end = self.bounds(lane)
+        first = int(np.searchsorted(self.starts, start, side="right")) - 1
+        last = int(np.searchsorted(self.starts, end, side="left"))
+        slots = np.arange(max(first, 0), max(last, 0))
+        low = np.maximum(self.starts[slots], start)
+        high = np.minimum(self.starts[slots + 1], end)
+        keep = high > low
+        slots, low, high = slots[keep], low[keep], high[keep]
+        return self.order[slots], low - self.starts[slots], high - low
+
+
+class LaneOrder:
+    """Lane ``lane``'s samples in epoch ``epoch``: ``shard[j]``, ``sample[j]`` for lane position ``j``;
+    ``last[j]``: the last lane position of the shard at ``j`` (when this lane is done with it)."""
+
+    def __init__(self, lanes: Lanes, lane: int, seed: int, epoch: int, shuffle: bool, window: int) -> None:
+        shards, first, length = lanes.pieces(lane)
+        rng = _rng("lading-lane", seed, epoch, lane)
+        if shuffle and len(shards) > 1:
+            perm = rng.permutation(len(shards))
+            shards, first, length = shards[perm], first[perm], length[perm]
+        size = int(length.sum())
+        piece = np.repeat(np.arange(len(shards)), length)
+        starts = np.concatenate(([0], np.cumsum(length)))
+        within = np.arange(size, dtype=np.int64) - starts[piece] + first[piece]
+        if window > 1 and size > 1:
+            keys = np.arange(size) + rng.uniform(-window / 2, window / 2, size)
+            perm = np.argsort(keys, kind="stable")
+            piece, within = piece[perm], within[perm]
+        self.shard = shards[piece]
+        self.sample = within
+        last_of_piece = np.zeros(len(shards), dtype=np.int64)
+        np.maximum.at(last_of_piece, piece, np.arange(size))
+        self.last = last_of_piece[piece]
+        self.size = size
