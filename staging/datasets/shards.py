@@ -28,6 +28,8 @@ from lading.stores.process import ProcessLocal, control_plane
 from lading.stores.uri import parse_uri
 
 _CHUNK = 8 << 20
+#: Shards done with are released (the node cache may evict them) every this many samples.
+RELEASE_EVERY = 8
 
 
 @dataclass(frozen=True)
@@ -369,11 +371,12 @@ def read_walk(walk: RankOrder, locals_: np.ndarray, reader: ShardReader, finish:
         positions, shards, samples, done = current
         upcoming = _first_seen(shards if following is None else np.concatenate((shards, following[1])))
         reader.upcoming(upcoming)
-        for shard, sample, last in zip(shards.tolist(), samples.tolist(), done.tolist()):
+        for step, (now, shard, sample, last) in enumerate(zip(positions.tolist(), shards.tolist(),
+                                                               samples.tolist(), done.tolist())):
             done_after[shard] = last
+            if step % RELEASE_EVERY == 0:
+                reader.release(lambda number: done_after.get(number, now) < now)
             yield finish(reader.sample(shard, sample), shard)
-        now = int(positions[-1])
-        reader.release(lambda number: done_after.get(number, -1) < now)
         current = following
 
 

@@ -1,0 +1,196 @@
+"""The one epoch order at realistic sizes: a dataset larger than the node cache streams within
+``cache_limit`` (counted at a proxy and on disk), shuffles mean something on small data, exact
+elastic resume, lanes that keep locality on 64 nodes, and bad settings refused."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from lading.core.errors import UsageError
+from lading.datasets import NodeLocalSampler, ShardDataset, load_index
+from lading.datasets.cache import iter_entries
+from lading.datasets.order import choose_lanes
+from lading.pack import PackOptions, plan_pack, run_pack
+from lading.stores import StoreConfig
+from proxies import FaultProxy
+
+SHARDS = 96
+PER_SHARD = 10
+SAMPLE_BYTES = 2048 + 512  # in the tar: a header and the data
+
+
+def expected() -> dict[str, bytes]:
+    return {f"k{i:05d}": bytes([i % 251]) * 2048 for i in range(SHARDS * PER_SHARD)}
+
+
+@pytest.fixture(scope="module")
+def remote_pack(rclone_server, tmp_path_factory) -> str:
+    """96 shards of 10 samples (~26 KB each) in a bucket of ``rclone serve s3``; the index URI."""
+    import boto3
+
+    env = rclone_server.env
+    config = StoreConfig.from_env(env)
+    bucket = f"stream-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", endpoint_url=config.endpoint_url, region_name="us-east-1",
+                 aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                 aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=bucket)
+    source = tmp_path_factory.mktemp("stream") / "src"
+    source.mkdir()
+    for key, data in expected().items():
+        (source / f"{key}.bin").write_bytes(data)
+    dest = f"s3://{bucket}/ds"
+    plan = plan_pack(str(source), dest, PackOptions("ds", shard_size=PER_SHARD * SAMPLE_BYTES), config)
+    run_pack(plan, str(source), dest, config)
+    assert len(plan.shards) == SHARDS
+    return f"{dest}/ds.index.json"
+
+
+def shard_gets(proxy: FaultProxy) -> list[str]:
+    return [path for method, path in proxy.counts if method == "GET" and path.endswith(".tar")]
+
+
+def cache_bytes(cache: Path) -> int:
+    return sum(entry.size for entry in iter_entries(cache / "datasets")) if (cache / "datasets").exists() else 0
+
+
+def stream(dataset: ShardDataset, proxy: FaultProxy, cache: Path) -> tuple[list[str], int, int]:
+    """Keys in order, peak bytes in the cache directory, shard GETs before the first sample."""
+    keys, peak, first = [], 0, -1
+    wanted = expected()
+    for sample in dataset:
+        if first < 0:
+            first = len(shard_gets(proxy))
+        assert bytes(sample["bin"]) == wanted[sample["__key__"]]
+        keys.append(sample["__key__"])
+        peak = max(peak, cache_bytes(cache))
+    return keys, peak, first
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_dataset_larger_than_the_cache_streams_within_the_limit(remote_pack, rclone_env, tmp_path, nodes):
+    largest = max(ref.filesize for ref in load_index(remote_pack, StoreConfig.from_env()).shards)
+    limit = 8 * largest
+    seen: Counter[str] = Counter()
+    with ExitStack() as stack:
+        for node in range(nodes):
+            proxy = stack.enter_context(FaultProxy(rclone_env["AWS_ENDPOINT_URL"]))
+            cache = tmp_path / f"node-{node}"
+            dataset = ShardDataset(remote_pack, config=StoreConfig.from_env(endpoint_url=proxy.url),
+                                   cache_dir=cache, cache_limit=limit, shuffle_buffer=10_000, seed=3,
+                                   rank=node, world_size=nodes, prefetch=2)
+            block = dataset.shuffle_block
+            assert block == 4, "half of what the cache holds, by default"
+            keys, peak, first = stream(dataset, proxy, cache)
+            seen.update(keys)
+            gets = shard_gets(proxy)
+            share = SHARDS // nodes
+            assert len(gets) <= share + 2, f"node {node}: {len(gets)} shard GETs for a share of {share} shards"
+            assert len(set(gets)) == len(gets), "each shard downloaded once in the epoch"
+            assert first <= block + 1 + dataset.prefetch, f"{first} shards fetched before the first sample"
+            in_flight = (dataset.prefetch + 1) * largest
+            assert peak <= limit + in_flight, f"node {node}: cache reached {peak} bytes, limit {limit}"
+    assert seen == Counter(list(expected())), "every sample exactly once"
+
+
+def test_the_first_samples_come_from_one_block_and_are_shuffled(remote_pack, rclone_env, tmp_path):
+    dataset = ShardDataset(remote_pack, cache_dir=tmp_path / "c", shuffle_buffer=10_000, shuffle_block=4, seed=1)
+    first = [next(iter(dataset))["__key__"]]
+    keys = [sample["__key__"] for sample in dataset][:32]
+    assert keys[0] == first[0]
+    shards = {int(key[1:]) // PER_SHARD for key in keys}
+    assert 2 <= len(shards) <= 4 + 1, f"the first batch of 32 comes from one block's shards, got {sorted(shards)}"
+    assert keys != sorted(keys)
+
+
+def small_pack(tmp_path: Path, count: int, shard_size: int) -> str:
+    source = tmp_path / "small-src"
+    source.mkdir(parents=True)
+    for i in range(count):
+        (source / f"img{i:04d}.cls").write_text(str(i % 10))
+    plan = plan_pack(str(source), str(tmp_path / "small"), PackOptions("small", shard_size=shard_size))
+    run_pack(plan, str(source), str(tmp_path / "small"))
+    return str(tmp_path / "small" / "small.index.json")
+
+
+def test_shuffle_buffer_shuffles_small_datasets(tmp_path):
+    index = small_pack(tmp_path, 100, 40_000)
+    plain = [int(s["cls"]) for s in ShardDataset(index)]
+    shuffled = [int(s["cls"]) for s in ShardDataset(index, shuffle_buffer=50, seed=0)]
+    assert sorted(plain) == sorted(shuffled) and plain != shuffled
+    runs = sum(1 for a, b in zip(shuffled, shuffled[1:]) if a == b)
+    assert runs < 30, f"{runs} neighbours share a label: barely shuffled"
+    assert len(set(shuffled[:5])) >= 3, f"first labels {shuffled[:5]}"
+    again = [int(s["cls"]) for s in ShardDataset(index, shuffle_buffer=50, seed=1)]
+    assert again != shuffled, "another seed, another order"
+    index = small_pack(tmp_path / "more", 1000, 40_000)
+    keys = [s["__key__"] for s in ShardDataset(index)]
+    assert keys != [s["__key__"] for s in ShardDataset(index, shuffle_buffer=1000)]
+
+
+def test_four_ranks_resumed_on_three_deliver_408_samples_exactly_once():
+    counts = [4] * 102
+    assert sum(counts) == 408
+    before: Counter[int] = Counter()
+    states = []
+    for rank in range(4):
+        sampler = NodeLocalSampler(counts, shuffle_buffer=64, seed=2, rank=rank, world_size=4)
+        before.update(list(sampler)[:30])
+        states.append(sampler.state_dict(30))
+    assert all(state == states[0] for state in states)
+    assert states[0]["left"] == 288 and len(json.dumps(states[0])) < 4000
+    after = []
+    for rank in range(3):
+        sampler = NodeLocalSampler(counts, shuffle_buffer=64, seed=2, rank=rank, world_size=3)
+        sampler.load_state_dict(states[0])
+        indices = list(sampler)
+        assert len(indices) == len(sampler) == 96
+        after += indices
+    assert Counter(after) + before == Counter(range(408)), "every sample exactly once"
+
+
+def test_a_resume_of_a_resume_onto_other_node_counts_is_exact():
+    counts = [7, 13, 9, 11] * 30
+    total = sum(counts)
+    seen: Counter[int] = Counter()
+    state = None
+    for world, per_node, take in [(8, 2, 15), (4, 1, 20), (12, 3, 7), (6, 2, None)]:
+        samplers = [NodeLocalSampler(counts, shuffle_buffer=40, seed=4, rank=rank, world_size=world,
+                                     local_world_size=per_node, remainder="uneven", shuffle_block=3)
+                    for rank in range(world)]
+        for sampler in samplers:
+            if state is not None:
+                sampler.load_state_dict(state)
+            seen.update(list(sampler)[:take])
+        if take is not None:
+            state = samplers[0].state_dict(take)
+    assert seen == Counter(range(total))
+
+
+def test_lanes_keep_locality_on_64_nodes_at_scale():
+    lanes = choose_lanes(10**8, 16 * 1000, 64)
+    assert lanes % 64 == 0 and all(lanes % n == 0 for n in (1, 2, 4, 8, 16, 32, 64, 3, 6, 12))
+    assert 10**8 // lanes >= 16 * 1000, "a lane holds at least one block"
+    assert choose_lanes(100, 1600, 1) == 1, "tiny data: one lane"
+    sampler = NodeLocalSampler([1000] * 100_000, shuffle_buffer=16_000, rank=0, world_size=512, local_world_size=8)
+    assert sampler.order.lane_count % 64 == 0
+    first = next(iter(sampler))
+    state = sampler.state_dict(0)
+    assert len(json.dumps(state)) < 4000 and 0 <= first < 10**8
+
+
+def test_bad_settings_are_refused_with_one_line(remote_pack, rclone_env, tmp_path):
+    with pytest.raises(UsageError, match="shuffle_buffer=-1"):
+        ShardDataset(remote_pack, shuffle_buffer=-1, cache_dir=tmp_path / "c")
+    with pytest.raises(UsageError, match="smallest that works is"):
+        ShardDataset(remote_pack, cache_dir=tmp_path / "c", cache_limit=20_000, shuffle_block=4)
+    with pytest.raises(UsageError, match="shuffle_block=0"):
+        ShardDataset(remote_pack, cache_dir=tmp_path / "c", shuffle_block=0)
+    dataset = ShardDataset(remote_pack, cache_dir=tmp_path / "c")
+    with pytest.raises(UsageError, match="not a ShardDataset state") as raised:
+        dataset.load_state_dict({"format": "lading-partitioned-1", "epoch": 0})
+    assert "older lading" in raised.value.hint
