@@ -23,12 +23,8 @@ from __future__ import annotations
 from lading.datasets.cache import NodeCache, default_cache_root
 from lading.datasets.decode import DEFAULT_DECODERS
 from lading.datasets.index import DatasetIndex, ShardRef, load_index
-from lading.datasets.mixed import MixedDataset
-from lading.datasets.order import REMAINDERS, EpochOrder
 from lading.datasets.packed import PackedDataset
 from lading.datasets.records import RecordDataset
-from lading.datasets.sampler import NodeLocalSampler
-from lading.datasets.shards import ShardDataset, ShardSpan, iter_shard
 from lading.datasets.slots import distributed_slot as _distributed_slot  # noqa: F401 - looked up here
 from lading.datasets.slots import worker_slot as _worker_slot  # noqa: F401 - by __iter__ (tests stand in a slot)
 from lading.datasets.store import StoreDataset
@@ -54,10 +50,24 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """``DataLoader`` imports torch, so it is loaded on first use only."""
-    if name == "DataLoader":
-        from lading.datasets.loader import DataLoader
+#: Loaded on first use: the order engine imports numpy, torch's DataLoader imports torch.
+_LAZY = {
+    "DataLoader": "lading.datasets.loader",
+    "EpochOrder": "lading.datasets.order",
+    "MixedDataset": "lading.datasets.mixed",
+    "NodeLocalSampler": "lading.datasets.sampler",
+    "REMAINDERS": "lading.datasets.order",
+    "ShardDataset": "lading.datasets.shards",
+    "ShardSpan": "lading.datasets.shards",
+    "iter_shard": "lading.datasets.shards",
+}
 
-        return DataLoader
-    raise AttributeError(f"module 'lading.datasets' has no attribute {name!r}")
+
+def __getattr__(name: str) -> object:
+    """The order engine (numpy) and ``DataLoader`` (torch) load on first use only."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lading.datasets' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
