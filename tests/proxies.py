@@ -59,6 +59,10 @@ The API:
   bench/latproxy.py does for benchmarks). ``proxy.body_bytes`` counts the response body bytes
   relayed, by path; ``proxy.peak_in_flight`` is the most requests forwarded at once (both reset
   by ``reset_counts()``).
+- ``gate = proxy.gather(N, method="GET", timeout=2.0)``: the next N matching requests are held
+  until all N are in the proxy at once (or ``timeout`` passes), then forwarded together.
+  ``gate.together`` is the most requests that were held at the same moment: N when the client
+  sent them concurrently, 1 when it sent them one after another.
 
 The Host header is forwarded unchanged, so S3 signatures stay valid and servers that build
 absolute URLs (GCS resumable-upload sessions) point them back at the proxy.
@@ -161,6 +165,34 @@ class FaultRule:
         return True
 
 
+class Gate:
+    """Holds matching requests until ``count`` of them are in the proxy at once (see ``gather``)."""
+
+    def __init__(self, count: int, method: str | None, timeout: float) -> None:
+        self.count, self.method, self.timeout = count, method, timeout
+        self.admitted = 0  # requests this gate took (at most ``count``)
+        self.waiting = 0
+        self.together = 0
+        self._cond = threading.Condition()
+
+    def take(self, method: str) -> bool:
+        """Whether this request is one the gate holds."""
+        with self._cond:
+            if self.admitted >= self.count or (self.method is not None and method.upper() != self.method.upper()):
+                return False
+            self.admitted += 1
+            return True
+
+    def hold(self) -> None:
+        """Wait until ``count`` requests wait here, or the timeout."""
+        with self._cond:
+            self.waiting += 1
+            self.together = max(self.together, self.waiting)
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self.together >= self.count, timeout=self.timeout)
+            self.waiting -= 1
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 256
@@ -197,6 +229,9 @@ class _Handler(BaseHTTPRequestHandler):
                 rule.then()
             self._inject(rule.kind)
             return
+        gate = proxy._gate
+        if gate is not None and gate.take(self.command):
+            gate.hold()
         headers = self._forward_headers(body)
         dropped = None
         range_names = [name for name in headers if name.lower() == "range"]
@@ -347,6 +382,7 @@ class FaultProxy:
         self._connections: set[socket.socket] = set()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._gate: Gate | None = None
 
     @property
     def url(self) -> str:
@@ -397,6 +433,11 @@ class FaultProxy:
         with self._lock:
             self._rules.append(rule)
         return rule
+
+    def gather(self, count: int, method: str | None = "GET", timeout: float = 2.0) -> Gate:
+        """Hold the next ``count`` matching requests until they are all in (see the module docstring)."""
+        self._gate = Gate(count, method, timeout)
+        return self._gate
 
     def clear_faults(self) -> None:
         """Remove every fault rule; requests pass through unchanged from now on."""

@@ -1,8 +1,9 @@
 """One Store conformance suite, run against every backend on real servers.
 
 The ``backend`` fixture is parametrized over a local directory, S3 on moto, S3 on
-``rclone serve s3`` and GCS on fake-gcs-server; every test gets a bucket (or directory) of its
-own. Stores are opened the way users open them, ``open_store(uri, StoreConfig.from_env())``
+``rclone serve s3``, GCS on fake-gcs-server and a snapshot (``lading snapshot``) of a moto prefix,
+taken when the store is opened; every test gets a bucket (or directory) of its own. A snapshot
+is read-only: its writes are refused, which the write tests check instead. Stores are opened the way users open them, ``open_store(uri, StoreConfig.from_env())``
 with the server's variables set, then made small through their tunables (``page_size``,
 ``multipart_threshold``, ``resumable_threshold``...) so that pagination, multipart and
 resumable paths run on small objects (moto copies a whole object on every GET).
@@ -27,14 +28,16 @@ import boto3
 import pytest
 from urllib.parse import unquote
 from botocore.config import Config
-from lading.core.errors import NotFound, ObjectChanged, UnsafeKey
+from lading.core.errors import NotFound, ObjectChanged, UnsafeKey, UsageError
 from lading.core.retry import RetryPolicy
 from lading.stores import ObjectInfo, Store, StoreConfig, open_store
+from lading.stores.base import RangeRequest
+from lading.stores.snapshot import write_snapshot
 from proxies import FaultProxy
 
 FAST_RETRY = RetryPolicy(attempts=4, base_delay=0.005, max_delay=0.02)
-BACKENDS = ("local", "s3-moto", "s3-rclone", "gcs-fake")
-REMOTE = BACKENDS[1:]
+BACKENDS = ("local", "s3-moto", "s3-rclone", "gcs-fake", "snapshot")
+REMOTE = ("s3-moto", "s3-rclone", "gcs-fake")
 #: Backends whose server ignores the read precondition (If-Match / ifGenerationMatch).
 UNCONDITIONAL = ("s3-rclone", "gcs-fake")
 
@@ -53,6 +56,11 @@ class Backend:
     endpoint: str | None = None  # the server's URL
     raw: Any = None  # a boto3 client or a google.cloud.storage bucket
     request: Any = field(default=None, repr=False)
+    snapshots: Path | None = None  # where the snapshot backend writes its snapshots
+
+    @property
+    def writable(self) -> bool:
+        return self.snapshots is None
 
     def uri(self, prefix: str = "") -> str:
         if self.scheme == "file":
@@ -75,6 +83,10 @@ class Backend:
         for name, value in tunables.items():
             if hasattr(store, name):
                 setattr(store, name, value)
+        if self.snapshots is not None:  # a snapshot of the prefix as it is now, read through the store
+            path = self.snapshots / f"snap-{len(list(self.snapshots.iterdir()))}.jsonl"
+            write_snapshot(store, self.uri(prefix), path)
+            return open_store(self.uri(prefix), self.config(endpoint), snapshot=path)
         return store
 
     def put(self, key: str, data: bytes) -> None:
@@ -103,6 +115,8 @@ class Backend:
         """A store whose bucket (or directory) does not exist."""
         if self.scheme == "file":
             return open_store(os.path.join(self.bucket, "no-such-dir"), self.config())
+        if self.snapshots is not None:
+            return open_store(self.uri(), self.config(), snapshot=self.snapshots / "absent.jsonl")
         return open_store(f"{self.scheme}://no-such-bucket-{self.bucket[-12:]}/x", self.config())
 
     def known_bug(self, bug: str) -> None:
@@ -136,11 +150,15 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
         root = tmp_path / "root"
         root.mkdir()
         return Backend(name, "file", str(root), request=request)
-    if name.startswith("s3-"):
-        env = request.getfixturevalue("s3_env" if name == "s3-moto" else "rclone_env")
+    if name.startswith("s3-") or name == "snapshot":
+        env = request.getfixturevalue("rclone_env" if name == "s3-rclone" else "s3_env")
         client = _s3_client(env)
         client.create_bucket(Bucket=bucket)
-        return Backend(name, "s3", bucket, env["AWS_ENDPOINT_URL"], client, request=request)
+        snapshots = None
+        if name == "snapshot":
+            snapshots = tmp_path / "snapshots"
+            snapshots.mkdir()
+        return Backend(name, "s3", bucket, env["AWS_ENDPOINT_URL"], client, request=request, snapshots=snapshots)
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
@@ -250,7 +268,7 @@ def test_read_with_a_stale_version_is_object_changed(backend, tmp_path):
     old = store.stat("obj").version
     assert store.read_range("obj", 0, 5, old) == b"first"
     backend.put("v/obj", b"second version, longer")  # another size: a new local version too
-    assert store.stat("obj").version != old
+    assert (store.stat("obj").version == old) == (not backend.writable)  # a snapshot keeps what it recorded
     with pytest.raises(ObjectChanged):
         store.read_range("obj", 0, 5, old)
     with pytest.raises(ObjectChanged):
@@ -272,13 +290,13 @@ def test_missing_objects_are_not_found(backend, tmp_path):
 def test_download_writes_the_exact_bytes(backend, tmp_path):
     data = os.urandom(300 << 10)
     backend.put("d/deep/obj.bin", data)
+    backend.put("d/empty", b"")
     store = backend.store("d")
     progress: list[int] = []
     store.download("deep/obj.bin", tmp_path / "a.tmp", progress=progress.append)
     assert (tmp_path / "a.tmp").read_bytes() == data and sum(progress) == len(data)
     store.download("deep/obj.bin", tmp_path / "b.tmp", version=store.stat("deep/obj.bin").version)
     assert (tmp_path / "b.tmp").read_bytes() == data
-    backend.put("d/empty", b"")
     store.download("empty", tmp_path / "empty.tmp")
     assert (tmp_path / "empty.tmp").read_bytes() == b""
 
@@ -290,11 +308,15 @@ def test_download_writes_the_exact_bytes(backend, tmp_path):
 UPLOAD_TUNABLES = {"multipart_threshold": 1 << 20, "part_size": 5 << 20, "upload_workers": 2,
                    "resumable_threshold": 256 << 10, "chunk_size": 256 << 10}
 LARGE = {"local": 1 << 20, "s3-moto": (5 << 20) + (64 << 10), "s3-rclone": (5 << 20) + (64 << 10),
-         "gcs-fake": (3 * (256 << 10)) + 1000}
+         "gcs-fake": (3 * (256 << 10)) + 1000, "snapshot": 1 << 20}
 
 
 def _check_upload(store: Store, src: Path, key: str, tmp_path: Path) -> None:
     progress: list[int] = []
+    if not store.writable:
+        with pytest.raises(UsageError):
+            store.upload(src, key, progress=progress.append)
+        return
     info = store.upload(src, key, progress=progress.append)
     data = src.read_bytes()
     assert (info.key, info.size) == (key, len(data)) and info.version
@@ -320,6 +342,8 @@ def test_upload_large(backend, tmp_path):
     with backend.proxied() as proxy:
         store = backend.store("u", endpoint=proxy.url if proxy else None, **UPLOAD_TUNABLES)
         _check_upload(store, src, "large.bin", tmp_path)
+        if not store.writable:
+            return
         assert [info.key for info in store.list()] == ["large.bin"]
     for threshold in ("multipart_threshold", "resumable_threshold"):
         if hasattr(store, threshold):  # the multipart / resumable path, not one request
@@ -328,6 +352,107 @@ def test_upload_large(backend, tmp_path):
                 "uploads" in seen.query.split("&")  # S3 CreateMultipartUpload
                 or "uploadType=resumable" in seen.query)) == 1  # a GCS resumable session
             assert proxy.count("PUT") >= 2  # parts or chunks
+
+
+# -- the rest of the contract: batches, streams, checksums, conditional writes -----------------------
+
+
+def test_the_declared_capabilities(backend):
+    """``scheme``, ``writable`` and the checksum a version stands for are declared, not probed."""
+    data = b"checksummed bytes"
+    backend.put("c/obj", data)
+    store = backend.store("c")
+    assert store.scheme == backend.scheme
+    assert store.writable == backend.writable
+    info = store.stat("obj")
+    md5 = store.md5_of_version(info.version)
+    assert md5 == (_md5(data) if backend.scheme == "s3" else None)  # only a single-part ETag is an MD5
+    assert store.etag_is_md5("obj") is True
+
+
+def test_read_many_and_read_each(backend):
+    objects = {f"o{n}": os.urandom(1000 + n) for n in range(4)}
+    for key, data in objects.items():
+        backend.put(f"b/{key}", data)
+    backend.put("b/empty", b"")
+    store = backend.store("b")
+    versions = {key: store.stat(key).version for key in [*objects, "empty"]}
+    requests = [RangeRequest("o0"), RangeRequest("o1", 10, 20), RangeRequest("o2", 5, None, versions["o2"]),
+                RangeRequest("o3", 5000, None), RangeRequest("empty", 0, None, versions["empty"])]
+    want = [objects["o0"], objects["o1"][10:20], objects["o2"][5:], b"", b""]
+    assert [bytes(view) for view in store.read_many(requests)] == want
+    assert [bytes(view) for view in store.read_each(requests)] == want
+    # one failure fails a read_many; read_each returns it in its place
+    with pytest.raises(NotFound if backend.writable else (NotFound, ObjectChanged)):
+        store.read_many([RangeRequest("o0"), RangeRequest("absent")])
+    backend.put("b/o1", b"replaced behind the store's back")
+    each = store.read_each([RangeRequest("o0", 0, 4), RangeRequest("absent"), RangeRequest("o1", 0, 4, versions["o1"])])
+    assert bytes(each[0]) == objects["o0"][:4]
+    assert isinstance(each[1], NotFound)
+    assert isinstance(each[2], ObjectChanged)
+
+
+def test_stream_hands_over_pieces_of_the_pinned_version(backend):
+    data = os.urandom(3 << 20)
+    backend.put("s/big", data)
+    store = backend.store("s")
+    version = store.stat("big").version
+    pieces: list[bytes] = []
+    heard: list[str] = []
+    fetched = store.stream("big", lambda view: pieces.append(bytes(view)), version, 100, None, heard.append)
+    assert b"".join(pieces) == data[100:]
+    assert (fetched.nbytes, fetched.size, fetched.version) == (len(data) - 100, len(data), version)
+    assert heard == [version]
+    pieces.clear()
+    assert store.stream("big", lambda view: pieces.append(bytes(view)), None, 10, 30).nbytes == 20
+    assert b"".join(pieces) == data[10:30]
+    backend.put("s/big", b"replaced")
+    with pytest.raises(ObjectChanged):
+        store.stream("big", lambda view: None, version)
+
+
+@pytest.mark.parametrize("backend", [*REMOTE, "snapshot"], indirect=True)
+def test_read_many_sends_its_requests_together(backend):
+    """A batch is one call: its GETs are in flight at once (held at the proxy until all arrive),
+    with no HEAD or listing beside them (a snapshot pins from its file)."""
+    objects = {f"o{n}": os.urandom(2000) for n in range(6)}
+    for key, data in objects.items():
+        backend.put(f"t/{key}", data)
+    with backend.proxied() as proxy:
+        store = backend.store("t", endpoint=proxy.url)
+        assert store.read_range("o0", 0, 1) == objects["o0"][:1]  # GCS decides its read route here
+        proxy.reset_counts()
+        gate = proxy.gather(len(objects))
+        views = store.read_many([RangeRequest(key) for key in objects])
+        assert [bytes(view) for view in views] == list(objects.values())
+        assert gate.together == len(objects)
+        assert proxy.count() == len(objects) == proxy.count("GET")
+
+
+def test_conditional_writes(backend):
+    store = backend.store("w")
+    if not backend.writable:
+        for write in (lambda: store.put("k", b"x"), lambda: store.put("k", b"x", if_absent=True),
+                      lambda: store.delete("k"), lambda: store.delete_many(["k"])):
+            with pytest.raises(UsageError):
+                write()
+        return
+    first = store.put("k", b"one", if_absent=True)
+    assert store.read_object("k") == (b"one", first)
+    if backend.name != "s3-rclone":  # rclone ignores If-None-Match and If-Match (see test_datalayer_claims)
+        with pytest.raises(ObjectChanged):
+            store.put("k", b"two", if_absent=True)
+        with pytest.raises((ObjectChanged, NotFound)):
+            store.put("k", b"two", if_version=first + "0" if backend.scheme != "gs" else str(int(first) + 1))
+    second = store.put("k", b"two", if_version=first)
+    assert store.read_object("k") == (b"two", second) and second != first
+    assert store.delete("k", first) is False  # another version now
+    assert store.delete("k", second) is True
+    assert store.read_object("k") is None and store.delete("k") is False
+    for key in ("m/a", "m/b/c"):
+        store.put(key, key.encode())
+    store.delete_many(["m/a", "m/b/c", "m/absent"])
+    assert list(store.list()) == []
 
 
 # -- unsafe keys ---------------------------------------------------------------------------------
@@ -348,8 +473,10 @@ def test_unsafe_keys_are_refused(backend, tmp_path):
         "stat": store.stat,
         "read_range": lambda key: store.read_range(key, 0, 100),
         "download": lambda key: store.download(key, tmp_path / "out.tmp"),
-        "upload": lambda key: store.upload(src, key),
     }
+    if store.writable:
+        operations["upload"] = lambda key: store.upload(src, key)
+        operations["put"] = lambda key: store.put(key, b"payload")
     accepted = []
     for key in UNSAFE:
         for name, operation in operations.items():
@@ -458,3 +585,23 @@ def test_these_servers_ignore_the_read_precondition(backend):
         blob = backend.raw.blob("p/obj")
         assert blob.download_as_bytes(if_generation_match=stale) == b"second"
         assert blob.generation != stale  # from the response's X-Goog-Generation
+
+
+@pytest.mark.parametrize("backend", ["snapshot"], indirect=True)
+def test_a_snapshot_backed_dataset_reads_a_batch_in_one_call(backend, tmp_path):
+    """DataLoader's ``__getitems__`` on a StoreDataset over a snapshot: one batched read, its GETs in
+    flight together, pinned from the snapshot file (no HEAD, no listing)."""
+    from lading.datasets import StoreDataset
+
+    objects = {f"s{n:02d}.bin": os.urandom(3000) for n in range(8)}
+    for key, data in objects.items():
+        backend.put(f"ds/{key}", data)
+    with backend.proxied() as proxy:
+        snapshot = tmp_path / "ds.snap.jsonl"
+        write_snapshot(open_store(backend.uri("ds"), backend.config(proxy.url)), backend.uri("ds"), snapshot)
+        dataset = StoreDataset(str(snapshot), config=backend.config(proxy.url), prefetch=0)
+        proxy.reset_counts()
+        gate = proxy.gather(len(objects))
+        assert dataset.__getitems__(list(range(len(objects)))) == list(objects.values())
+        assert gate.together == len(objects)
+        assert proxy.count() == len(objects) == proxy.count("GET")

@@ -40,12 +40,12 @@ class Recorder:
             self.done.append(result)
 
 
-class Wrapped:
+class Wrapped(LocalStore):
     """A LocalStore whose reads can be observed, failed or corrupted by a hook."""
 
     def __init__(self, inner: LocalStore, on_read=None, corrupt: bool = False) -> None:
+        super().__init__(inner.root)
         self.inner = inner
-        self.url = inner.url
         self.on_read = on_read
         self.corrupt = corrupt
         self.ranges: list[tuple[int, int]] = []
@@ -66,7 +66,7 @@ class Wrapped:
         data = self.inner.read_range(key, start, end, version)
         return self._maybe_corrupt(data)
 
-    def download(self, key: str, dest: Path, version: str | None = None, progress=None) -> None:
+    def download(self, key: str, dest: Path, version: str | None = None, progress=None, size=None) -> None:
         if self.on_read is not None:
             self.on_read(key, 0, 0)
         self.inner.download(key, dest, version, progress)

@@ -154,6 +154,7 @@ def open_source(source: str, config: StoreConfig | None = None, manifest: Manife
     SOURCE is always a prefix.
     """
     from lading.stores import open_store
+    from lading.stores.snapshot import is_snapshot
 
     if snapshot is not None:
         store = open_store(source, config, snapshot=snapshot)
@@ -164,25 +165,15 @@ def open_source(source: str, config: StoreConfig | None = None, manifest: Manife
     uri = parse_uri(source)
     if manifest is None:
         parent, name = uri.split_name()
-        if name:
-            whole = open_store(uri, config) if uri.scheme == "file" and os.path.isfile(uri.prefix) else None
-            if whole is None or _is_local(whole):  # (a snapshot file opens as the store it pins)
-                store = open_store(parent, config)
-                try:
-                    store.stat(name)
-                except NotFound:
-                    pass
-                else:
-                    return store, str(parent), [name]
+        if name and not (uri.scheme == "file" and is_snapshot(uri.prefix)):  # a snapshot: the store it pins
+            store = open_store(parent, config)
+            try:
+                store.stat(name)
+            except NotFound:
+                pass
             else:
-                return whole, str(uri), None
+                return store, str(parent), [name]
     return open_store(uri, config), str(uri), None
-
-
-def _is_local(store: Store) -> bool:
-    from lading.stores.local import LocalStore
-
-    return isinstance(store, LocalStore)
 
 
 def matches(key: str, include: Sequence[str], exclude: Sequence[str]) -> bool:

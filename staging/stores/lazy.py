@@ -7,7 +7,7 @@ from typing import Callable, TypeVar
 T = TypeVar("T")
 
 
-def translated(operation: Callable[[], T], translate: Callable[[Exception, str], Exception], what: str) -> T:
+def translated(operation: Callable[[], T], translate: Callable[[BaseException, str], BaseException], what: str) -> T:
     """Run ``operation`` once; an SDK error comes out as the backend's translation (no retry)."""
     try:
         return operation()

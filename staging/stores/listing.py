@@ -10,19 +10,36 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
 
 from lading.core.errors import TransientError, UnsafeKey
 from lading.stores.base import ObjectInfo
 from lading.stores.process import use_obstore
 
+if TYPE_CHECKING:
+    from lading.stores.config import StoreConfig
+
 log = logging.getLogger(__name__)
+#: One page of obstore's listing (named out here: inside a store, ``list`` is the listing method).
+Page = list[dict[str, Any]]
+#: One page of the SDK's exact listing.
+Infos = list[ObjectInfo]
 
 
 class ListingMixin:
     """``list()`` for an obstore-backed store; the store supplies ``_where``, ``_call``,
     ``_translated``, ``_obstore_store``, ``_info``, ``_key_of``, ``root`` and ``config``, and,
     when it can list exactly through its SDK, :meth:`_exact_page`."""
+
+    if TYPE_CHECKING:  # what the store that mixes this in provides
+        root: str
+        config: StoreConfig
+
+        def _where(self, key: str = "") -> str: ...
+        def _call(self, what: str, operation: Callable[[Any], Any]) -> Any: ...
+        def _translated(self, what: str, operation: Callable[[Any], Any]) -> Any: ...
+        def _key_of(self, name: str) -> str: ...
+        def _info(self, key: str, meta: dict[str, Any]) -> ObjectInfo: ...
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Yield objects under ``root + prefix`` in key order, a page at a time.
@@ -97,12 +114,12 @@ class ListingMixin:
         """The rest of the listing after key ``after``, with keys exactly as stored."""
         raise NotImplementedError
 
-    def _exact_page(self, prefix: str, after: str | None) -> tuple[list[ObjectInfo], str | None, bool]:
+    def _exact_page(self, prefix: str, after: str | None) -> tuple[Infos, str | None, bool]:
         """One page after key ``after``, keys exactly as stored: (objects, the page's last stored
         key, whether more may follow)."""
         raise NotImplementedError
 
-    def _open_listing(self, store: Any, prefix: str, after: str | None) -> Iterator[list[dict[str, Any]]]:
+    def _open_listing(self, store: Any, prefix: str, after: str | None) -> Iterator[Page]:
         import obstore
 
         full_prefix = self.root + prefix or None
@@ -111,10 +128,10 @@ class ListingMixin:
         return iter(obstore.list(store, full_prefix, offset=after, chunk_size=1000))
 
     def _has_keys_after(self, store: Any, prefix: str, last: str) -> bool:
-        page = next(self._open_listing(store, prefix, last), [])
+        page: Page = next(self._open_listing(store, prefix, last), [])
         return any(meta["path"] > last for meta in page)
 
-    def _pages(self, prefix: str, resume_after: Callable[[], str | None]) -> Iterator[list[dict[str, Any]]]:
+    def _pages(self, prefix: str, resume_after: Callable[[], str | None]) -> Iterator[Page]:
         """obstore's listing stream, page by page; a transient failure reopens it after
         ``resume_after()`` (the last key the caller took), up to the retry policy's attempts."""
         where = self._where(prefix)

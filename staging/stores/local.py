@@ -1,17 +1,28 @@
-"""A local directory as a Store: ``/abs/path`` or ``file:///abs/path``."""
+"""A local directory as a Store: ``/abs/path`` or ``file:///abs/path``.
+
+Conditional writes (:meth:`LocalStore.put`, :meth:`LocalStore.delete`): the version they
+compare is a digest of the content (mtime and size could miss a rewrite within the file
+system's time resolution). Creating an absent name is a ``link(2)`` of a complete temporary
+file (fails when the name exists); replacing or deleting holds ``flock`` on the current file,
+checks it is still the same inode and content, then renames or unlinks.
+"""
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
 import os
 import shutil
+import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, ClassVar, Iterator, Sequence
 
-from lading.core.errors import AccessDenied, NotFound, ObjectChanged, TransientError, UsageError
+from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, TransientError, UsageError
 from lading.core.keys import safe_join
 from lading.core.names import hidden_sibling
-from lading.stores.base import ObjectInfo, ProgressCallback
+from lading.stores.base import Fetched, ObjectInfo, Outcomes, ProgressCallback, RangeRequest, Sink, Store, Views
+from lading.stores.config import StoreConfig
 
 _CHUNK = 1 << 20
 
@@ -20,7 +31,7 @@ def _version(st: os.stat_result) -> str:
     return f"{st.st_mtime_ns}-{st.st_size}"
 
 
-def _translate(err: OSError, what: str) -> Exception:
+def _translate(err: OSError, what: str) -> LadingError:
     """The one place local OS errors become project errors."""
     if isinstance(err, FileNotFoundError) or err.errno == errno.ENOTDIR:
         return NotFound(f"not found: {what}")
@@ -29,12 +40,15 @@ def _translate(err: OSError, what: str) -> Exception:
     return TransientError(f"I/O error on {what}: {err.strerror or err}")
 
 
-class LocalStore:
+class LocalStore(Store):
     """Objects are the regular files under ``root``; keys are their relative POSIX paths."""
 
-    def __init__(self, root: str | Path) -> None:
+    scheme: ClassVar[str] = "file"
+
+    def __init__(self, root: str | Path, config: StoreConfig | None = None) -> None:
         self.root = Path(root)
         self.url = str(self.root)
+        self.config = config or StoreConfig()
 
     def _path(self, key: str) -> Path:
         return safe_join(self.root, key)
@@ -92,25 +106,64 @@ class LocalStore:
 
     def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
         """Bytes ``[start, end)``, checked against ``version`` after the read."""
-        path = self._path(key)
+        return bytes(self._read(RangeRequest(key, start, end, version)))
+
+    def _read(self, request: RangeRequest) -> memoryview:
+        path = self._path(request.key)
         try:
             with open(path, "rb") as handle:
-                handle.seek(start)
-                data = handle.read(max(0, end - start))
-                current = _version(os.fstat(handle.fileno()))
+                current = os.fstat(handle.fileno())
+                stop = current.st_size if request.end is None else request.end
+                handle.seek(request.start)
+                data = handle.read(max(0, stop - request.start))
+                current = os.fstat(handle.fileno())
         except OSError as err:
             raise _translate(err, str(path)) from err
-        if version is not None and current != version:
-            raise ObjectChanged(f"{self.url}/{key} changed while reading it")
-        return data
+        if request.version is not None and _version(current) != request.version:
+            raise ObjectChanged(f"{self.url}/{request.key} changed while reading it")
+        return memoryview(data)
 
-    def download(
-        self,
-        key: str,
-        dest: Path,
-        version: str | None = None,
-        progress: ProgressCallback | None = None,
-    ) -> None:
+    def read_many(self, requests: Sequence[RangeRequest]) -> Views:
+        """Each range, read in turn (a local file answers faster than a thread hop)."""
+        return [self._read(request) for request in requests]
+
+    def read_each(self, requests: Sequence[RangeRequest]) -> Outcomes:
+        """Each range, or the error its read ended with."""
+        out: list[memoryview | BaseException] = []
+        for request in requests:
+            try:
+                out.append(self._read(request))
+            except LadingError as err:
+                out.append(err)
+        return out
+
+    def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
+               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+        """The file's bytes ``[start, end)`` in pieces of 1 MiB, checked against ``version``."""
+        path = self._path(key)
+        delivered = 0
+        try:
+            with open(path, "rb") as handle:
+                current = os.fstat(handle.fileno())
+                got = _version(current)
+                if version is not None and got != version:
+                    raise ObjectChanged(f"{self.url}/{key} changed since it was listed")
+                if on_version is not None:
+                    on_version(got)
+                stop = current.st_size if end is None else min(end, current.st_size)
+                handle.seek(start)
+                while delivered < stop - start:
+                    chunk = handle.read(min(_CHUNK, stop - start - delivered))
+                    if not chunk:
+                        break
+                    sink(memoryview(chunk))
+                    delivered += len(chunk)
+        except OSError as err:
+            raise _translate(err, str(path)) from err
+        return Fetched(delivered, current.st_size, got)
+
+    def download(self, key: str, dest: Path, version: str | None = None,
+                 progress: ProgressCallback | None = None, size: int | None = None) -> None:
         """Copy the file to ``dest``."""
         path = self._path(key)
         try:
@@ -138,3 +191,156 @@ class LocalStore:
         if progress is not None:
             progress(path.stat().st_size)
         return self.stat(key)
+
+    # -- conditional writes (the claims protocol) -------------------------------------------------
+
+    def read_object(self, key: str) -> tuple[bytes, str] | None:
+        """The file's bytes and their digest (the version conditional writes compare)."""
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as err:
+            raise _translate(err, str(path)) from err
+        return data, _digest(data)
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False, if_version: str | None = None) -> str:
+        """Write ``data`` atomically; conditionally as :meth:`Store.put` says (see the module)."""
+        path = self._path(key)
+        try:
+            if if_version is not None:
+                return self._replace(path, key, data, if_version)
+            tmp = _temporary(path, data)
+            try:
+                if if_absent:
+                    os.link(tmp, path)  # atomic, and fails when the name exists
+                else:
+                    os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+        except FileExistsError:
+            raise ObjectChanged(f"{self.url}/{key} exists already") from None
+        except OSError as err:
+            raise _translate(err, str(path)) from err
+        return _digest(data)
+
+    def _replace(self, path: Path, key: str, data: bytes, version: str) -> str:
+        fd = _locked_current(path)
+        if fd is None:
+            raise NotFound(f"not found: {path}")
+        try:
+            if _digest(_read_fd(fd)) != version:
+                raise ObjectChanged(f"{self.url}/{key} is no longer version {version}")
+            os.replace(_temporary(path, data), path)  # while holding the old file's lock
+        finally:
+            os.close(fd)
+        return _digest(data)
+
+    def delete(self, key: str, version: str | None = None) -> bool:
+        """Unlink the file (only if its content is still ``version``); folders left empty go too."""
+        path = self._path(key)
+        try:
+            fd = _locked_current(path)
+            if fd is None:
+                return False
+            try:
+                if version is not None and _digest(_read_fd(fd)) != version:
+                    return False
+                path.unlink()
+            finally:
+                os.close(fd)
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            raise _translate(err, str(path)) from err
+        remove_empty_dirs(self.root, key.rpartition("/")[0])
+        return True
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Unlink each file (missing ones are no error); folders left empty go too."""
+        folders = set()
+        for key in keys:
+            path = self._path(key)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as err:
+                raise _translate(err, str(path)) from err
+            folders.add(key.rpartition("/")[0])
+        for folder in sorted(folders, key=len, reverse=True):
+            remove_empty_dirs(self.root, folder)
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def _temporary(path: Path, data: bytes) -> Path:
+    """A complete, synced copy of ``data`` beside ``path`` under a unique hidden name."""
+    tmp = path.with_name(hidden_sibling(path.name, f".lading-tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return tmp
+
+
+def _locked_current(path: Path) -> int | None:
+    """An fd holding ``flock(LOCK_EX)`` on the file ``path`` names now, or None when there is none.
+
+    Replacements rename a new file over the name while holding the lock on the old one: after
+    locking, the name must still be the locked file (else the lock is taken again on the new one)."""
+    while True:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+
+
+def _read_fd(fd: int) -> bytes:
+    chunks = []
+    offset = 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def remove_empty_dirs(root: Path, prefix: str) -> None:
+    """Remove directories under ``root/prefix`` (deepest first), and ``prefix``'s own folders up to
+    ``root``, when they are empty."""
+    base = safe_join(root, prefix.rstrip("/")) if prefix.strip("/") else root
+    if base.is_dir():
+        for directory, _, _ in sorted(os.walk(base), key=lambda entry: -len(entry[0])):
+            if Path(directory) != root:  # the store's own root stays
+                _rmdir(Path(directory))
+    current = base
+    while current != root and root in current.parents:
+        if not _rmdir(current):
+            break
+        current = current.parent
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        path.rmdir()
+        return True
+    except OSError as err:
+        if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.EBUSY):
+            return False
+        raise

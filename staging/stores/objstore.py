@@ -33,21 +33,18 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from lading.core.errors import LadingError, ObjectChanged, UsageError
+from lading.core.errors import LadingError, NotFound, ObjectChanged, UsageError
 from lading.core.keys import key_parts
 from lading.core.retry import with_retries
-from lading.stores.base import Fetched, ObjectInfo, ProgressCallback
+from lading.stores.base import Fetched, ObjectInfo, Outcomes, ProgressCallback, RangeRequest, Sink, Store, Views
 from lading.stores.config import StoreConfig
 from lading.stores.listing import ListingMixin
 from lading.stores.obstore_errors import FromResponse, status_and_code, translate
 from lading.stores.resume import resume_into
-from lading.stores.obstore_reads import ObstoreReader, RangeRequest
+from lading.stores.obstore_reads import ObstoreReader
 from lading.stores.process import ProcessLocal, note_obstore_start, obstore_allowed, use_obstore, warn_fallback
 from lading.stores.sdk_reads import SdkReader
 from lading.stores.uri import StoreURI, root_prefix
-
-#: Receives each piece of a body, in order.
-Sink = Callable[[memoryview], None]
 
 log = logging.getLogger(__name__)
 #: ASCII control characters: S3 and GCS keys may hold them, obstore's paths may not.
@@ -85,15 +82,13 @@ def _read_pem(path: str) -> bytes:
         raise UsageError(f"cannot read the CA bundle {path} (AWS_CA_BUNDLE): {err.strerror or err}") from None
 
 
-class ObstoreReads(ListingMixin):
+class ObstoreReads(ListingMixin, Store):
     """list / stat / read_range / download / stream over an obstore store.
 
     A backend provides :meth:`_build` (the obstore store for this process), how a version pins
     a GET (:meth:`_pin`), how to read the version out of obstore's metadata (:meth:`_version_of`)
     and how an error response maps to a project error (``from_response``).
     """
-
-    scheme = ""
 
     def __init__(self, uri: StoreURI, config: StoreConfig, from_response: FromResponse) -> None:
         self.uri = uri
@@ -199,13 +194,13 @@ class ObstoreReads(ListingMixin):
             return b""
         return bytes(self.read_many([RangeRequest(key, start, end, version)])[0])
 
-    def read_many(self, requests: Sequence[RangeRequest]) -> list[memoryview]:
+    def read_many(self, requests: Sequence[RangeRequest]) -> Views:
         """Several ranges at once (one hop to the I/O core, the GETs concurrent), each pinned to
         and checked against its version, transient failures retried per request. The views are
         zero-copy over obstore's buffers."""
         return self._batched(requests, "read_many")
 
-    def read_each(self, requests: Sequence[RangeRequest]) -> list[memoryview | BaseException]:
+    def read_each(self, requests: Sequence[RangeRequest]) -> Outcomes:
         """As :meth:`read_many`, each request's failure returned in its place (a batch of
         independent objects: one failing does not fail the others)."""
         return self._batched(requests, "read_each")
@@ -219,7 +214,9 @@ class ObstoreReads(ListingMixin):
             groups.setdefault(id(reader), (reader, []))[1].append(position)
         out: list[Any] = [None] * len(requests)
         for reader, positions in groups.values():
-            for position, value in zip(positions, getattr(reader, method)([requests[p] for p in positions])):
+            batch = [requests[p] for p in positions]
+            values = reader.read_many(batch) if method == "read_many" else reader.read_each(batch)
+            for position, value in zip(positions, values):
                 out[position] = value
         return out
 
@@ -251,6 +248,40 @@ class ObstoreReads(ListingMixin):
             self._fast.download(key, dest, version, progress, size)
         else:
             self._sdk.download(key, dest, version, progress)
+
+    # -- conditional writes (the claims protocol) -------------------------------------------------
+
+    def read_object(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and version (ETag or generation), or None when it does not exist."""
+        pieces: list[bytes] = []
+        try:
+            fetched = self.stream(key, lambda chunk: pieces.append(bytes(chunk)), None)
+        except NotFound:
+            return None
+        return b"".join(pieces), fetched.version
+
+    def delete(self, key: str, version: str | None = None) -> bool:
+        """Delete ``key`` (only if still at ``version``). The version is checked against a fresh
+        read first, for servers that delete whatever the condition (fake-gcs-server); S3 and GCS
+        answer a delete of a missing key as a success, so it is stat'ed first without one."""
+        if version is not None:
+            current = self.read_object(key)
+            if current is None or current[1] != version:
+                return False
+        else:
+            try:
+                self.stat(key)
+            except NotFound:
+                return False
+        try:
+            self._delete_object(key, version)
+        except (NotFound, ObjectChanged):
+            return False
+        return True
+
+    def _delete_object(self, key: str, version: str | None) -> None:
+        """One delete request (conditional on ``version`` when given), retried."""
+        raise NotImplementedError
 
     # -- the SDK paths: in a forked child of a process that used obstore ------------------------
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 from lading.core.errors import LadingError, TransientError
-from lading.stores.base import Fetched, ObjectInfo, ProgressCallback
+from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, RangeRequest
 from lading.stores.config import StoreConfig
 from lading.stores.iocore import io_core
 from lading.stores.obstore_errors import status_and_code
@@ -58,16 +58,6 @@ _MIN_PIECE, _MAX_PIECE = 64 << 10, 4 << 20
 def piece_size(length: int) -> int:
     """The streaming piece size for a body of ``length`` bytes."""
     return max(_MIN_PIECE, min(_MAX_PIECE, length // 8))
-
-
-@dataclass(frozen=True)
-class RangeRequest:
-    """Bytes ``[start, end)`` of ``key`` at ``version`` (``end`` None: to the end)."""
-
-    key: str
-    start: int = 0
-    end: int | None = None
-    version: str | None = None
 
 
 @dataclass
@@ -195,7 +185,7 @@ class ObstoreReader:
     def stream(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int = 0,
                end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
         """One GET (no retry: the caller resumes from what ``sink`` got), as
-        :meth:`lading.stores.base.StreamingStore.stream`. A small body comes back in one hop with
+        :meth:`lading.stores.base.Store.stream`. A small body comes back in one hop with
         every piece that arrived, also when it broke off; a large one a piece per hop."""
         if end is not None and end <= start:
             return Fetched(0, start, version or "")

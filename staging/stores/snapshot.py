@@ -31,15 +31,17 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator
+from typing import IO, Any, Callable, Iterator, Sequence, TypeVar
 
 from lading.core.atomic import write_atomically
 from lading.core.errors import NotFound, ObjectChanged, UsageError, local_error
 from lading.core.keys import key_parts
 from lading.core.names import hidden_sibling
-from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, Store
-from lading.stores.config import StoreConfig
+from lading.stores.base import (
+    Fetched, ObjectInfo, Outcomes, ProgressCallback, RangeRequest, ReadOnlyStore, Sink, Store, Views,
+)
 
+T = TypeVar("T")
 FORMAT_VERSION = 1
 _MAGIC = b'{"lading_snapshot"'
 _MD5_HEX = re.compile(r"[0-9a-f]{32}")
@@ -179,7 +181,7 @@ def diff_snapshots(old: str | Path, new: str | Path) -> SnapshotDiff:
     return result
 
 
-class SnapshotStore:
+class SnapshotStore(ReadOnlyStore):
     """The objects a snapshot recorded, read from ``inner`` at exactly the recorded versions."""
 
     def __init__(self, inner: Store, path: str | Path) -> None:
@@ -187,9 +189,12 @@ class SnapshotStore:
         self.path = Path(path)
         self.header = read_header(self.path)
         self.url = inner.url
-        self.uri = getattr(inner, "uri", None)
-        self.config: StoreConfig = getattr(inner, "config", None) or StoreConfig()
+        self.config = inner.config
         self._compressed = self.path.name.endswith(".gz")
+
+    @property  # type: ignore[override]
+    def scheme(self) -> str:  # noqa: D102 - the source's
+        return self.inner.scheme
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """The recorded objects under ``prefix``, with no listing request."""
@@ -203,40 +208,84 @@ class SnapshotStore:
             raise NotFound(f"{key} is not in the snapshot {self.path}")
         return found
 
-    def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
-        """Bytes of the recorded version."""
-        return self._pinned(key, lambda pinned: self.inner.read_range(key, start, end, pinned), version)
+    def read_many(self, requests: Sequence[RangeRequest]) -> Views:
+        """The ranges at their recorded versions, in one batched read of the source."""
+        pinned = [self._pin(request) for request in requests]
+        try:
+            return self.inner.read_many(pinned)
+        except (NotFound, ObjectChanged) as err:
+            raise self._explained(err, _key_named(err, pinned)) from None
+
+    def read_each(self, requests: Sequence[RangeRequest]) -> Outcomes:
+        """As :meth:`read_many`, each failure in its place (explained against the snapshot)."""
+        pinned: list[RangeRequest | BaseException] = []
+        for request in requests:
+            try:
+                pinned.append(self._pin(request))
+            except NotFound as err:
+                pinned.append(err)
+        wanted = [request for request in pinned if isinstance(request, RangeRequest)]
+        answers = iter(self.inner.read_each(wanted))
+        out: list[memoryview | BaseException] = []
+        for request in pinned:
+            if not isinstance(request, RangeRequest):
+                out.append(request)
+                continue
+            answer = next(answers)
+            out.append(self._explained(answer, request.key) if isinstance(answer, (NotFound, ObjectChanged))
+                       else answer)
+        return out
+
+    def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
+               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+        """The source's streaming GET, pinned to the recorded version."""
+        return self._pinned(key, lambda pinned: self.inner.stream(key, sink, pinned, start, end, on_version), version)
 
     def download(self, key: str, dest: Path, version: str | None = None,
-                 progress: ProgressCallback | None = None) -> None:
+                 progress: ProgressCallback | None = None, size: int | None = None) -> None:
         """The recorded version into ``dest``."""
-        self._pinned(key, lambda pinned: self.inner.download(key, dest, pinned, progress), version)
+        self._pinned(key, lambda pinned: self.inner.download(key, dest, pinned, progress, size), version)
 
-    def stream(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int = 0,
-               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Any:
-        """The inner store's streaming GET, pinned to the recorded version."""
-        streaming = getattr(self.inner, "stream", None)
-        if streaming is None:  # a local directory: emulate with one ranged read
+    def read_object(self, key: str) -> tuple[bytes, str] | None:
+        """The recorded version's bytes, or None when the snapshot lacks the key."""
+        try:
             info = self.stat(key)
-            data = self.read_range(key, start, info.size if end is None else end, version)
-            sink(memoryview(data))
-            return Fetched(len(data), info.size, info.version)
-        return self._pinned(key, lambda pinned: streaming(key, sink, pinned, start, end, on_version), version)
+        except NotFound:
+            return None
+        return bytes(self.read_many([RangeRequest(key, 0, None, info.version or None)])[0]), info.version
 
-    def upload(self, src: Path, key: str, progress: ProgressCallback | None = None) -> ObjectInfo:
-        """Snapshots are read-only."""
-        raise UsageError(f"cannot upload into a snapshot ({self.path})", "upload to the store itself")
+    def md5_of_version(self, version: str) -> str | None:
+        """As the source says."""
+        return self.inner.md5_of_version(version)
 
-    def _pinned(self, key: str, read: Callable[[str | None], Any], version: str | None) -> Any:
+    def etag_is_md5(self, key: str) -> bool:
+        """As the source says."""
+        return self.inner.etag_is_md5(key)
+
+    def _refuse(self) -> UsageError:
+        return UsageError(f"cannot write into a snapshot ({self.path})", "write to the store itself")
+
+    def _pin(self, request: RangeRequest) -> RangeRequest:
+        recorded = request.version or self.stat(request.key).version or None
+        return RangeRequest(request.key, request.start, request.end, recorded)
+
+    def _pinned(self, key: str, read: Callable[[str | None], T], version: str | None) -> T:
         recorded = version or self.stat(key).version or None
         try:
             return read(recorded)
-        except NotFound:
-            raise ObjectChanged(f"{self.url.rstrip('/')}/{key} was removed since the snapshot {self.path} "
-                                f"was taken ({self.header.taken})", "take a new snapshot") from None
-        except ObjectChanged as err:
-            raise ObjectChanged(f"{self.url.rstrip('/')}/{key} changed since the snapshot {self.path} was "
-                                f"taken ({self.header.taken}): {err.message}", "take a new snapshot") from None
+        except (NotFound, ObjectChanged) as err:
+            raise self._explained(err, key) from None
+
+    def _explained(self, err: BaseException, key: str | None) -> BaseException:
+        """A source's NotFound or ObjectChanged as what it means for a snapshot."""
+        where = f"{self.url.rstrip('/')}/{key}" if key else self.url
+        if isinstance(err, NotFound):
+            return ObjectChanged(f"{where} was removed since the snapshot {self.path} was taken "
+                                 f"({self.header.taken})", "take a new snapshot")
+        if isinstance(err, ObjectChanged):
+            return ObjectChanged(f"{where} changed since the snapshot {self.path} was taken "
+                                 f"({self.header.taken}): {err.message}", "take a new snapshot")
+        return err
 
     def _scan(self, key: str) -> ObjectInfo | None:
         for info in read_snapshot(self.path, key):
@@ -268,6 +317,12 @@ class SnapshotStore:
             line = handle.readline()
             found = _info(line, self.path, 0) if line else None
             return found if found is not None and found.key == key else None
+
+
+def _key_named(err: BaseException, requests: Sequence[RangeRequest]) -> str | None:
+    """Which request's key an error message names (for an error of a batch)."""
+    text = str(err)
+    return next((request.key for request in requests if request.key in text), None)
 
 
 def _record(info: ObjectInfo) -> dict[str, Any]:

@@ -55,8 +55,6 @@ from typing import Callable, Iterator, Mapping
 from lading.core.atomic import write_atomically
 from lading.core.errors import AccessDenied, NotFound, ObjectChanged, ProblemFound, UsageError, local_error
 from lading.stores.base import ObjectInfo, Store
-from lading.stores.s3.store import md5_of_etag
-from lading.stores.objstore import ObstoreReads
 from lading.transfer.verify import Verifier
 
 log = logging.getLogger(__name__)
@@ -89,10 +87,7 @@ def _download_shard(store: Store, key: str, version: str | None, dest: Path, siz
     """Download one object at ``version`` to ``dest`` (the one place the cache moves bytes): on
     the I/O core in parallel ranged parts when the store can (its ``size`` known), then checked
     against the MD5 an S3 ETag stands for, as ``lading sync`` checks it."""
-    if size is not None and isinstance(store, ObstoreReads):
-        store.download(key, dest, version=version, size=size)
-    else:
-        store.download(key, dest, version=version)
+    store.download(key, dest, version=version, size=size)
     _verify_md5(store, key, version, dest)
 
 
@@ -100,7 +95,7 @@ def _verify_md5(store: Store, key: str, version: str | None, dest: Path) -> None
     """Raise IntegrityError when ``version`` is a single-part S3 ETag (an MD5) that the file's
     bytes do not have, unless the store says the ETag is not the content's MD5 (SSE-KMS, SSE-C):
     the transfer engine's :class:`Verifier`, over the file."""
-    md5 = md5_of_etag(version) if version and getattr(store, "scheme", "") == "s3" else None
+    md5 = store.md5_of_version(version) if version else None
     if md5 is None:
         return
     size = os.path.getsize(dest)
@@ -110,7 +105,7 @@ def _verify_md5(store: Store, key: str, version: str | None, dest: Path) -> None
         verifier.update_from_file(fd, 0, size)
     finally:
         os.close(fd)
-    if verifier.md5_mismatch(size) and not store.etag_is_md5(key):  # type: ignore[attr-defined]
+    if verifier.md5_mismatch(size) and not store.etag_is_md5(key):
         return
     verifier.check(size)
 

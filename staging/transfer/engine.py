@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from lading.core.errors import LadingError
-from lading.core.retry import DEFAULT_POLICY
 from lading.stores.base import Store
 from lading.transfer.files import (
     DirectoryMaker,
@@ -57,7 +56,7 @@ def fetch_all(
 
     See :mod:`lading.transfer` for the contract.
     """
-    policy = options.retry or getattr(getattr(store, "config", None), "retry", None) or DEFAULT_POLICY
+    policy = options.retry or store.config.retry
     reader = open_reader(store, policy)
     try:
         return _Engine(reader, options, events).run(items)

@@ -1,6 +1,5 @@
-"""How the engine reads from a store: a version-checked streaming GET when the store has one
-(:class:`~lading.stores.base.StreamingStore`), else the Store protocol's ``download`` /
-``read_range``.
+"""How the engine reads from a store: the store's version-checked streaming GET for object
+stores, a copy (the Store contract's ``download`` / ``read_range``) for local directories.
 
 Both readers deliver bytes the same way, so the engine's temporaries, verification and
 resume logic are one code path.
@@ -14,8 +13,7 @@ from typing import Callable, Protocol, Sequence
 
 from lading.core.errors import TransientError
 from lading.core.retry import RetryPolicy, with_retries
-from lading.stores.base import ObjectInfo, Store, StreamingStore
-from lading.stores.batch import RangeRequest
+from lading.stores.base import ObjectInfo, RangeRequest, Store
 from lading.transfer.verify import Verifier
 
 #: Receives each chunk of content in order (raises to abort).
@@ -69,7 +67,7 @@ class StreamingReader:
     from where it was.
     """
 
-    def __init__(self, store: StreamingStore, retry_policy: RetryPolicy) -> None:
+    def __init__(self, store: Store, retry_policy: RetryPolicy) -> None:
         self._store = store
         #: For the engine's ranged parts; whole objects are retried (and resumed) in here.
         self.retry_policy = retry_policy
@@ -121,22 +119,18 @@ class StreamingReader:
 
     def fetch_small_many(self, infos: Sequence[ObjectInfo]) -> list[memoryview | BaseException] | None:
         """One batched read on the I/O core (the GETs concurrent, one hop for all)."""
-        read_each = getattr(self._store, "read_each", None)
-        if read_each is None:
-            return None
-        return read_each([RangeRequest(info.key, 0, None, _version(info)) for info in infos])
+        return self._store.read_each([RangeRequest(info.key, 0, None, _version(info)) for info in infos])
 
     def etag_is_md5(self, key: str) -> bool:
-        """Ask the store (S3 answers with a HEAD through boto3); True when it cannot tell."""
-        check = getattr(self._store, "etag_is_md5", None)
-        return True if check is None else bool(check(key))
+        """Ask the store (S3 answers with a HEAD through boto3)."""
+        return self._store.etag_is_md5(key)
 
     def close(self) -> None:
         """Connections belong to the store."""
 
 
 class StoreReader:
-    """Reads through the Store protocol (local directories)."""
+    """Reads local directories: a file copy (``download``) or a ranged read."""
 
     retry_policy = _NO_RETRY
 
@@ -188,7 +182,7 @@ class StoreReader:
 
 
 def open_reader(store: Store, retry_policy: RetryPolicy) -> Reader:
-    """The streaming reader when the store has one (S3, GCS), else the Store protocol."""
-    if isinstance(store, StreamingStore):
-        return StreamingReader(store, retry_policy)
-    return StoreReader(store)
+    """The streaming reader for object stores (S3, GCS), the copying one for local directories."""
+    if store.scheme == "file":
+        return StoreReader(store)
+    return StreamingReader(store, retry_policy)

@@ -37,11 +37,11 @@ import os
 import threading
 from datetime import timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Sequence, TypeVar
+from typing import Any, BinaryIO, Callable, ClassVar, Iterator, Sequence, TypeVar
 
 from lading.core.errors import LadingError, NotFound, ObjectChanged, TransientError
 from lading.core.retry import with_retries
-from lading.stores.base import ObjectInfo, ProgressCallback
+from lading.stores.base import ObjectInfo, Outcomes, ProgressCallback, RangeRequest, Views
 from lading.stores.config import StoreConfig
 from lading.stores.gcs.errors import from_response, status_of, translate
 from lading.stores.gcs.upload import ResumableUpload
@@ -87,7 +87,7 @@ class GCSStore(ObstoreReads):
     multiple of 256 KiB), which resumes after a failure from the bytes GCS committed.
     """
 
-    scheme = "gs"
+    scheme: ClassVar[str] = "gs"
 
     def __init__(self, uri: StoreURI, config: StoreConfig, *, page_size: int = 1000,
                  resumable_threshold: int = 8 << 20, chunk_size: int = 16 << 20) -> None:
@@ -148,7 +148,7 @@ class GCSStore(ObstoreReads):
                 raise
             raise self._pinned_not_found(key, version) from None
 
-    def read_many(self, requests: Sequence[Any]) -> list[memoryview]:
+    def read_many(self, requests: Sequence[RangeRequest]) -> Views:
         """As :meth:`ObstoreReads.read_many`; a 404 to a range pinned to a generation is explained
         by :meth:`_pinned_not_found` (a replaced object is ObjectChanged)."""
         try:
@@ -158,6 +158,13 @@ class GCSStore(ObstoreReads):
                 if request.version and err.message == f"not found: {self._where(request.key)}":
                     raise self._pinned_not_found(request.key, request.version) from None
             raise
+
+    def read_each(self, requests: Sequence[RangeRequest]) -> Outcomes:
+        """As :meth:`ObstoreReads.read_each`; a 404 to a pinned range is explained as in :meth:`read_many`."""
+        answers = super().read_each(requests)
+        return [self._pinned_not_found(request.key, request.version)
+                if isinstance(answer, NotFound) and request.version else answer
+                for request, answer in zip(requests, answers)]
 
     def download(self, key: str, dest: Path, version: str | None = None,
                  progress: ProgressCallback | None = None, size: int | None = None) -> None:
@@ -197,8 +204,8 @@ class GCSStore(ObstoreReads):
         if key:
             self._choose_route(key, None)
         if self.route == MEDIA:
-            return self._sdk  # type: ignore[attr-defined]
-        return super()._reads(key)  # type: ignore[misc]
+            return self._sdk
+        return super()._reads(key)
 
     def _choose_route(self, key: str, version: str | None) -> None:
         """Decide once per store (per process) how reads reach a custom endpoint, probing with
@@ -344,14 +351,14 @@ class GCSStore(ObstoreReads):
 
             blobs, token = self._gcs_call(self._where(prefix), fetch)
             for blob in blobs:
-                info = self._info(blob, self._key_of(blob.name))
+                info = self._blob_info(blob, self._key_of(blob.name))
                 if info.key and not (info.key.endswith("/") and info.size == 0):
                     yield info
             if not token:
                 return
 
     @staticmethod
-    def _info(blob: Any, key: str) -> ObjectInfo:
+    def _blob_info(blob: Any, key: str) -> ObjectInfo:
         updated = blob.updated
         return ObjectInfo(key, int(blob.size or 0), str(blob.generation),
                           updated.timestamp() if updated else 0.0, md5_hex(blob.md5_hash), blob.crc32c)
@@ -363,7 +370,7 @@ class GCSStore(ObstoreReads):
             self.root + key, retry=None, timeout=self._timeout()))
         if blob is None:
             raise NotFound(f"not found: {self._where(key)}")
-        return self._info(blob, key)
+        return self._blob_info(blob, key)
 
     # -- uploads --------------------------------------------------------------------------------
 
@@ -388,11 +395,39 @@ class GCSStore(ObstoreReads):
                 except BaseException:
                     reader.take_back()
                     raise
-            return self._info(blob, key)
+            return self._blob_info(blob, key)
 
         return self._gcs_call(self._where(key), attempt)
 
+    # -- conditional writes (the claims protocol) ------------------------------------------------
 
+    def put(self, key: str, data: bytes, *, if_absent: bool = False, if_version: str | None = None) -> str:
+        """One upload of ``data`` (``ifGenerationMatch`` 0 / the generation for the conditions);
+        its generation. A failed condition (412) is ObjectChanged."""
+        path = self._path(key)
+        generation = 0 if if_absent else (int(if_version) if if_version is not None else None)
+
+        def attempt(bucket: Any) -> str:
+            blob = bucket.blob(path)
+            blob.upload_from_string(data, content_type="application/octet-stream", if_generation_match=generation,
+                                    retry=None, timeout=self._timeout())
+            return str(blob.generation)
+
+        return self._gcs_call(self._where(key), attempt)
+
+    def _delete_object(self, key: str, version: str | None) -> None:
+        path = self._path(key)
+        generation = int(version) if version is not None else None
+        self._gcs_call(self._where(key), lambda bucket: bucket.blob(path).delete(
+            if_generation_match=generation, retry=None, timeout=self._timeout()))
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """One delete per key; missing ones are no error."""
+        for key in keys:
+            try:
+                self._delete_object(key, None)
+            except NotFound:
+                pass
 
 
 class GoogleTokens:

@@ -25,16 +25,17 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
 
 from lading.core.errors import AccessDenied, LadingError, ObjectChanged, TransientError
 from lading.core.retry import with_retries
 from lading.stores.base import ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
 from lading.stores.lazy import translated
+from lading.stores.listing import Infos
 from lading.stores.process import ProcessLocal
 from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options, status_and_code
-from lading.stores.s3.errors import CREDENTIALS_HINT, from_response, translate
+from lading.stores.s3.errors import CREDENTIALS_HINT, client_error_code, from_response, translate
 from lading.stores.s3.upload import MultipartUpload
 from lading.stores.uri import StoreURI
 
@@ -64,7 +65,7 @@ class S3Store(ObstoreReads):
     on first use when not configured).
     """
 
-    scheme = "s3"
+    scheme: ClassVar[str] = "s3"
 
     def __init__(self, uri: StoreURI, config: StoreConfig, *, multipart_threshold: int = 64 << 20,
                  part_size: int = 16 << 20, upload_workers: int = 8) -> None:
@@ -131,7 +132,7 @@ class S3Store(ObstoreReads):
             if not more:
                 return
 
-    def _exact_page(self, prefix: str, after: str | None) -> tuple[list[ObjectInfo], str | None, bool]:
+    def _exact_page(self, prefix: str, after: str | None) -> tuple[Infos, str | None, bool]:
         """One ListObjectsV2 page through boto3 after ``after``; a page marked truncated without a
         continuation token is an error, never a short listing."""
         where = self._where(prefix)
@@ -281,6 +282,10 @@ class S3Store(ObstoreReads):
             raise TransientError(f"{where}: the body ended after {delivered} of {want} bytes")
         return Fetched(delivered, size, got)
 
+    def md5_of_version(self, version: str) -> str | None:
+        """A single-part ETag is the MD5 of the content (unless SSE-KMS/SSE-C: :meth:`etag_is_md5`)."""
+        return md5_of_etag(version)
+
     def etag_is_md5(self, key: str) -> bool:
         """Whether the object's ETag is the MD5 of its bytes (not so with SSE-KMS or SSE-C)."""
         head = self._boto_call(self._where(key), lambda client: client.head_object(
@@ -308,6 +313,57 @@ class S3Store(ObstoreReads):
                                   ContentLength=size, ContentMD5=digest)
 
         self._boto_call(self._where(key), attempt)
+
+
+    # -- conditional writes (the claims protocol) ------------------------------------------------
+
+    def put(self, key: str, data: bytes, *, if_absent: bool = False, if_version: str | None = None) -> str:
+        """PutObject of ``data`` (``If-None-Match: *`` / ``If-Match`` for the conditions); a 412, or
+        a 409 ConditionalRequestConflict (another conditional write in flight), is ObjectChanged."""
+        path = self._path(key)
+        condition = {"IfNoneMatch": "*"} if if_absent else {}
+        if if_version is not None:
+            condition = {"IfMatch": f'"{if_version}"'}
+        response = self._conditional(key, lambda client: client.put_object(
+            Bucket=self.bucket, Key=path, Body=data, ContentLength=len(data), **condition))
+        return plain_etag(response.get("ETag"))
+
+    def _delete_object(self, key: str, version: str | None) -> None:
+        path = self._path(key)
+        condition = {"IfMatch": f'"{version}"'} if version is not None else {}
+        try:
+            self._conditional(key, lambda client: client.delete_object(Bucket=self.bucket, Key=path, **condition))
+        except LadingError as err:
+            code, status = client_error_code(err.__cause__) if err.__cause__ is not None else ("", 0)
+            if not condition or (status != 501 and code != "NotImplemented"):
+                raise
+            # A server without conditional deletes: the version was checked by a read just before.
+            self._boto_call(self._where(key), lambda client: client.delete_object(Bucket=self.bucket, Key=path))
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """DeleteObjects, 1,000 keys a request; a key that fails (other than missing) is an error."""
+        for start in range(0, len(keys), 1000):
+            response = self._delete_objects([self._path(key) for key in keys[start:start + 1000]])
+            failed = [error for error in response.get("Errors", ()) if error.get("Code") != "NoSuchKey"]
+            if failed:
+                first = failed[0]
+                raise from_response(str(first.get("Code", "")), 0, str(first.get("Message", "")),
+                                    f"s3://{self.bucket}/{first.get('Key', '')}")
+
+    def _delete_objects(self, paths: list[str]) -> Any:
+        objects = [{"Key": path} for path in paths]
+        return self._boto_call(self._where(), lambda client: client.delete_objects(
+            Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True}))
+
+    def _conditional(self, key: str, operation: Callable[[Any], T]) -> T:
+        """A boto3 call whose 409 ConditionalRequestConflict is ObjectChanged (as a 412 is)."""
+        try:
+            return self._boto_call(self._where(key), operation)
+        except LadingError as err:
+            code, status = client_error_code(err.__cause__) if err.__cause__ is not None else ("", 0)
+            if status == 409 or code == "ConditionalRequestConflict":
+                raise ObjectChanged(f"{self._where(key)}: another conditional write to it was in flight") from err
+            raise
 
 
 def _is_redirect(err: BaseException) -> bool:

@@ -68,7 +68,7 @@ class MultipartUpload:
             Body=data, ContentMD5=digest))
         if self.progress is not None:
             self.progress(len(data))
-        return response["ETag"]
+        return str(response["ETag"])
 
     def _abort(self, upload_id: str) -> None:
         try:
