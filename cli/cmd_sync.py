@@ -291,15 +291,27 @@ def _print_summary(state: AppState, summary: Any) -> None:
                  f"{summary.deleted} deleted, {len(summary.failed)} failed")
 
 
+def _by_cause(failed: list[Any]) -> list[list[Any]]:
+    """Failures grouped by cause (the message with the key left out: a full disk is one cause for
+    every key), keys in order, the most frequent cause first."""
+    groups: dict[tuple[int, str], list[Any]] = {}
+    for failure in sorted(failed, key=lambda failure: failure.key):
+        groups.setdefault((failure.exit_code, failure.error.replace(failure.key, "")), []).append(failure)
+    return sorted(groups.values(), key=len, reverse=True)
+
+
 def _report_failures(summary: Any) -> int:
     """Name the failed keys on stderr; the exit code for them."""
     if not summary.failed:
         return 0
     click.echo(f"lading: error: {len(summary.failed)} key(s) failed:", err=True)
-    for failed in summary.failed[:50]:
-        click.echo(f"  {failed.key}: {failed.error}", err=True)
-    if len(summary.failed) > 50:
-        click.echo(f"  ... and {len(summary.failed) - 50} more (--json lists them all)", err=True)
+    causes = _by_cause(summary.failed)
+    for failures in causes[:50]:
+        first = failures[0]
+        alike = f"{len(failures)} keys, e.g. " if len(failures) > 1 else ""
+        click.echo(f"  {alike}{first.key}: {first.error}", err=True)
+    if len(causes) > 50:
+        click.echo(f"  ... and {len(causes) - 50} more causes (--json lists every key)", err=True)
     from lading.core.errors import exit_code_for_failures
     from lading.sync.apply import common_hint
 

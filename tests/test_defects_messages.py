@@ -5,6 +5,8 @@ suite's real servers. Each test failed before its fix."""
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +85,35 @@ def test_a_plain_404_from_a_listing_says_the_endpoint_is_not_s3(lading, web_serv
         assert "did not answer as S3" in line and "s3://bucket26/train/" in line, line
         assert "object not found" not in line
 
+
+
+# --- a full disk during sync -----------------------------------------------------------------------
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs of the test's own, removed after it; skipped where mounting is not allowed."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_full_disk_during_sync_is_one_line_per_cause(lading, s3_env, small_tmpfs):
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    client.create_bucket(Bucket="full26")
+    for i in range(40):  # 4 MB for a 1 MiB file system
+        client.put_object(Bucket="full26", Key=f"train/part-{i:03d}.bin", Body=os.urandom(100_000))
+    result = lading("sync", "s3://full26/train/", str(small_tmpfs / "dest"))
+    assert result.returncode == 1, result.stderr  # some keys arrived, the others failed
+    failed = int(re.search(r"(\d+) key\(s\) failed:", result.stderr).group(1))
+    causes = [line for line in result.stderr.splitlines() if line.startswith("  ") and "(hint:" not in line]
+    assert len(causes) == 1 and failed > 1, result.stderr
+    assert re.match(rf"  {failed} keys, e\.g\. part-\d{{3}}\.bin: ", causes[0]), causes[0]
+    assert "No space left on device" in causes[0]
