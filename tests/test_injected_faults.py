@@ -181,14 +181,29 @@ def test_a_cache_root_others_control_is_refused_before_any_link(s3, lading, tmp_
     assert not dest.exists() and os.listdir(root) == []
 
 
-def test_a_symlink_in_place_of_the_cache_root_is_refused(tmp_path):
+def test_sync_and_the_datasets_judge_a_symlinked_cache_root_alike(tmp_path):
+    """One rule for both node-cache roots: a symlink another user made is refused (planted in
+    /tmp before the job ran), one of this user's own is judged by its target."""
     from lading.core.errors import AccessDenied
+    from lading.datasets.cache import NodeCache
     from lading.sync.nodecache import ensure_private_root
 
-    (tmp_path / "theirs").mkdir(mode=0o700)
-    (tmp_path / "lading-cache-x").symlink_to(tmp_path / "theirs")  # planted in /tmp before the job ran
-    with pytest.raises(AccessDenied, match="not a plain directory"):
-        ensure_private_root(tmp_path / "lading-cache-x")
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    (tmp_path / "my-link").symlink_to(mine)  # e.g. ~/.cache/lading -> a bigger disk
+    ensure_private_root(tmp_path / "my-link")
+    NodeCache(tmp_path / "my-link")
+    if os.geteuid() != 0:
+        return  # the rest needs root to give a symlink to another user
+    (tmp_path / "planted").symlink_to(mine)
+    os.lchown(tmp_path / "planted", 65534, 65534)
+    for check in (ensure_private_root, NodeCache):
+        with pytest.raises(AccessDenied, match="it is a symlink owned by uid 65534"):
+            check(tmp_path / "planted")
+    os.chmod(mine, 0o777)
+    for check in (ensure_private_root, NodeCache):
+        with pytest.raises(AccessDenied, match="others can write to it"):
+            check(tmp_path / "my-link")
 
 
 def test_a_planted_entry_in_a_shared_root_is_never_linked(s3, tmp_path):
@@ -208,7 +223,7 @@ def test_a_planted_entry_in_a_shared_root_is_never_linked(s3, tmp_path):
     planted.mkdir()
     (planted / "a.bin").write_bytes(b"planted")
     os.chown(planted, 65534, 65534)
-    with pytest.raises(AccessDenied, match="belongs to uid 65534"):
+    with pytest.raises(AccessDenied, match="owned by uid 65534"):
         run_sync(open_store(request.source), request, cache_root=root)
     assert not (tmp_path / "dest" / "a.bin").exists()
 

@@ -126,26 +126,35 @@ def parse_limit(limit: int | str | None) -> int | None:
 _OWN_DIRECTORY = "set LADING_CACHE_DIR (or cache_dir=) to a directory you can write"
 
 
-def check_root(root: Path) -> None:
-    """Refuse (AccessDenied, exit 4, as ``lading sync`` refuses its node cache) a cache root that
-    is not a directory owned by this user, or that group or others can write to. A symlink is
-    judged by its target. One we may not read or enter is AccessDenied too."""
+def check_root(root: Path, what: str = "the cache directory", elsewhere: str = _OWN_DIRECTORY,
+               modes_follow_umask: bool = False) -> None:
+    """The one safety rule of the node cache's directories (``lading sync``'s and the datasets'):
+    refuse (AccessDenied, exit 4) one that is not owned by this user, or that group or others can
+    write to (``modes_follow_umask``: skip that, for entries inside a checked root), or that we may
+    not read or enter. A symlink counts only if this user owns the link itself (one another user
+    planted in /tmp is refused); its target is then judged. Missing: NotFound; a file: UsageError.
+    ``elsewhere`` says how to use another directory."""
+    me = os.geteuid()
     try:
-        st = os.stat(root)
+        link = os.lstat(root)
+        st = os.stat(root) if stat.S_ISLNK(link.st_mode) else link
     except OSError as err:
-        raise local_error(err, f"use the cache directory {root}", _OWN_DIRECTORY) from None
+        raise local_error(err, f"use {what} {root}", elsewhere) from None
+    if link.st_uid != me:  # the symlink's owner (or the directory's, when it is none)
+        kind = "a symlink " if stat.S_ISLNK(link.st_mode) else ""
+        raise AccessDenied(f"refusing {what} {root}: it is {kind}owned by uid {link.st_uid}, not by you "
+                           f"(uid {me}); its files would end up in your data", elsewhere)
     if not stat.S_ISDIR(st.st_mode):
-        raise UsageError(f"cache directory {root} is not a directory")
-    if st.st_uid != os.geteuid():
-        raise AccessDenied(f"refusing cache directory {root}: it is owned by uid {st.st_uid}, not by you "
-                           f"(uid {os.geteuid()}); its shards would feed your training",
-                           "set LADING_CACHE_DIR (or cache_dir=) to a directory of your own")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise AccessDenied(f"refusing cache directory {root}: others can write to it "
-                           f"(mode {stat.S_IMODE(st.st_mode):04o}); its shards would feed your training",
-                           f"chmod go-w {root}, or use another directory")
+        raise UsageError(f"{what} {root} is not a directory", elsewhere)
+    if st.st_uid != me:
+        raise AccessDenied(f"refusing {what} {root}: it is owned by uid {st.st_uid}, not by you "
+                           f"(uid {me}); its files would end up in your data", elsewhere)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not modes_follow_umask:
+        raise AccessDenied(f"refusing {what} {root}: others can write to it "
+                           f"(mode {stat.S_IMODE(st.st_mode):04o}); its files would end up in your data",
+                           f"chmod go-w {root}, or {elsewhere}")
     if not os.access(root, os.R_OK | os.X_OK):
-        raise AccessDenied(f"cannot use the cache directory {root}: permission denied", _OWN_DIRECTORY)
+        raise AccessDenied(f"cannot use {what} {root}: permission denied", elsewhere)
 
 
 def _digest(text: str) -> str:

@@ -36,7 +36,6 @@ import logging
 import os
 import re
 import shutil
-import stat as stat_mode
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -47,7 +46,7 @@ from lading.core.locks import exclusive_lock
 from lading.core.names import hidden_sibling
 from lading.pack.reuse import PackedDataset
 from lading.stores.base import Store
-from lading.sync.cache import NodeCache, default_cache_root
+from lading.sync.cache import NodeCache, check_root, default_cache_root
 from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
 from lading.sync.into import sync_into
 from lading.sync.plan import Selection, SyncRequest, plan_sync
@@ -67,8 +66,9 @@ def ensure_private_root(root: Path) -> None:
     """Create the cache root (0700) if needed, and refuse one that others could write into.
 
     Everything under the root ends up hard-linked into DESTs, so the root (and each entry, see
-    :func:`check_private`) must belong to this user and be writable by nobody else: a root
-    owned by another user, writable by group or others, or a symlink, is refused (exit 4).
+    :func:`lading.sync.cache.check_root`, the one rule the datasets' cache follows too) must
+    belong to this user and be writable by nobody else: a root owned by another user, writable
+    by group or others, or a symlink another user made, is refused (exit 4).
     """
     try:
         root.parent.mkdir(parents=True, exist_ok=True)
@@ -78,29 +78,11 @@ def ensure_private_root(root: Path) -> None:
     except OSError as err:
         error = local_error(err, f"create the node cache {root}")
         raise (error if isinstance(error, AccessDenied) else UsageError(error.message)) from None
-    check_private(root, "the node cache")
+    check_root(root, "the node cache", _ELSEWHERE)
 
 
-def check_private(path: Path, what: str, writable_by_others: bool = False) -> None:
-    """Raise AccessDenied unless ``path`` is a real directory owned by this user that group and
-    others cannot write (``writable_by_others``: skip that last check, for entries inside a
-    private root, whose modes follow the umask)."""
-    try:
-        st = os.lstat(path)
-    except OSError as err:
-        raise local_error(err, f"inspect {what} {path}") from None
-    elsewhere = "or use another directory: --cache-dir DIR"
-    if stat_mode.S_ISLNK(st.st_mode) or not stat_mode.S_ISDIR(st.st_mode):
-        raise AccessDenied(f"refusing {what} {path}: it is not a plain directory (a symlink or a file)",
-                           f"remove it, {elsewhere}")
-    if st.st_uid != os.geteuid():
-        raise AccessDenied(f"refusing {what} {path}: it belongs to uid {st.st_uid}, not to you "
-                           f"(uid {os.geteuid()}); its files would be linked into your data",
-                           "use another directory: --cache-dir DIR")
-    if st.st_mode & 0o022 and not writable_by_others:
-        raise AccessDenied(f"refusing {what} {path}: other users can write into it (mode "
-                           f"{stat_mode.S_IMODE(st.st_mode):04o}); its files would be linked into your data",
-                           f"chmod go-w {path}, {elsewhere}")
+#: How to use another node cache directory (the hint of a refused one).
+_ELSEWHERE = "use another directory: --cache-dir DIR"
 
 
 def use_node_cache(local_world_size: int, cache_dir_given: bool, no_cache: bool, source_is_local: bool) -> bool:
@@ -245,7 +227,7 @@ def sync_through_cache(
 
     with exclusive_lock(cache_root / f"{entry.name}.lock", on_wait=waiting):
         if os.path.lexists(entry):  # reuse only what this user made, never a planted entry
-            check_private(entry, "the node cache entry", writable_by_others=True)
+            check_root(entry, "the node cache entry", _ELSEWHERE, modes_follow_umask=True)
         cached, reused = _fill_entry(store, selection, request, entry, options, events)
         failed = frozenset(f.key for f in cached.failed)
         summary = sync_into(link_fetcher(entry), selection, request, options, events, "link", skip_keys=failed)
