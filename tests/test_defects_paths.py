@@ -309,5 +309,6 @@ def test_the_demo_leaves_home_alone(tmp_path):
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
     assert "every sample exactly once" in result.stdout
+    assert "\x1b" not in result.stdout + result.stderr, "terminal escapes written into redirected output"
     assert list(home.rglob("*")) == []
     assert set(Path("/tmp").glob("lading-demo.*")) <= demos_before
