@@ -76,27 +76,60 @@ def keys_of(batch):
     return [sample["__key__"] for sample in batch]
 
 
-def test_resume_with_other_world_size_and_workers(indexes):
+def node_mix(indexes, rank: int, world: int, per_node: int, **options):
+    big, mid, tiny = indexes
+    slot = {"rank": rank, "world_size": world, "local_world_size": per_node}
+    children = [ShardDataset(big, shuffle_buffer=32, seed=1, randomize_shard_order=True, shuffle_block=2, **slot),
+                ShardDataset(mid, shuffle_buffer=8, seed=2, **slot), ShardDataset(tiny, seed=3, **slot)]
+    return MixedDataset(children, weights=[0.5, 0.3, 0.2], seed=9, samples_per_epoch=400, **slot, **options)
+
+
+def shard_of(index: str) -> dict[str, int]:
+    """Each key's shard number in the index."""
+    from lading.datasets import load_index
+    from lading.datasets.shards import iter_shard
+    from lading.stores import StoreConfig
+
+    found = {}
+    for number, ref in enumerate(load_index(index, StoreConfig.from_env()).shards):
+        for sample in iter_shard(ref, StoreConfig.from_env()):
+            found[sample["__key__"]] = number
+    return found
+
+
+@pytest.mark.parametrize("new_nodes", [2, 3])
+def test_resume_from_four_nodes_continues_every_dataset_exactly(indexes, new_nodes):
     torch_data = pytest.importorskip("torch.utils.data")
-    full = [s["__key__"] for s in mix(indexes, samples_per_epoch=600)]
-    before, states = [], []
-    for rank in range(4):
-        dataset = mix(indexes, samples_per_epoch=600, rank=rank, world_size=4, batch_size=5, remainder="uneven")
+    before, states, node_keys = [], [], {}
+    for rank in range(8):  # 4 nodes of 2 ranks, 7 batches of 5 each, DataLoaders with 2 workers
+        dataset = node_mix(indexes, rank, 8, 2, batch_size=5)
         loader = torch_data.DataLoader(dataset, batch_size=5, num_workers=2, collate_fn=keys_of,
                                        multiprocessing_context="fork")
         keys = [key for batch in list(loader)[:7] for key in batch]
         before.append(keys)
+        node_keys.setdefault(rank // 2, []).extend(keys)
         states.append(json.loads(json.dumps(dataset.state_dict(len(keys)))))
-    assert all(state == states[0] for state in states) and states[0]["consumed"] == 140
+    assert all(state == states[0] for state in states) and states[0]["left"] == 400 - 8 * 35
+    assert len(json.dumps(states[0])) < 4000
     after = []
-    for rank in range(3):
-        dataset = mix(indexes, samples_per_epoch=600, rank=rank, world_size=3, batch_size=4, remainder="uneven")
+    for rank in range(new_nodes):  # one rank per node, 3 workers, another batch size
+        dataset = node_mix(indexes, rank, new_nodes, 1, batch_size=4)
         dataset.load_state_dict(states[0])
+        assert len(dataset) == -(-120 // new_nodes)
         loader = torch_data.DataLoader(dataset, batch_size=4, num_workers=3, collate_fn=keys_of,
                                        multiprocessing_context="fork")
         after.append([key for batch in loader for key in batch])
-    assert Counter(k for part in before + after for k in part) == Counter(full), "each mixed position exactly once"
-    assert [len(mix(indexes, samples_per_epoch=600, rank=r, world_size=4)) for r in range(4)] == [150] * 4
+        node_keys.setdefault(10 + rank, []).extend(after[-1])
+    drawn = Counter(k for part in before + after for k in part)
+    assert sum(drawn.values()) == 280 + new_nodes * -(-120 // new_nodes)
+    big = Counter({key: count for key, count in drawn.items() if source_of(key) == "big"})
+    assert sum(big.values()) < 300 and max(big.values()) == 1, "big (within its first pass): no sample twice"
+    # node locality: before the resume, the four nodes read disjoint shards of big (edges aside)
+    shards = shard_of(indexes[0])
+    sets = [{shards[key] for key in node_keys[node] if source_of(key) == "big"} for node in range(4)]
+    for a in range(4):
+        for b in range(a + 1, 4):
+            assert len(sets[a] & sets[b]) <= 1, f"nodes {a} and {b} share shards of big: {sets[a] & sets[b]}"
 
 
 def test_apportion_and_block_layout():
@@ -118,3 +151,7 @@ def test_bad_mixes_are_refused(indexes, tmp_path):
     state = mix(indexes).state_dict(0)
     with pytest.raises(UsageError, match="another dataset or order"):
         mix(indexes, seed=1).load_state_dict(state)
+    with pytest.raises(UsageError, match="'pad' or 'drop'"):
+        mix(indexes, remainder="uneven")
+    with pytest.raises(UsageError, match="not a MixedDataset state"):
+        mix(indexes).load_state_dict({"format": "lading-mixed-1", "consumed": 3})

@@ -102,20 +102,27 @@ class EpochOrder:
         """What is left of ``epoch`` when this run starts it (all of it, unless resumed)."""
         if self._resume is not None and self._resume[0] == epoch:
             return self._resume[1]
-        return Remaining.full(self.lanes().sizes().tolist())
+        return self.full()
 
-    def sequences(self, epoch: int) -> NodeSequences:
-        """Every node's sequence of epoch ``epoch`` (the same on every rank)."""
-        return node_sequences(self.remaining(epoch), self.layout, self.homes, self.seed, epoch,
-                              self.shuffle(epoch).shuffle, self.remainder)[0]
+    def sequences(self, epoch: int, remaining: Remaining | None = None, layout: Layout | None = None,
+                  remainder: str | None = None) -> tuple[NodeSequences, bool]:
+        """Every node's sequence of epoch ``epoch`` (the same on every rank), and whether locality
+        holds; by default from what is left of it, on this dataset's layout and remainder rule."""
+        return node_sequences(self.remaining(epoch) if remaining is None else remaining, layout or self.layout,
+                              self.homes, self.seed, epoch, self.shuffle(epoch).shuffle, remainder or self.remainder)
 
-    def rank_order(self, epoch: int) -> RankOrder:
-        """This rank's walk of epoch ``epoch``."""
-        sequences, local = node_sequences(self.remaining(epoch), self.layout, self.homes, self.seed, epoch,
-                                          self.shuffle(epoch).shuffle, self.remainder)
-        group = self.layout.node if local else 0
-        me = self.layout.local_rank if local else self.layout.rank
+    def rank_order(self, epoch: int, remaining: Remaining | None = None, layout: Layout | None = None,
+                   remainder: str | None = None) -> RankOrder:
+        """This rank's walk of epoch ``epoch`` (arguments as for :meth:`sequences`)."""
+        layout = layout or self.layout
+        sequences, local = self.sequences(epoch, remaining, layout, remainder)
+        group = layout.node if local else 0
+        me = layout.local_rank if local else layout.rank
         return RankOrder(self.lanes(), sequences, group, me, self.shuffle(epoch))
+
+    def full(self) -> Remaining:
+        """A whole epoch: nothing delivered yet."""
+        return Remaining.full(self.lanes().sizes().tolist())
 
     def count(self, epoch: int) -> int:
         """Samples this rank yields in epoch ``epoch`` (from the resume point, after a resume)."""
@@ -125,7 +132,7 @@ class EpochOrder:
 
     def state(self, epoch: int, samples_seen: int, identity: dict[str, Any]) -> dict[str, Any]:
         """The resume state once every rank consumed ``samples_seen`` samples of ``epoch`` in this run."""
-        sequences = self.sequences(epoch)
+        sequences = self.sequences(epoch)[0]
         count = self.rank_order(epoch).count
         if not 0 <= samples_seen <= count:
             raise UsageError(f"samples_seen={samples_seen}: this rank has {count} samples in epoch {epoch}")
