@@ -133,9 +133,11 @@ def render(report: CheckReport, top: int, quiet: bool) -> None:
     from rich.console import Console  # imported here: --json never pays for rich
 
     console = Console(highlight=False, soft_wrap=True)
-    if report.explanation is not None:
+    if report.explanation is not None:  # the verdict after it is the whole context's, not PATH's
         _render_explanation(console, report)
-    console.print(_verdict(report))
+        console.print("the whole context: " + _verdict(report))
+    else:
+        console.print(_verdict(report))
     if quiet or report.explanation is not None:
         return
     walked = report.walked

@@ -167,6 +167,13 @@ def test_explain_ignored_by_pattern_with_file_and_line(lading, small_ctx):
     assert "'*.log'" in result.stdout and f"{small_ctx.resolve()}/.detignore line 2" in result.stdout
 
 
+def test_explain_ends_with_a_verdict_that_names_the_whole_context(lading, small_ctx):
+    result = lading("check", str(small_ctx), "--explain", "notes.log", "--limit", "10B")
+    lines = result.stdout.splitlines()
+    assert result.returncode == 1 and lines[0].startswith("notes.log (file): not uploaded"), result.stdout
+    assert lines[-1].startswith("the whole context: over the limit by "), result.stdout
+
+
 def test_explain_json_for_reincluded_pruned_default_and_detignore(lading, small_ctx):
     write(small_ctx / "keep.log", b"k")
     write(small_ctx / "out" / "keep.log", b"k")
