@@ -117,3 +117,19 @@ def test_a_full_disk_during_sync_is_one_line_per_cause(lading, s3_env, small_tmp
     assert len(causes) == 1 and failed > 1, result.stderr
     assert re.match(rf"  {failed} keys, e\.g\. part-\d{{3}}\.bin: ", causes[0]), causes[0]
     assert "No space left on device" in causes[0]
+
+
+# --- an object changed since its snapshot ----------------------------------------------------------
+
+def test_an_object_changed_since_the_snapshot_is_named_once(lading, s3_env, tmp_path):
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    client.create_bucket(Bucket="snap26")
+    client.put_object(Bucket="snap26", Key="train/a.bin", Body=b"first")
+    snapshot = tmp_path / "train.snap.jsonl"
+    assert lading("snapshot", "s3://snap26/train/", "-o", str(snapshot)).returncode == 0
+    client.put_object(Bucket="snap26", Key="train/a.bin", Body=b"second")
+    line = error_line(lading("cat", str(snapshot)), 1)
+    assert line.count("s3://snap26/train/a.bin") == 1, line
+    assert "changed since the snapshot" in line and str(snapshot) in line

@@ -283,8 +283,8 @@ class SnapshotStore(ReadOnlyStore):
             return ObjectChanged(f"{where} was removed since the snapshot {self.path} was taken "
                                  f"({self.header.taken})", "take a new snapshot")
         if isinstance(err, ObjectChanged):
-            return ObjectChanged(f"{where} changed since the snapshot {self.path} was taken "
-                                 f"({self.header.taken}): {err.message}", "take a new snapshot")
+            return ObjectChanged(f"{where} changed since the snapshot {self.path} was taken "  # names it once
+                                 f"({self.header.taken})", "take a new snapshot")
         return err
 
     def _scan(self, key: str) -> ObjectInfo | None:
