@@ -194,3 +194,30 @@ def test_bad_settings_are_refused_with_one_line(remote_pack, rclone_env, tmp_pat
     with pytest.raises(UsageError, match="not a ShardDataset state") as raised:
         dataset.load_state_dict({"format": "lading-partitioned-1", "epoch": 0})
     assert "older lading" in raised.value.hint
+
+
+def test_record_dataset_takes_the_same_order_through_node_local_sampler(tmp_path):
+    from lading.datasets import RecordDataset
+
+    path = tmp_path / "tokens.bin"
+    path.write_bytes(b"".join(i.to_bytes(4, "little") for i in range(20_000)))
+    records = RecordDataset(str(path), record_size=4)
+    assert sum(records.chunk_counts(4096)) == 20_000 and records.chunk_counts(4096)[0] == 1024
+    per_node: dict[int, set[int]] = {}
+    before: Counter[int] = Counter()
+    states = []
+    for rank in range(4):  # 2 nodes of 2 ranks
+        sampler = NodeLocalSampler(records, rank=rank, world_size=4, local_world_size=2, shuffle_buffer=500)
+        indices = list(sampler)
+        per_node.setdefault(rank // 2, set()).update(indices)
+        before.update(indices[:100])
+        states.append(sampler.state_dict(100))
+        assert int.from_bytes(records[indices[0]], "little") == indices[0]
+    assert not per_node[0] & per_node[1], "each node its own records"
+    assert max(per_node[0]) < min(per_node[1]) or max(per_node[1]) < min(per_node[0]), "contiguous lanes"
+    after: Counter[int] = Counter()
+    for rank in range(2):  # one node of 2 ranks: 19,600 left divide evenly
+        sampler = NodeLocalSampler(records, rank=rank, world_size=2, local_world_size=2, shuffle_buffer=500)
+        sampler.load_state_dict(states[0])
+        after.update(sampler)
+    assert before + after == Counter(range(20_000))

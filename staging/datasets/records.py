@@ -15,6 +15,8 @@ from lading.stores.uri import parse_uri
 
 #: Records within this many bytes of each other are fetched in one read by ``__getitems__``.
 DEFAULT_GAP = 64 << 10
+#: For :class:`~lading.datasets.NodeLocalSampler`: records are ordered in chunks of about this many bytes.
+DEFAULT_CHUNK = 64 << 20
 
 
 class RecordDataset:
@@ -56,6 +58,13 @@ class RecordDataset:
 
     def __len__(self) -> int:
         return self.count
+
+    def chunk_counts(self, chunk_bytes: int = DEFAULT_CHUNK) -> list[int]:
+        """Records per chunk of about ``chunk_bytes`` (the last one shorter): the "shards" the epoch
+        order (:class:`~lading.datasets.NodeLocalSampler`) deals to nodes and walks a block at a time."""
+        per = max(1, chunk_bytes // self.record_size)
+        full, rest = divmod(self.count, per)
+        return [per] * full + ([rest] if rest else [])
 
     def _checked(self, index: int) -> int:
         position = index + self.count if index < 0 else index

@@ -10,6 +10,7 @@ import numpy as np
 
 from lading.core.errors import UsageError
 from lading.datasets.order import EpochOrder
+from lading.datasets.records import RecordDataset
 from lading.datasets.order.engine import block_shards, resolve_layout
 from lading.datasets.shards import iter_locations
 
@@ -18,16 +19,20 @@ class NodeLocalSampler:
     """Indices (in pack order: shards in index order, samples in shard order) for this rank, in
     ShardDataset's order: node ``n`` of ``N`` draws only from its lanes, so the shards it touches
     stay the same from epoch to epoch (and in the node cache), a block of shards at a time.
-    ``dataset`` is a PackedDataset (or anything with ``.index.counts``), or the list of samples per
-    shard. Call :meth:`set_epoch` each epoch; :meth:`state_dict` / :meth:`load_state_dict` resume
+    ``dataset`` is a PackedDataset (or anything with ``.index.counts``), a RecordDataset (its
+    records in chunks of about 64 MiB: :meth:`~lading.datasets.RecordDataset.chunk_counts`), or
+    the list of samples per shard. Call :meth:`set_epoch` each epoch; :meth:`state_dict` / :meth:`load_state_dict` resume
     an epoch exactly on any number of nodes and ranks.
     """
 
     def __init__(self, dataset: Any, *, shuffle_buffer: int = 0, seed: int = 0, randomize_shard_order: bool = False,
                  rank: int | None = None, world_size: int | None = None, local_world_size: int | None = None,
                  remainder: str = "pad", shuffle_block: int | str | None = None, lanes: int | None = None) -> None:
-        index = None if isinstance(dataset, (list, tuple)) else getattr(dataset, "index", None)
-        counts = list(index.counts) if index is not None else list(dataset)
+        index = None if isinstance(dataset, (list, tuple, RecordDataset)) else getattr(dataset, "index", None)
+        if isinstance(dataset, RecordDataset):
+            counts = dataset.chunk_counts()
+        else:
+            counts = list(index.counts) if index is not None else list(dataset)
         if not counts or any(not isinstance(count, int) or count < 0 for count in counts):
             raise UsageError("NodeLocalSampler needs samples per shard (a PackedDataset or a list of counts)")
         sizes = [ref.filesize for ref in index.shards] if index is not None else []
