@@ -7,10 +7,17 @@ Used two ways:
   examples and exit codes) as ``--help`` prints it, and a table of every option and argument;
   a command without a page carrying its marker fails the build;
 - by tests/test_docs_reference.py, which compares the built pages with ``--help``.
+
+It also generates the Python API pages: ``<!-- lading-api: lading.datasets -->`` becomes the
+package's docstring and one mkdocstrings section per name in its ``__all__``, each at the module
+that defines it (found by reading the source, not importing it: names loaded lazily through a
+module ``__getattr__``, like ``lading.datasets.DataLoader``, and functions named like their
+module, like ``lading.datalayer.cached``, are documented too).
 """
 
 from __future__ import annotations
 
+import ast
 import html
 from pathlib import Path
 from typing import Iterator
@@ -18,7 +25,10 @@ from typing import Iterator
 import click
 
 MARKER = "<!-- lading-reference: {name} -->"
+API_MARKER = "<!-- lading-api: {module} -->"
 WIDTH = 100
+#: Where the ``lading`` package's source lives (``staging/`` is ``lading``).
+SOURCE = Path(__file__).resolve().parent.parent / "staging"
 
 
 def root_command() -> click.Group:
@@ -111,16 +121,85 @@ def render(name: str, level: int = 3) -> str:
     return "\n".join(parts)
 
 
+# ------------------------------------------------------------------------------------- API pages
+
+def module_file(module: str) -> Path:
+    """The source file of ``lading.a.b``: ``staging/a/b.py`` or ``staging/a/b/__init__.py``."""
+    parts = module.split(".")[1:]
+    package = SOURCE.joinpath(*parts) / "__init__.py"
+    return package if package.exists() else SOURCE.joinpath(*parts[:-1], parts[-1] + ".py") if parts else package
+
+
+def _tree(module: str) -> ast.Module:
+    return ast.parse(module_file(module).read_text())
+
+
+def public_names(module: str) -> list[str]:
+    """The names in ``module``'s ``__all__``, read from its source."""
+    for node in _tree(module).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return list(ast.literal_eval(node.value))
+    raise KeyError(f"{module} has no __all__")
+
+
+def _defines(tree: ast.Module, name: str) -> bool:
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(getattr(target, "id", None) == name for target in targets):
+            return True
+    return False
+
+
+def _imported_from(tree: ast.Module, name: str) -> str | None:
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if any((alias.asname or alias.name) == name and alias.name == name for alias in node.names):
+                return node.module
+    return None
+
+
+def definition(module: str, name: str) -> str:
+    """Where ``module.name`` is defined: followed through ``from X import name``; a name the module
+    does not import at its top (loaded on first use) is looked for in the modules below it."""
+    tree = _tree(module)
+    if _defines(tree, name):
+        return f"{module}.{name}"
+    origin = _imported_from(tree, name)
+    if origin is not None and origin.startswith("lading."):
+        return definition(origin, name)
+    if module_file(module).name == "__init__.py":
+        folder = module_file(module).parent
+        for path in sorted(folder.rglob("*.py")):
+            below = ".".join([module, *path.relative_to(folder).with_suffix("").parts])
+            below = below.removesuffix(".__init__")
+            if below != module and _defines(ast.parse(path.read_text()), name):
+                return f"{below}.{name}"
+    raise KeyError(f"cannot find where {module}.{name} is defined")
+
+
+def render_api(module: str) -> str:
+    """The API page body of ``module``: its docstring, then every name of ``__all__``."""
+    out = [f"::: {module}", "    options:", "      members: false", ""]
+    for name in public_names(module):
+        out += [f"::: {definition(module, name)}", "    options:", "      show_root_heading: true", ""]
+    return "\n".join(out)
+
+
 # ------------------------------------------------------------------------------------- mkdocs hook
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 (mkdocs' objects)
-    """Replace each ``<!-- lading-reference: NAME -->`` line with the generated reference."""
+    """Replace each ``<!-- lading-reference: NAME -->`` line with the generated reference, and
+    each ``<!-- lading-api: MODULE -->`` line with the module's API sections."""
     lines = []
     for line in markdown.splitlines():
         stripped = line.strip()
         if stripped.startswith("<!-- lading-reference:") and stripped.endswith("-->"):
             name = stripped[len("<!-- lading-reference:"):-len("-->")].strip()
             lines.append(render(name))
+        elif stripped.startswith("<!-- lading-api:") and stripped.endswith("-->"):
+            lines.append(render_api(stripped[len("<!-- lading-api:"):-len("-->")].strip()))
         else:
             lines.append(line)
     return include("\n".join(lines) + "\n", Path(config["config_file_path"]).parent)
