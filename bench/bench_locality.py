@@ -34,6 +34,10 @@ over the wall time from that start to the last rank's end. Per library:
 
 Bytes = what each node's proxy relayed from the store (headers and listings included). dataset/N is
 the size of that library's own copy (tar shards, MDS shards, litdata chunks) over the node count.
+CPU s = the phase's ranks' process CPU time (all threads) while iterating, summed; "vs best peer" =
+lading's samples/s over the best peer's in the same phase. ``--profile DIR``: py-spy (from the
+peers' venv or PATH) samples rank 0 of each tool's warm epoch at 1 kHz into DIR/TOOL-warm-rank0.txt
+(collapsed stacks, one line per stack with its count).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -221,21 +226,37 @@ def rank_main(job: dict) -> None:
             return dataset.state_dict(count, 1, 1)
     else:
         raise SystemExit(f"unknown tool {tool}")
+    profiler = start_profile(job.get("profile"))
     Path(job["ready"]).write_text("")
     while not Path(job["go"]).exists():
         time.sleep(0.005)
-    began = time.monotonic()
+    began, cpu = time.monotonic(), time.process_time()
     count = nbytes = 0
     for sample in dataset:
         if stop is not None and count == stop:
             break
         count += 1
         nbytes += len(sample["bin"])
-    seconds = time.monotonic() - began
-    out = {"rank": rank, "samples": count, "bytes": nbytes, "seconds": seconds, "end": time.time()}
+    seconds, cpu = time.monotonic() - began, time.process_time() - cpu
+    out = {"rank": rank, "samples": count, "bytes": nbytes, "seconds": seconds, "end": time.time(), "cpu": cpu}
+    if profiler is not None:
+        profiler.send_signal(signal.SIGINT)  # py-spy writes its profile on SIGINT
+        profiler.wait(timeout=60)
     if rank == 0 and (stop is not None or tool == "lading"):
         out["state"] = save(count)  # lading: also at an epoch's end, as a job's checkpoint would
     Path(job["out"]).write_text(json.dumps(out))
+
+
+def start_profile(path: str | None) -> subprocess.Popen | None:
+    """py-spy sampling this process at 1 kHz into ``path`` (collapsed stacks), attached before the go."""
+    if not path:
+        return None
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    profiler = subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "--rate", "1000", "--format", "raw",
+                                 "--output", path, "--nonblocking"], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # let it attach
+    return profiler
 
 
 # -- the driver ----------------------------------------------------------------------------------------
@@ -248,7 +269,8 @@ def free_port() -> int:
 
 
 def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], nodes: int, epoch: int,
-              work: Path, state: dict | None = None, stop: int | None = None, timeout: float = 900) -> dict:
+              work: Path, state: dict | None = None, stop: int | None = None, timeout: float = 900,
+              profile: str | None = None) -> dict:
     """Every rank of ``nodes`` nodes as its own process, started together; each simulated node in
     its own mount namespace with its own /dev/shm (MosaicML names its shared memory per host, as
     on real nodes). Returns bytes per node, samples/s and rank 0's state."""
@@ -265,7 +287,7 @@ def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], n
             rank = node * PER_NODE + local
             job = {"tool": tool, "spec": spec, "epoch": epoch, "stop": stop, "state": state, "nodes": nodes,
                    "cache": str(caches[node]), "ready": str(phase / f"ready-{rank}"), "go": str(go),
-                   "out": str(phase / f"out-{rank}.json")}
+                   "out": str(phase / f"out-{rank}.json"), "profile": profile if rank == 0 else None}
             (phase / f"job-{rank}.json").write_text(json.dumps(job))
             env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local, "LOCAL_WORLD_SIZE": PER_NODE,
                    "GROUP_RANK": node, "NODE_RANK": node, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master}
@@ -300,11 +322,13 @@ def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], n
     got = [proxy.counts[n] - before[n] for n in range(nodes)]
     samples = sum(out["samples"] for out in outs)
     return {"bytes": got, "samples": samples, "seconds": wall, "samples_per_s": samples / wall,
+            "cpu": sum(out["cpu"] for out in outs),
             "state": next((out.get("state") for out in outs if "state" in out), None),
             "per_rank": [out["samples"] for out in outs]}
 
 
-def run_tool(tool: str, spec: dict, proxy: CountingProxy, root: Path, samples: int) -> list[dict]:
+def run_tool(tool: str, spec: dict, proxy: CountingProxy, root: Path, samples: int,
+             profiles: Path | None = None) -> list[dict]:
     caches = [root / tool / f"node-{n}" for n in range(NODES)]
     for cache in caches:
         cache.mkdir(parents=True)
@@ -318,11 +342,13 @@ def run_tool(tool: str, spec: dict, proxy: CountingProxy, root: Path, samples: i
         rows.append(result)
         per_node = " / ".join(f"{b / 1e6:.2f}" for b in result["bytes"])
         print(f"  {tool:8s} {label:42s} {per_node:40s} (dataset/N {data / nodes / 1e6:.2f} MB) "
-              f"{result['samples']:6d} samples {result['per_rank']} {result['samples_per_s']:8.0f}/s  load {os.getloadavg()[0]:.2f}",
-              flush=True)
+              f"{result['samples']:6d} samples {result['per_rank']} {result['samples_per_s']:8.0f}/s "
+              f"cpu {result['cpu']:.2f} s  load {os.getloadavg()[0]:.2f}", flush=True)
+        result["load"] = os.getloadavg()[0]
 
     row("epoch 1 (cold), 4 nodes", run_phase(tool, spec, proxy, caches, 4, 0, work), 4)
-    row("epoch 2 (warm), 4 nodes", run_phase(tool, spec, proxy, caches, 4, 1, work), 4)
+    warm_profile = str(profiles / f"{tool}-warm-rank0.txt") if profiles else None
+    row("epoch 2 (warm), 4 nodes", run_phase(tool, spec, proxy, caches, 4, 1, work, profile=warm_profile), 4)
     half = samples // (2 * NODES * PER_NODE)
     first = run_phase(tool, spec, proxy, caches, 4, 2, work, stop=half)
     row("epoch 3, first half, 4 nodes", first, 4)
@@ -348,6 +374,7 @@ def main() -> None:
     parser.add_argument("--tools", default=",".join(TOOLS))
     parser.add_argument("--endpoint", default=None, help="S3 endpoint (default: a moto server started here)")
     parser.add_argument("--out", type=Path, help="results.json here")
+    parser.add_argument("--profile", type=Path, help="py-spy profiles (collapsed stacks) of rank 0's warm epoch here")
     parser.add_argument("--rank-job", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_job:
@@ -375,25 +402,32 @@ def main() -> None:
     rows: list[dict] = []
     for tool in tools:
         try:
-            rows += run_tool(tool, spec, proxy, root, args.samples)
+            if args.profile:
+                args.profile.mkdir(parents=True, exist_ok=True)
+            rows += run_tool(tool, spec, proxy, root, args.samples, args.profile)
         except Exception as err:  # noqa: BLE001 - a peer that fails is a row, not the end of the run
             print(f"  {tool}: FAILED: {str(err)[-1500:]}", flush=True)
             rows.append({"tool": tool, "phase": "run", "error": str(err)[-600:]})
     print(f"\ndata: {args.samples} samples x {args.sample_bytes} B; copies: "
           + ", ".join(f"{t} {b / 1e6:.1f} MB" for t, b in spec["sizes"].items()) + f"; endpoint {args.endpoint}")
     print(f"load average at the end: {os.getloadavg()}")
-    print("| tool | phase | MB downloaded per node | dataset/N (MB) | within 10% | samples/s |")
-    print("| --- | --- | --- | ---: | --- | ---: |")
+    best = {}  # the best peer's samples/s per phase
+    for r in rows:
+        if "error" not in r and r["tool"] != "lading":
+            best[r["phase"]] = max(best.get(r["phase"], 0.0), r["samples_per_s"])
+    print("| tool | phase | MB downloaded per node | dataset/N (MB) | within 10% | samples/s | CPU s | vs best peer | load |")
+    print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for r in rows:
         if "error" in r:
-            print(f"| {LABEL[r['tool']]} | {r['phase']} | failed: {r['error'][-160:].replace('|', '/')} | | | |")
+            print(f"| {LABEL[r['tool']]} | {r['phase']} | failed: {r['error'][-160:].replace('|', '/')} | | | | | | |")
             continue
         per_node = " / ".join(f"{b / 1e6:.2f}" for b in r["bytes"])
         within = "yes" if all(abs(b - r["share"]) <= 0.1 * r["share"] for b in r["bytes"]) else "no"
         if "warm" in r["phase"] or r["phase"].startswith(("epoch 3, first", "epoch 4")):
             within = "(0 expected)" if all(b < 0.02 * r["share"] for b in r["bytes"]) else "re-downloads"
+        ratio = f"{r['samples_per_s'] / best[r['phase']]:.2f}x" if r["tool"] == "lading" and best.get(r["phase"]) else ""
         print(f"| {LABEL[r['tool']]} | {r['phase']} | {per_node} | {r['share'] / 1e6:.2f} | {within} | "
-              f"{r['samples_per_s']:.0f} |")
+              f"{r['samples_per_s']:.0f} | {r['cpu']:.2f} | {ratio} | {r['load']:.1f} |")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
