@@ -309,8 +309,11 @@ def stream_main(args: argparse.Namespace) -> None:
     os.environ["AWS_ENDPOINT_URL"] = args.endpoint
     root = Path(tempfile.mkdtemp(prefix="lading-streaming-", dir=args.tmp))
     samples = int(args.gb * 1e9 // args.sample_bytes)
+    if args.block_samples is None:
+        args.block_samples = max(1, int(args.gb * 1e9 * args.cache_fraction / 2 // args.sample_bytes))
     print(f"load average at start: {os.getloadavg()}; {samples} samples x ~{args.sample_bytes} B, "
-          f"shards of {args.shard_bytes / 1e6:.0f} MB, cache limit {args.cache_fraction:.0%}", flush=True)
+          f"shards of {args.shard_bytes / 1e6:.0f} MB, cache limit {args.cache_fraction:.0%}, "
+          f"block {args.block_samples} samples", flush=True)
     files = make_source(root, samples, args.sample_bytes)
     bucket = f"bench-loader-streaming-{uuid.uuid4().hex[:8]}"
     client = s3_client(args.endpoint)
@@ -522,8 +525,9 @@ def main() -> None:
     stream.add_argument("--sample-bytes", type=int, default=100_000)
     stream.add_argument("--shard-bytes", type=int, default=20_000_000)
     stream.add_argument("--cache-fraction", type=float, default=0.1)
-    stream.add_argument("--block-samples", type=int, default=1000,
-                        help="MosaicML's shuffle_block_size and lading's shuffle_buffer (samples)")
+    stream.add_argument("--block-samples", type=int, default=None,
+                        help="MosaicML's shuffle_block_size and lading's shuffle_buffer, in samples "
+                             "(default: the samples in half the cache limit)")
     stream.add_argument("--lading-block", default=None, help="lading's shuffle_block (default: its own)")
     stream.add_argument("--epochs", type=int, default=2)
     stream.add_argument("--workers", type=int, default=2)
