@@ -96,7 +96,7 @@ def bench_pack(files: int, rounds: int, out: Path, baseline: Path | None = None)
     best = {tool: min(w for w, _ in times) for tool, times in runs.items()}
     cpu = {tool: statistics.median(c for _, c in times) for tool, times in runs.items()}
     # each round runs both tools back to back, so the per-round ratio sees the same machine load
-    paired = statistics.median(t[0] / l[0] for t, l in zip(runs["tar"], runs["lading"]))
+    paired = statistics.median(t[0] / lad[0] for t, lad in zip(runs["tar"], runs["lading"]))
     result = {
         "files": files, "bytes": nbytes, "rounds": rounds, "out": str(out), "runs_wall_cpu_s": runs,
         "tar_MBps": nbytes / wall["tar"] / 1e6, "lading_MBps": nbytes / wall["lading"] / 1e6,
@@ -116,7 +116,7 @@ def bench_pack(files: int, rounds: int, out: Path, baseline: Path | None = None)
         result["baseline_rate_ratio_paired_median"] = statistics.median(
             t[0] / b[0] for t, b in zip(runs["tar"], runs["baseline"]))
         result["lading_vs_baseline_time_paired_median"] = statistics.median(
-            l[0] / b[0] for l, b in zip(runs["lading"], runs["baseline"]))
+            lad[0] / b[0] for lad, b in zip(runs["lading"], runs["baseline"]))
         print(f"baseline ({baseline}) median {wall['baseline']:.2f} s (best {best['baseline']:.2f} s, "
               f"cpu {cpu['baseline']:.2f} s); baseline rate / tar rate {result['baseline_rate_ratio_paired_median']:.2f}; "
               f"lading time / baseline time {result['lading_vs_baseline_time_paired_median']:.2f} (median of rounds)")

@@ -75,8 +75,8 @@ class Store(ABC):
     on servers that ignore the precondition: the answer's version is compared).
     """
 
-    #: The URI scheme: ``"s3"``, ``"gs"`` or ``"file"``.
-    scheme: ClassVar[str]
+    #: The URI scheme: ``"s3"``, ``"gs"`` or ``"file"`` (a snapshot's is its source's).
+    scheme: str
     #: Whether the store takes writes (upload, put, delete); a snapshot does not.
     writable: ClassVar[bool] = True
     url: str

@@ -16,7 +16,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, TransientError, UsageError
 from lading.core.keys import safe_join
@@ -43,7 +43,7 @@ def _translate(err: OSError, what: str) -> LadingError:
 class LocalStore(Store):
     """Objects are the regular files under ``root``; keys are their relative POSIX paths."""
 
-    scheme: ClassVar[str] = "file"
+    scheme = "file"
 
     def __init__(self, root: str | Path, config: StoreConfig | None = None) -> None:
         self.root = Path(root)

@@ -31,7 +31,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Sequence, TypeVar
+from typing import IO, Any, Callable, Generator, Iterator, Sequence, TypeVar
 
 from lading.core.atomic import write_atomically
 from lading.core.errors import NotFound, ObjectChanged, UsageError, local_error
@@ -142,7 +142,7 @@ def read_snapshot(path: str | Path, prefix: str = "") -> Iterator[ObjectInfo]:
         lines.close()
 
 
-def _lines(path: Path) -> Iterator[bytes]:
+def _lines(path: Path) -> Generator[bytes, None, None]:
     """The snapshot's lines. A gzip file cut short or damaged is a UsageError naming it (its
     EOFError would otherwise read as an interrupt to the command line)."""
     with _open_checked(path) as handle:
@@ -190,11 +190,8 @@ class SnapshotStore(ReadOnlyStore):
         self.header = read_header(self.path)
         self.url = inner.url
         self.config = inner.config
+        self.scheme = inner.scheme
         self._compressed = self.path.name.endswith(".gz")
-
-    @property  # type: ignore[override]
-    def scheme(self) -> str:  # noqa: D102 - the source's
-        return self.inner.scheme
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """The recorded objects under ``prefix``, with no listing request."""
@@ -227,13 +224,12 @@ class SnapshotStore(ReadOnlyStore):
         wanted = [request for request in pinned if isinstance(request, RangeRequest)]
         answers = iter(self.inner.read_each(wanted))
         out: list[memoryview | BaseException] = []
-        for request in pinned:
-            if not isinstance(request, RangeRequest):
-                out.append(request)
+        for item in pinned:
+            if not isinstance(item, RangeRequest):
+                out.append(item)
                 continue
             answer = next(answers)
-            out.append(self._explained(answer, request.key) if isinstance(answer, (NotFound, ObjectChanged))
-                       else answer)
+            out.append(self._explained(answer, item.key) if isinstance(answer, (NotFound, ObjectChanged)) else answer)
         return out
 
     def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
@@ -341,7 +337,9 @@ def _dump(record: dict[str, Any]) -> bytes:
 
 
 def _open(path: Path) -> IO[bytes]:
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+    if path.name.endswith(".gz"):
+        return gzip.GzipFile(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
 
 
 def _open_checked(path: Path) -> IO[bytes]:
@@ -351,7 +349,7 @@ def _open_checked(path: Path) -> IO[bytes]:
         raise NotFound(f"no snapshot at {path}") from None
     except OSError as err:
         raise UsageError(f"cannot read the snapshot {path}: {err.strerror or err}") from None
-    return io.BufferedReader(handle) if not isinstance(handle, io.BufferedReader) else handle
+    return handle if isinstance(handle, io.BufferedReader) else io.BufferedReader(handle)  # type: ignore[type-var]
 
 
 def _header(line: bytes, path: str | Path) -> SnapshotHeader:

@@ -25,7 +25,7 @@ from typing import IO, Iterable
 from lading.core.atomic import write_atomically
 from lading.core.errors import AccessDenied, LadingError, UnsafeKey
 from lading.core.keys import key_parts
-from lading.core.names import SYNC_BOOKKEEPING, SYNC_JOURNAL_NAME, SYNC_LOCK_NAME, SYNC_STATE_NAME
+from lading.core.names import SYNC_JOURNAL_NAME, SYNC_LOCK_NAME, SYNC_STATE_NAME
 
 STATE_NAME, JOURNAL_NAME, LOCK_NAME = SYNC_STATE_NAME, SYNC_JOURNAL_NAME, SYNC_LOCK_NAME
 RESERVED_NAMES = frozenset({STATE_NAME, JOURNAL_NAME, LOCK_NAME})

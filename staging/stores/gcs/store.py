@@ -37,7 +37,7 @@ import os
 import threading
 from datetime import timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, ClassVar, Iterator, Sequence, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, Sequence, TypeVar
 
 from lading.core.errors import LadingError, NotFound, ObjectChanged, TransientError
 from lading.core.retry import with_retries
@@ -87,7 +87,7 @@ class GCSStore(ObstoreReads):
     multiple of 256 KiB), which resumes after a failure from the bytes GCS committed.
     """
 
-    scheme: ClassVar[str] = "gs"
+    scheme = "gs"
 
     def __init__(self, uri: StoreURI, config: StoreConfig, *, page_size: int = 1000,
                  resumable_threshold: int = 8 << 20, chunk_size: int = 16 << 20) -> None:

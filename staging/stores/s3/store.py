@@ -25,7 +25,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 from lading.core.errors import AccessDenied, LadingError, ObjectChanged, TransientError
 from lading.core.retry import with_retries
@@ -65,7 +65,7 @@ class S3Store(ObstoreReads):
     on first use when not configured).
     """
 
-    scheme: ClassVar[str] = "s3"
+    scheme = "s3"
 
     def __init__(self, uri: StoreURI, config: StoreConfig, *, multipart_threshold: int = 64 << 20,
                  part_size: int = 16 << 20, upload_workers: int = 8) -> None:
