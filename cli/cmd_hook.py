@@ -53,7 +53,7 @@ class LogProgress:
         if plan is None and phase != "download":
             self.echo(f"lading: {self.label}: {phase}")
             return
-        self.files = len(plan.to_fetch) if plan is not None else 1
+        self.files = plan.fetch_files if plan is not None else 1
         self.total = plan.fetch_bytes if plan is not None else 0
         self.throttle.restart()
         if self.files:

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import threading
+from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -162,10 +163,10 @@ class LineProgress:
             self.echo(f"lading sync: {phase}")
             return
         with self.lock:
-            self._reset(phase, len(plan.to_fetch), plan.fetch_bytes)
-        if plan.to_fetch:
+            self._reset(phase, plan.fetch_files, plan.fetch_bytes)
+        if plan.fetch_files:
             verb = "linking from node cache" if phase == "link" else "fetching"
-            self.echo(f"lading sync: {verb} {len(plan.to_fetch)} file(s), {human(plan.fetch_bytes)}")
+            self.echo(f"lading sync: {verb} {plan.fetch_files} file(s), {human(plan.fetch_bytes)}")
 
     def on_bytes(self, nbytes: int) -> None:
         """Count bytes; maybe print."""
@@ -205,10 +206,10 @@ class BarProgress:
         if plan is None:
             click.echo(f"lading sync: {phase}", err=True)
             return
-        if not plan.to_fetch:
+        if not plan.fetch_files:
             return
         with self.lock:
-            self.files, self.total_files = 0, len(plan.to_fetch)
+            self.files, self.total_files = 0, plan.fetch_files
             self.bar = byte_bar(plan.fetch_bytes, "link" if phase == "link" else "sync")
             self.bar.set_postfix_str(f"0/{self.total_files} files", refresh=False)
 
@@ -272,11 +273,11 @@ def _print_plan(plan: Any) -> None:
                f"({human(totals['selected_bytes'])})")
     click.echo(f"  fetch {totals['fetch_files']} file(s) ({human(totals['fetch_bytes'])}), "
                f"{totals['up_to_date_files']} up to date, delete {totals['delete_files']}")
-    for item in plan.to_fetch[:20]:
+    for item in islice(plan.to_fetch(), 20):
         click.echo(f"  + {item.info.key}  ({human(item.info.size)}, {item.reason})")
-    for key in plan.to_delete[:20]:
+    for key in islice(plan.to_delete(), 20):
         click.echo(f"  - {key}")
-    hidden = max(0, len(plan.to_fetch) - 20) + max(0, len(plan.to_delete) - 20)
+    hidden = max(0, plan.fetch_files - 20) + max(0, plan.delete_files - 20)
     if hidden:
         click.echo(f"  ... and {hidden} more (--json lists them all)")
 
@@ -384,8 +385,8 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
     request = SyncRequest(str(uri), target, include, exclude, manifest, distribution, balance,
                           topology.rank, topology.world_size, delete, allow_empty)
     if dry_run:
-        plan = plan_only(store, request, workers)
-        click.echo(json.dumps(plan.to_json(), indent=2)) if json_out else _print_plan(plan)
+        with plan_only(store, request, workers) as plan:  # lists streamed from disk, never held whole
+            plan.write_json(click.get_text_stream("stdout")) if json_out else _print_plan(plan)
         return 0
     cached = use_node_cache(topology.local_world_size, cache_dir is not None, no_cache, uri.scheme == "file")
     cache_root = Path(cache_dir).expanduser().resolve() if cache_dir else DEFAULT_CACHE_ROOT

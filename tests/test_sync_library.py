@@ -44,11 +44,11 @@ def test_journal_survives_a_kill_and_a_torn_line(tmp_path):
     state.close()  # as if killed: no snapshot
     with open(tmp_path / JOURNAL_NAME, "a") as handle:
         handle.write('{"key": "c", "si')  # torn last line
-    loaded = SyncState.load(tmp_path)
-    assert set(loaded.entries) == {"b"} and loaded.entries["b"].version == "v2"
-    loaded.save()
+    loaded = SyncState.load(tmp_path).entry_map()
+    assert set(loaded) == {"b"} and loaded["b"].version == "v2"
+    SyncState.load(tmp_path).save()
     assert not (tmp_path / JOURNAL_NAME).exists()
-    assert set(SyncState.load(tmp_path).entries) == {"b"}
+    assert set(SyncState.load(tmp_path).entry_map()) == {"b"}
 
 
 def test_save_without_changes_rewrites_nothing(tmp_path):
@@ -66,24 +66,24 @@ def test_plan_reasons_and_local_source_sync(tmp_path):
     make_source(src, files)
     store = LocalStore(src)
     request = SyncRequest(str(src), dest)
-    assert {f.reason for f in plan_only(store, request).to_fetch} == {"new"}
+    assert {f.reason for f in plan_only(store, request).to_fetch()} == {"new"}
     summary = run_sync(store, request)
     assert (summary.files, summary.failed) == (3, []) and read_tree(dest) == files
     (dest / "x/1").write_bytes(b"ONE")
     (dest / "y").unlink()
     (src / "x/2").write_bytes(b"TWO!")
     plan = plan_only(store, request)
-    assert {f.info.key: f.reason for f in plan.to_fetch} == {"x/1": "modified", "x/2": "changed", "y": "missing"}
+    assert {f.info.key: f.reason for f in plan.to_fetch()} == {"x/1": "modified", "x/2": "changed", "y": "missing"}
     run_sync(store, request)
     assert read_tree(dest) == {"x/1": b"one", "x/2": b"TWO!", "y": b"why"}
-    assert plan_only(store, request).to_fetch == []
+    assert list(plan_only(store, request).to_fetch()) == []
 
 
 def test_reserved_names_markers_and_collisions():
     request = SyncRequest("mem://", Path("/nonexistent"))
     store = ListedStore([ObjectInfo("dir/", 0, "m"), ObjectInfo("ok", 1, "v")])
     selection = select_objects(store, request)
-    assert [o.key for o in selection.objects] == ["ok"] and selection.markers == 1
+    assert [o.key for o in selection.objects()] == ["ok"] and selection.markers == 1
     with pytest.raises(UnsafeKey, match="reserved"):
         select_objects(ListedStore([ObjectInfo(".lading-sync.json", 1, "v")]), request)
     with pytest.raises(UnsafeKey, match="NUL"):
@@ -136,7 +136,7 @@ def test_delete_never_follows_symlinks_or_tampered_records(tmp_path):
     assert (outside / "x").read_bytes() == b"precious"
     assert (outside / "victim").read_bytes() == b"precious"
     assert summary.failed == [] and (dest / "b").read_bytes() == b"2"
-    assert "a/x" not in SyncState.load(dest).entries
+    assert "a/x" not in SyncState.load(dest).entry_map()
 
 
 def test_snapshot_write_failure_is_one_line_and_leaves_no_temporary(tmp_path):
@@ -149,4 +149,4 @@ def test_snapshot_write_failure_is_one_line_and_leaves_no_temporary(tmp_path):
     with pytest.raises(LadingError, match="cannot write"):
         state.save()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([STATE_NAME, JOURNAL_NAME])
-    assert set(SyncState.load(tmp_path).entries) == {"a"}  # still in the journal
+    assert set(SyncState.load(tmp_path).entry_map()) == {"a"}  # still in the journal

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Iterable
 
 from lading.core.names import hidden_sibling
 
 
-def write_atomically(path: Path, text: str, *, durable: bool = False, mode: int | None = None,
+def write_atomically(path: Path, text: str | Iterable[str], *, durable: bool = False, mode: int | None = None,
                      tmp: Path | None = None) -> None:
-    """Replace ``path`` with ``text``: write a temporary beside it, then rename over it.
+    """Replace ``path`` with ``text`` (a string, or strings written one after another as they
+    are produced): write a temporary beside it, then rename over it.
 
     Readers see the old contents or the new, never a mix. ``durable`` fsyncs before the rename
     (the record survives a power loss), ``mode`` sets the permissions, ``tmp`` names the
@@ -20,7 +22,10 @@ def write_atomically(path: Path, text: str, *, durable: bool = False, mode: int 
     tmp = tmp or path.with_name(hidden_sibling(path.name, f".lading-tmp-{os.getpid()}"))
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            if isinstance(text, str):
+                handle.write(text)
+            else:
+                handle.writelines(text)
             if durable:
                 handle.flush()
                 os.fsync(handle.fileno())

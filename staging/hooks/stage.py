@@ -118,15 +118,16 @@ def stage_prefix(store: Store, source: str, root: Path, options: TransferOptions
                  events: StageEvents = QuietStageEvents()) -> StageResult:
     """Sync every object under ``source`` into ``root`` (a mirror: lading's own stale files go)."""
     request = SyncRequest(source=source, dest=root, delete=True, allow_empty=True)
-    selection = select_objects(store, request, options.workers)
-    if not selection.objects:
-        raise NotFound(f"nothing at {source}: no object of that name and no keys under it",
-                       "check the bucket and prefix (keys are case-sensitive)")
-    summary = sync_into(store_fetcher(store), selection, request, options, events)
-    return StageResult(source, root, len(selection.objects), fetched=summary.files, fetched_bytes=summary.bytes,
+    with select_objects(store, request, options.workers) as selection:
+        if not selection.selected_files:
+            raise NotFound(f"nothing at {source}: no object of that name and no keys under it",
+                           "check the bucket and prefix (keys are case-sensitive)")
+        summary = sync_into(store_fetcher(store), selection, request, options, events)
+        infos = list(selection.objects())  # the hook's result names every file
+    return StageResult(source, root, len(infos), fetched=summary.files, fetched_bytes=summary.bytes,
                        unchanged=summary.skipped, removed=summary.deleted, failed=list(summary.failed),
-                       files={info.key: safe_join(root, info.key) for info in selection.objects},
-                       infos=list(selection.objects), seconds=summary.seconds)
+                       files={info.key: safe_join(root, info.key) for info in infos},
+                       infos=infos, seconds=summary.seconds)
 
 
 def marker_path(target: Path) -> Path:

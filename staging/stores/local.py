@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import stat as stat_mode
 import uuid
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -89,7 +90,7 @@ class LocalStore(Store):
                 st = entry.stat(follow_symlinks=True)
             except OSError:
                 continue  # broken symlink
-            if not os.path.isfile(entry.path):
+            if not stat_mode.S_ISREG(st.st_mode):  # (st followed the link, as isfile would: no second stat)
                 continue
             yield ObjectInfo(key, st.st_size, _version(st), st.st_mtime)
 

@@ -3,8 +3,9 @@
 Order: first ``--delete`` removals (only files lading tracks in the state record, so files the
 user or the training job put into DEST are never touched), then the fetches through
 :func:`lading.transfer.fetch_all` (or another fetcher with the same signature, e.g. the node
-cache's hard-linker). Each completed file is journaled at once (:mod:`lading.sync.state`), so a
-sync killed mid-way resumes where it stopped. Nothing is written outside DEST: parent
+cache's hard-linker), fed from the plan's sorted runs :data:`FETCH_BATCH` objects at a time,
+so memory stays bounded however many objects the plan holds. Each completed file is journaled
+at once (:mod:`lading.sync.state`), so a sync killed mid-way resumes where it stopped. Nothing is written outside DEST: parent
 directories are created one level at a time and an existing symlink or file in their place
 fails that key.
 """
@@ -29,6 +30,9 @@ from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch
 from lading.transfer.files import temporaries_of
 
 log = logging.getLogger(__name__)
+
+#: Objects handed to the fetcher at a time (the plan is read from disk batch by batch).
+FETCH_BATCH = 8192
 
 #: ``fetcher(items, options, events) -> results``: how the bytes get there.
 Fetcher = Callable[[list[TransferItem], TransferOptions, "SyncEvents"], list[TransferResult]]
@@ -198,9 +202,8 @@ def delete_tracked(dest: Path, keys: Iterable[str], state: SyncState) -> int:
     """
     deleted = 0
     parents: set[Path] = set()
-    done: list[str] = []
     for key in keys:
-        done.append(key)
+        state.forget([key])
         path = _reachable_without_links(dest, key)
         if path is None:
             continue
@@ -211,7 +214,6 @@ def delete_tracked(dest: Path, keys: Iterable[str], state: SyncState) -> int:
         except FileNotFoundError:
             pass
         parents.update(p for p in path.parents if p != dest and dest in p.parents)
-    state.forget(done)
     for directory in sorted(parents, key=lambda p: len(p.parts), reverse=True):
         try:
             directory.rmdir()
@@ -264,33 +266,43 @@ def apply_plan(
     options: TransferOptions = TransferOptions(),
     events: SyncEvents = NoSyncEvents(),
     phase: str = "download",
+    skip_keys: frozenset[str] = frozenset(),
 ) -> SyncSummary:
-    """Run the plan against DEST (the caller holds DEST's lock) and save the state record."""
+    """Run the plan against DEST (the caller holds DEST's lock) and save the state record.
+    ``skip_keys`` are left out of the fetches."""
     started = time.monotonic()
     dest = Path(plan.dest)
-    summary = SyncSummary(plan.source, plan.dest, skipped=len(plan.up_to_date))
-    summary.deleted = delete_tracked(dest, plan.to_delete, state) if plan.to_delete else 0
+    summary = SyncSummary(plan.source, plan.dest, skipped=plan.up_to_date_files)
+    summary.deleted = delete_tracked(dest, plan.to_delete(), state) if plan.delete_files else 0
     events.on_phase(phase, plan)
-    items: list[TransferItem] = []
     made: set[Path] = set()
-    for planned in plan.to_fetch:
-        try:
-            items.append(TransferItem(planned.info, prepare_parent(dest, planned.info.key, made)))
-        except (UnsafeKey, OSError) as err:
-            message = err.message if isinstance(err, LadingError) else f"{planned.info.key}: {err}"
-            summary.failed.append(FailedKey(planned.info.key, message, 1))
-    recorder = _Recorder({item.info.key: item.info for item in items}, state, events)
     try:
-        if items:
-            fetcher(items, options, recorder)
+        batch: list[TransferItem] = []
+        for planned in plan.to_fetch(skip_keys):
+            try:
+                batch.append(TransferItem(planned.info, prepare_parent(dest, planned.info.key, made)))
+            except (UnsafeKey, OSError) as err:
+                message = err.message if isinstance(err, LadingError) else f"{planned.info.key}: {err}"
+                summary.failed.append(FailedKey(planned.info.key, message, 1))
+            if len(batch) >= FETCH_BATCH:
+                _fetch_batch(batch, state, fetcher, options, events, summary)
+                batch = []
+        if batch:
+            _fetch_batch(batch, state, fetcher, options, events, summary)
     finally:
         state.save()
-    summary.files = recorder.ok_files
-    summary.bytes = recorder.ok_bytes
-    summary.failed.extend(recorder.failed)
     summary.failed.sort(key=lambda f: f.key)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _fetch_batch(items: list[TransferItem], state: SyncState, fetcher: Fetcher, options: TransferOptions,
+                 events: SyncEvents, summary: SyncSummary) -> None:
+    recorder = _Recorder({item.info.key: item.info for item in items}, state, events)
+    fetcher(items, options, recorder)
+    summary.files += recorder.ok_files
+    summary.bytes += recorder.ok_bytes
+    summary.failed.extend(recorder.failed)
 
 
 def sweep_temporaries(dest: Path, markers: tuple[str, ...], keep: Iterable[Path] = ()) -> int:

@@ -619,10 +619,10 @@ def _sync_entries(top: Path, counted: set[tuple[int, int]]) -> Iterator[CachedDa
         return
     for path in folders:
         state = SyncState.load(path)
-        if not state.entries:
-            continue
         row = CachedDataset(path, state.source, kind="sync")
-        for key in state.entries:
+        tracked = 0
+        for key in (entry.key for entry in state.rows()):
+            tracked += 1
             try:
                 st = os.stat(path / key)
             except OSError:
@@ -633,7 +633,8 @@ def _sync_entries(top: Path, counted: set[tuple[int, int]]) -> Iterator[CachedDa
                 row.bytes += st.st_size
             row.last_used = max(row.last_used, st.st_mtime)
             row.downloaded = row.last_used
-        yield row
+        if tracked:
+            yield row
 
 
 def _location_uri(location: Path) -> str:

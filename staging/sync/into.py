@@ -37,15 +37,13 @@ def sync_into(
         interrupted = (dest / JOURNAL_NAME).exists()
         state = SyncState.load(dest)
         state.source = request.source
-        plan = plan_sync(selection, request, state)
-        if skip_keys:
-            plan.to_fetch = [item for item in plan.to_fetch if item.info.key not in skip_keys]
-        if plan.to_fetch:
-            state.begin()
-        try:
-            summary = apply_plan(plan, state, fetcher, options, events, phase)
-        finally:
-            state.close()
+        with plan_sync(selection, request, state, options.workers) as plan:
+            if plan.fetch_files:
+                state.begin()
+            try:
+                summary = apply_plan(plan, state, fetcher, options, events, phase, skip_keys)
+            finally:
+                state.close()
         if interrupted:
             # After the fetches, so a large download can resume from its parts first; what is
             # left belongs to no live download, except failed keys' parts, kept for the next run.

@@ -50,7 +50,7 @@ from lading.sync.cache import NodeCache, check_root, default_cache_root
 from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
 from lading.sync.into import sync_into
 from lading.sync.plan import Selection, SyncRequest, plan_sync
-from lading.sync.state import SyncState
+from lading.sync.state import Entry, SyncState
 from lading.transfer import TransferItem, TransferOptions, TransferResult
 
 log = logging.getLogger(__name__)
@@ -110,13 +110,14 @@ def cache_entry_name(request: SyncRequest) -> str:
 
 
 def link_fetcher(entry: Path) -> Fetcher:
-    """A fetcher that places files from the cache ``entry`` (hard link, or copy across filesystems)."""
-    cache_state = SyncState.load(entry)
+    """A fetcher that places files from the cache ``entry`` (hard link, or copy across
+    filesystems), checking each against the entry's index, read alongside (batches come in key order)."""
+    cache_index = _IndexCursor(SyncState.load(entry))
 
     def fetch(items: list[TransferItem], options: TransferOptions, events: SyncEvents) -> list[TransferResult]:
         results = []
         for item in items:
-            result = _place(entry, cache_state, item)
+            result = _place(entry, cache_index.get(item.info.key), item)
             if result.ok:
                 events.on_bytes(item.info.size)
             events.on_done(result)
@@ -126,10 +127,30 @@ def link_fetcher(entry: Path) -> Fetcher:
     return fetch
 
 
-def _place(entry: Path, cache_state: SyncState, item: TransferItem) -> TransferResult:
+class _IndexCursor:
+    """Looks keys up in an index read forward: keys asked in ascending order cost one pass
+    (a key below the last one asked starts the pass again)."""
+
+    def __init__(self, state: SyncState) -> None:
+        self.state = state
+        self.rows = state.rows()
+        self.current: Entry | None = next(self.rows, None)
+        self.last = ""
+
+    def get(self, key: str) -> Entry | None:
+        """The entry for ``key``, or None."""
+        if key < self.last:
+            self.rows = self.state.rows()
+            self.current = next(self.rows, None)
+        self.last = key
+        while self.current is not None and self.current.key < key:
+            self.current = next(self.rows, None)
+        return self.current if self.current is not None and self.current.key == key else None
+
+
+def _place(entry: Path, cached: Entry | None, item: TransferItem) -> TransferResult:
     key = item.info.key
     source = safe_join(entry, key)
-    cached = cache_state.entries.get(key)
     try:
         st = os.lstat(source)
         if cached is None or cached.version != item.info.version or not cached.matches_local(st):
@@ -172,12 +193,12 @@ def _fill_entry(
 
     cache_request = replace(request, dest=entry, delete=True)
     indexes = packed_index_keys(selection, request)
-    listing = {info.key: info for info in selection.objects}
+    listing = {info.key: info for info in selection.objects()} if indexes else {}  # packs: a few shards
     if indexes:
-        cache_plan = plan_sync(selection, cache_request, SyncState.load(entry))
-        reused = reusable_datasets(indexes, cache_plan, entry, listing, request.source)
+        with plan_sync(selection, cache_request, SyncState.load(entry), options.workers) as cache_plan:
+            reused = reusable_datasets(indexes, cache_plan, entry, listing, request.source)
         if reused:
-            return SyncSummary(request.source, str(entry), skipped=len(selection.objects)), reused
+            return SyncSummary(request.source, str(entry), skipped=selection.selected_files), reused
     cached = sync_into(store_fetcher(store), selection, cache_request, options, events, "download")
     if indexes:  # the indexes just fetched are the listed ones: check their shards before linking
         failed = {f.key for f in cached.failed}
@@ -194,7 +215,8 @@ def share_with_datasets(cache_root: Path, entry: Path, source: str) -> int:
         state = SyncState.load(entry)
         base = source.rstrip("/") + "/"
         linked = 0
-        for key, row in state.entries.items():
+        for row in state.rows():
+            key = row.key
             if "://" not in base or key.endswith((".lading-meta", ".lading-lock")):
                 continue
             if cache.adopt(base + key, row.version, row.size, entry / key):

@@ -29,8 +29,8 @@ _SHOWN_MISMATCHES = 3
 def packed_index_keys(selection: Selection, request: SyncRequest) -> list[str]:
     """Index keys in ``selection`` when it is the whole source, else none (a partial listing
     can't tell a missing shard from one left out)."""
-    whole = request.manifest is None and len(selection.objects) == selection.listed - selection.markers
-    return index_keys(selection.objects) if whole else []
+    whole = request.manifest is None and selection.selected_files == selection.listed - selection.markers
+    return index_keys(selection.objects()) if whole else []
 
 
 def cached_datasets(entry: Path, keys: Iterable[str]) -> list[PackedDataset]:
@@ -67,10 +67,11 @@ def reusable_datasets(index_keys_: list[str], cache_plan: SyncPlan, entry: Path,
     ``cache_plan`` is the fill's plan against the entry; indexes it would not fetch are the
     listed ones, so they are checked against the listing now, before anything is downloaded.
     """
-    stale = {item.info.key for item in cache_plan.to_fetch}
+    wanted = set(index_keys_)
+    stale = {item.info.key for item in cache_plan.to_fetch() if item.info.key in wanted}
     datasets = cached_datasets(entry, (key for key in index_keys_ if key not in stale))
     refuse_mismatched(datasets, listing, source)
-    if stale or cache_plan.to_delete:
+    if cache_plan.fetch_files or cache_plan.delete_files:
         return []
     return datasets
 

@@ -1,39 +1,53 @@
-"""Plan a sync as data: which objects this rank gets, which to fetch, which are up to date, which to delete.
+"""Plan a sync as a stream: which objects this rank gets, which to fetch, which are up to date, which to delete.
 
-Two steps, both pure with respect to DEST (nothing is written):
+Two steps, both pure with respect to DEST (nothing is written there), both over sorted key runs
+(:mod:`lading.selection.runs`: rows on disk in key order, a bounded chunk in memory), so the
+memory a plan takes does not grow with the number of keys:
 
 1. :func:`select_objects` lists the source (streaming pages) or stats the manifest's keys, keeps
    keys matching the ``--include``/``--exclude`` globs, skips directory markers (zero-byte keys
-   ending in ``/``), refuses unsafe keys for the whole selection (so every rank agrees) and an
-   empty one (a mistyped prefix; unless ``allow_empty``), then applies the sharding rule of
-   :mod:`lading.selection.sharding`.
-2. :func:`plan_sync` compares the selection with the destination's state record
-   (:mod:`lading.sync.state`) and the files on disk.
+   ending in ``/``), refuses unsafe keys and file/directory clashes for the whole selection
+   before anything is written (so every rank agrees) and an empty one (a mistyped prefix;
+   unless ``allow_empty``), then applies the sharding rule of :mod:`lading.selection.sharding`
+   over the sorted stream (``count``: a counter; ``bytes``: the sizes in key order).
+2. :func:`plan_sync` walks this rank's objects beside the destination's index
+   (:mod:`lading.sync.state`, also in key order) and stats the files on disk, a batch at a time
+   in a thread pool: at most one ``stat`` per file. With ``--delete``, an index entry that the
+   selection skips over is a file to delete.
 
-The :class:`SyncPlan` is what ``--dry-run`` and ``--json`` show.
+The :class:`SyncPlan` holds its three lists as runs on disk with their counts; ``--dry-run
+--json`` writes them out as they are read (:meth:`SyncPlan.write_json`). Close selections and
+plans (or use them as context managers) to remove their runs at once.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import logging
 import os
 import stat as stat_mode
+from array import array
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import islice
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import IO, Iterable, Iterator
 
 from lading.core.errors import NotFound, UnsafeKey, UsageError
-from lading.core.keys import find_collisions, key_parts
+from lading.core.keys import key_parts
 from lading.selection.manifest import Manifest, keys_under, share_records
-from lading.selection.sharding import BALANCES, DISTRIBUTIONS, select_for_rank
+from lading.selection.runs import SortedRuns
+from lading.selection.sharding import BALANCES, DISTRIBUTIONS, owners_by_bytes, select_for_rank
 from lading.stores.base import ObjectInfo, Store
-from lading.sync.state import RESERVED_NAMES, SyncState
+from lading.sync.state import RESERVED_NAMES, Entry, SyncState
 
 log = logging.getLogger(__name__)
 
 _SHOWN_UNSAFE = 5
+#: Keys stat'ed per task of the planning pool (a task per key would cost more than the stat).
+_STAT_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -63,13 +77,33 @@ class SyncRequest:
 
 @dataclass
 class Selection:
-    """The objects this rank gets (key order), and counts from the listing."""
+    """The objects this rank gets, in key order (rows on disk), and counts from the listing."""
 
-    objects: list[ObjectInfo]
+    runs: SortedRuns
     listed: int = 0
     matched: int = 0
     markers: int = 0
+    selected_bytes: int = 0
     records: tuple[int, ...] | None = None  # augmented manifest: this rank's lines (share_records)
+
+    @property
+    def selected_files(self) -> int:
+        """How many objects this rank gets."""
+        return self.runs.count
+
+    def objects(self) -> Iterator[ObjectInfo]:
+        """This rank's objects, in ascending key order, read from disk."""
+        return (ObjectInfo(*row) for row in self.runs)
+
+    def close(self) -> None:
+        """Remove the runs on disk."""
+        self.runs.close()
+
+    def __enter__(self) -> "Selection":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)
@@ -82,8 +116,9 @@ class PlannedFetch:
 
 @dataclass
 class SyncPlan:
-    """The sync, as data. ``to_fetch``/``up_to_date`` are this rank's objects; ``to_delete`` are
-    files lading tracks in DEST that left the selection (only with ``--delete``)."""
+    """The sync, as data on disk. :meth:`to_fetch` and :meth:`up_to_date` are this rank's
+    objects; :meth:`to_delete` the files lading tracks in DEST that left the selection (only
+    with ``--delete``); each in key order."""
 
     source: str
     dest: str
@@ -91,45 +126,93 @@ class SyncPlan:
     world_size: int
     distribution: str
     balance: str
-    to_fetch: list[PlannedFetch] = field(default_factory=list)
-    up_to_date: list[ObjectInfo] = field(default_factory=list)
-    to_delete: list[str] = field(default_factory=list)
     listed: int = 0
     matched: int = 0
+    fetch_bytes: int = 0
+    up_to_date_bytes: int = 0
+    fetching: SortedRuns = field(default_factory=SortedRuns)  # ObjectInfo fields + reason
+    current: SortedRuns = field(default_factory=SortedRuns)  # (key,)
+    deleting: SortedRuns = field(default_factory=SortedRuns)  # (key,)
 
     @property
-    def fetch_bytes(self) -> int:
-        """Bytes the plan will fetch."""
-        return sum(item.info.size for item in self.to_fetch)
+    def fetch_files(self) -> int:
+        """Files the plan will fetch."""
+        return self.fetching.count
+
+    @property
+    def up_to_date_files(self) -> int:
+        """Files already current in DEST."""
+        return self.current.count
+
+    @property
+    def delete_files(self) -> int:
+        """Files the plan will delete."""
+        return self.deleting.count
+
+    def to_fetch(self, skip: frozenset[str] = frozenset()) -> Iterator[PlannedFetch]:
+        """The objects to fetch, in key order, except the keys in ``skip``."""
+        for row in self.fetching:
+            if row[0] not in skip:
+                yield PlannedFetch(ObjectInfo(*row[:-1]), row[-1])
+
+    def up_to_date(self) -> Iterator[str]:
+        """Keys already current in DEST, in key order."""
+        return (row[0] for row in self.current)
+
+    def to_delete(self) -> Iterator[str]:
+        """Keys to delete from DEST, in key order."""
+        return (row[0] for row in self.deleting)
 
     def totals(self) -> dict[str, int]:
         """Counts and bytes per category."""
         return {
             "listed": self.listed,
             "matched": self.matched,
-            "selected_files": len(self.to_fetch) + len(self.up_to_date),
-            "selected_bytes": self.fetch_bytes + sum(info.size for info in self.up_to_date),
-            "fetch_files": len(self.to_fetch),
+            "selected_files": self.fetch_files + self.up_to_date_files,
+            "selected_bytes": self.fetch_bytes + self.up_to_date_bytes,
+            "fetch_files": self.fetch_files,
             "fetch_bytes": self.fetch_bytes,
-            "up_to_date_files": len(self.up_to_date),
-            "delete_files": len(self.to_delete),
+            "up_to_date_files": self.up_to_date_files,
+            "delete_files": self.delete_files,
         }
 
-    def to_json(self) -> dict[str, object]:
-        """The JSON shape of ``lading sync --dry-run --json``."""
-        return {
-            "source": self.source,
-            "dest": self.dest,
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "distribution": self.distribution,
-            "balance": self.balance,
-            "totals": self.totals(),
-            "to_fetch": [{"key": item.info.key, "size": item.info.size, "version": item.info.version,
-                          "reason": item.reason} for item in self.to_fetch],
-            "up_to_date": [info.key for info in self.up_to_date],
-            "to_delete": list(self.to_delete),
-        }
+    def write_json(self, out: IO[str]) -> None:
+        """Write the JSON of ``lading sync --dry-run --json`` to ``out``, one list item a line,
+        as the runs are read (never the whole plan in memory)."""
+        dumps = json.dumps
+        out.write("{\n")
+        for name in ("source", "dest", "rank", "world_size", "distribution", "balance"):
+            out.write(f"  {dumps(name)}: {dumps(getattr(self, name))},\n")
+        out.write(f'  "totals": {dumps(self.totals())},\n')
+        string = encode_basestring_ascii  # what json.dumps does for a str, without its overhead
+        _write_list(out, "to_fetch", (f'{{"key": {string(row[0])}, "size": {row[1]:d}, "version": '
+                                      f'{string(row[2])}, "reason": "{row[-1]}"}}' for row in self.fetching),
+                    last=False)
+        _write_list(out, "up_to_date", (string(row[0]) for row in self.current), last=False)
+        _write_list(out, "to_delete", (string(row[0]) for row in self.deleting), last=True)
+        out.write("}\n")
+
+    def close(self) -> None:
+        """Remove the runs on disk."""
+        for runs in (self.fetching, self.current, self.deleting):
+            runs.close()
+
+    def __enter__(self) -> "SyncPlan":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _write_list(out: IO[str], name: str, items: Iterable[str], last: bool) -> None:
+    out.write(f"  {json.dumps(name)}: [")
+    separator = "\n    "
+    for item in items:
+        out.write(separator)
+        out.write(item)
+        separator = ",\n    "
+    out.write("\n  ]" if separator != "\n    " else "]")
+    out.write("\n" if last else ",\n")
 
 
 def matches_filters(key: str, include: Iterable[str], exclude: Iterable[str]) -> bool:
@@ -150,10 +233,15 @@ def source_objects(store: Store, manifest: Manifest | None, source: str, workers
         yield from store.list()
         return
     keys = keys_under(manifest, source)
-    unsafe = [reason for reason in map(unsafe_reason, keys) if reason is not None]
-    if unsafe:  # never hand an escaping key to a store; name every problem at once
-        safe = [key for key in keys if unsafe_reason(key) is None]
-        _refuse(unsafe, _collision_reasons(safe), source)
+    refusals = _Refusals()
+    for reason in map(unsafe_reason, keys):
+        if reason is not None:
+            refusals.add(refusals.unsafe, reason)
+    if refusals.total:  # never hand an escaping key to a store; name every problem at once
+        clashes = _Clashes(refusals)
+        for key in sorted(key for key in keys if unsafe_reason(key) is None):
+            clashes.see(key)
+        _refuse(refusals, source)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1))) as pool:
         yield from pool.map(store.stat, keys)
 
@@ -175,35 +263,129 @@ def unsafe_reason(key: str, raise_it: bool = False) -> str | None:
 
 
 def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Selection:
-    """List (or stat the manifest), filter, check safety and shard: this rank's objects."""
-    kept: list[ObjectInfo] = []
-    unsafe: list[str] = []
+    """List (or stat the manifest), filter, check safety and shard: this rank's objects, as
+    sorted runs on disk. Raises before anything is written anywhere."""
+    kept = SortedRuns()
+    try:
+        listed, markers, unsafe = _filtered(store, request, workers, kept)
+        if markers:
+            log.debug("%s: skipped %d directory marker(s) (zero-byte keys ending in /)", request.source, markers)
+        if not kept.count and not unsafe.total and not request.allow_empty:
+            _refuse_empty(request, listed - markers)
+        sizes = _clashes_and_sizes(kept, unsafe, request)
+        if unsafe.total:  # unsafe keys and clashes in one report, not one kind per run
+            _refuse(unsafe, request.source)
+        selection = Selection(kept, listed=listed, matched=kept.count, markers=markers)
+        if request.manifest is not None and request.manifest.augmented:  # a line's objects stay together
+            return _share_augmented(selection, request)
+        if request.distribution == "replicated" or request.world_size == 1:
+            selection.selected_bytes = sum(row[1] for row in kept)
+            return selection
+        mine = _shard(kept, request, sizes)
+        selection.runs, selection.selected_bytes = mine, sum(row[1] for row in mine)
+    except BaseException:
+        kept.close()
+        raise
+    kept.close()
+    return selection
+
+
+@dataclass
+class _Refusals:
+    """Unsafe keys and file/directory clashes: the first few reasons of each kind, and how many."""
+
+    unsafe: list[str] = field(default_factory=list)
+    clashes: list[str] = field(default_factory=list)
+    total: int = 0
+
+    def add(self, reasons: list[str], reason: str) -> None:
+        self.total += 1
+        if len(reasons) < _SHOWN_UNSAFE:
+            reasons.append(reason)
+
+
+def _filtered(store: Store, request: SyncRequest, workers: int, kept: SortedRuns) -> tuple[int, int, _Refusals]:
+    """Listing -> filters -> ``kept`` (rows of ObjectInfo fields); returns listed, markers, unsafe."""
+    unsafe = _Refusals()
     listed = markers = 0
+    include, exclude = request.include, request.exclude
     for info in source_objects(store, request.manifest, request.source, workers):
         listed += 1
-        if info.key.endswith("/") and info.size == 0:
+        key = info.key
+        if key.endswith("/") and info.size == 0:
             markers += 1  # a "folder" created by a console: nothing to write
             continue
-        if not matches_filters(info.key, request.include, request.exclude):
+        if (include or exclude) and not matches_filters(key, include, exclude):
             continue
-        reason = unsafe_reason(info.key)
+        reason = unsafe_reason(key)
         if reason is not None:
-            unsafe.append(reason)
+            unsafe.add(unsafe.unsafe, reason)
             continue
-        kept.append(info)
-    if markers:
-        log.debug("%s: skipped %d directory marker(s) (zero-byte keys ending in /)", request.source, markers)
-    if not kept and not unsafe and not request.allow_empty:
-        _refuse_empty(request, listed - markers)
-    clashes = _collision_reasons(info.key for info in kept)
-    if unsafe or clashes:  # unsafe keys and clashes in one report, not one kind per run
-        _refuse(unsafe, clashes, request.source)
+        kept.add((key, info.size, info.version, info.mtime, info.md5, info.crc32c))
+    kept.finish()
+    return listed, markers, unsafe
+
+
+def _clashes_and_sizes(kept: SortedRuns, refusals: _Refusals, request: SyncRequest) -> array | None:
+    """One pass over the sorted keys: file/directory clashes (a key that is also the directory
+    of another), and the sizes in key order when the ``bytes`` balance needs them."""
+    want_sizes = request.distribution == "sharded" and request.world_size > 1 and request.balance == "bytes"
+    sizes = array("q") if want_sizes else None  # 8 bytes an object
+    clashes = _Clashes(refusals)
+    for row in kept:
+        clashes.see(row[0])
+        if sizes is not None:
+            sizes.append(row[1])
+    return sizes
+
+
+class _Clashes:
+    """Finds keys that are also the directory of another key, over keys in ascending order,
+    holding only the keys that may still be such a directory (a nested chain, a few at most)."""
+
+    def __init__(self, refusals: _Refusals) -> None:
+        self.refusals = refusals
+        self.open_files: list[str] = []
+
+    def see(self, key: str) -> None:
+        """The next key in order."""
+        open_files = self.open_files
+        # the keys under "f/" sort in [f + "/", f + "0"): past f + "0", f can clash no more
+        while open_files and key >= open_files[-1] + "0":
+            open_files.pop()
+        for file_key in open_files:
+            if key.startswith(file_key + "/"):
+                self.refusals.add(self.refusals.clashes,
+                                  f"key {file_key!r} is a file and also the directory of {key!r}")
+        open_files.append(key)
+
+
+def _shard(kept: SortedRuns, request: SyncRequest, sizes: array | None) -> SortedRuns:
+    """This rank's rows by the sharding rule, over the sorted stream."""
+    rank, world = request.rank, request.world_size
+    owners = owners_by_bytes(sizes, world) if sizes is not None else None
+    del sizes
+    mine = SortedRuns()
+    for index, row in enumerate(kept):
+        if (owners[index] if owners is not None else index % world) == rank:
+            mine.add(row)
+    return mine.finish()
+
+
+def _share_augmented(selection: Selection, request: SyncRequest) -> Selection:
+    """Augmented manifests: a line's objects stay together (:func:`share_records`). The
+    manifest is in memory already, so its objects are too."""
+    assert request.manifest is not None
+    kept = list(selection.objects())
     mine = select_for_rank(kept, request.rank, request.world_size, request.distribution, request.balance)
-    records = None
-    if request.manifest is not None and request.manifest.augmented:  # a line's objects stay together
-        mine, records = share_records(request.manifest, request.source, kept, mine, request.rank,
-                                      request.world_size, request.distribution, request.balance)
-    return Selection(mine, listed=listed, matched=len(kept), markers=markers, records=records)
+    mine, records = share_records(request.manifest, request.source, kept, mine, request.rank,
+                                  request.world_size, request.distribution, request.balance)
+    runs = SortedRuns()
+    runs.extend((info.key, info.size, info.version, info.mtime, info.md5, info.crc32c) for info in mine)
+    selection.runs.close()
+    selection.runs, selection.records = runs.finish(), records
+    selection.selected_bytes = sum(info.size for info in mine)
+    return selection
 
 
 def _refuse_empty(request: SyncRequest, objects: int) -> None:
@@ -220,30 +402,20 @@ def _refuse_empty(request: SyncRequest, objects: int) -> None:
                    "the globs match keys relative to SOURCE; --allow-empty accepts an empty selection")
 
 
-def _collision_reasons(keys: Iterable[str]) -> list[str]:
-    return [f"key {file_key!r} is a file and also the directory of {other!r}"
-            for file_key, other in find_collisions(keys)]
-
-
-def _refuse(unsafe: list[str], clashes: list[str], source: str) -> None:
+def _refuse(refusals: _Refusals, source: str) -> None:
     """One error naming the unsafe keys and the file/directory clashes (a few of each kind)."""
-    shown = unsafe[:_SHOWN_UNSAFE] + clashes[:_SHOWN_UNSAFE]
-    total = len(unsafe) + len(clashes)
-    more = f" (and {total - len(shown)} more)" if total > len(shown) else ""
-    raise UnsafeKey(f"{total} unsafe key(s) in {source}, nothing was written: {'; '.join(shown)}{more}",
+    shown = refusals.unsafe + refusals.clashes
+    more = f" (and {refusals.total - len(shown)} more)" if refusals.total > len(shown) else ""
+    raise UnsafeKey(f"{refusals.total} unsafe key(s) in {source}, nothing was written: {'; '.join(shown)}{more}",
                     "rename them in the bucket, or leave them out with --exclude")
 
 
-def _classify(info: ObjectInfo, dest: str, state: SyncState) -> str | None:
-    """Why ``info`` must be fetched into ``dest``, or None when the local copy is current."""
-    entry = state.entries.get(info.key)
-    try:
-        st = os.lstat(f"{dest}/{info.key}")  # keys were checked by key_parts: plain relative paths
-    except OSError:
-        st = None
+def _classify(row: tuple, entry: Entry | None, st: os.stat_result | None) -> str | None:
+    """Why the object of ``row`` (ObjectInfo fields) must be fetched, given its index entry and
+    local file, or None when the local copy is current."""
     if entry is None:
         return "new" if st is None else "untracked"
-    if entry.version != info.version or entry.size != info.size:
+    if entry.version != row[2] or entry.size != row[1]:
         return "changed"
     if st is None:
         return "missing"
@@ -252,19 +424,66 @@ def _classify(info: ObjectInfo, dest: str, state: SyncState) -> str | None:
     return None
 
 
-def plan_sync(selection: Selection, request: SyncRequest, state: SyncState) -> SyncPlan:
-    """Compare this rank's objects with DEST's state record and files. Writes nothing."""
-    dest = Path(request.dest)
-    plan = SyncPlan(request.source, str(dest), request.rank, request.world_size, request.distribution,
+def _lstat_all(paths: list[str]) -> list[os.stat_result | None]:
+    found: list[os.stat_result | None] = []
+    for path in paths:
+        try:
+            found.append(os.lstat(path))
+        except OSError:
+            found.append(None)
+    return found
+
+
+def _batches(rows: Iterator[tuple], size: int) -> Iterator[list[tuple]]:
+    while batch := list(islice(rows, size)):
+        yield batch
+
+
+def _with_stats(rows: Iterable[tuple], root: str, workers: int) -> Iterator[tuple[tuple, os.stat_result | None]]:
+    """Each selection row (ObjectInfo fields) with the ``lstat`` of its file under ``root``
+    (None: no file), stat'ed in batches by a thread pool, in order."""
+    workers = max(1, min(workers, 16))
+    window = _STAT_BATCH * workers
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lading-plan-stat") as pool:
+        for batch in _batches(iter(rows), window):
+            paths = [f"{root}/{row[0]}" for row in batch]  # keys passed key_parts: plain relative paths
+            parts = [paths[i:i + _STAT_BATCH] for i in range(0, len(paths), _STAT_BATCH)]
+            stats = [st for part in pool.map(_lstat_all, parts) for st in part]
+            yield from zip(batch, stats)
+
+
+def plan_sync(selection: Selection, request: SyncRequest, state: SyncState, workers: int = 8) -> SyncPlan:
+    """Compare this rank's objects with DEST's index and files, both in key order. Writes
+    nothing in DEST."""
+    root = str(Path(request.dest))
+    plan = SyncPlan(request.source, root, request.rank, request.world_size, request.distribution,
                     request.balance, listed=selection.listed, matched=selection.matched)
-    root = str(dest)
-    for info in selection.objects:
-        reason = _classify(info, root, state)
-        if reason is None:
-            plan.up_to_date.append(info)
-        else:
-            plan.to_fetch.append(PlannedFetch(info, reason))
-    if request.delete:
-        wanted = {info.key for info in selection.objects}
-        plan.to_delete = sorted(key for key in state.entries if key not in wanted)
+    try:
+        entries = state.rows()
+        entry = next(entries, None)
+        for row, st in _with_stats(selection.runs, root, workers):
+            key = row[0]
+            while entry is not None and entry.key < key:  # tracked, no longer selected
+                if request.delete:
+                    plan.deleting.add((entry.key,))
+                entry = next(entries, None)
+            mine = None
+            if entry is not None and entry.key == key:
+                mine, entry = entry, next(entries, None)
+            reason = _classify(row, mine, st)
+            if reason is None:
+                plan.current.add((key,))
+                plan.up_to_date_bytes += row[1]
+            else:
+                plan.fetching.add(row + (reason,))
+                plan.fetch_bytes += row[1]
+        while entry is not None and request.delete:
+            plan.deleting.add((entry.key,))
+            entry = next(entries, None)
+        entries.close()
+        for runs in (plan.fetching, plan.current, plan.deleting):
+            runs.finish()
+    except BaseException:
+        plan.close()
+        raise
     return plan

@@ -20,9 +20,10 @@ from lading.transfer import TransferOptions
 
 
 def plan_only(store: Store, request: SyncRequest, workers: int = 32) -> SyncPlan:
-    """The plan ``run_sync`` would execute now, without writing anything (``--dry-run``)."""
-    selection = select_objects(store, request, workers)
-    return plan_sync(selection, request, SyncState.load(Path(request.dest)))
+    """The plan ``run_sync`` would execute now, without writing anything (``--dry-run``); close
+    it when done (its lists are runs on disk)."""
+    with select_objects(store, request, workers) as selection:
+        return plan_sync(selection, request, SyncState.load(Path(request.dest)), workers)
 
 
 def run_sync(
@@ -33,16 +34,16 @@ def run_sync(
     cache_root: Path | None = None,
 ) -> SyncSummary:
     """List, plan and apply; through the node cache in ``cache_root`` when given."""
-    selection = select_objects(store, request, options.workers)
-    if cache_root is not None:
-        summary = sync_through_cache(store, selection, request, Path(cache_root), options, events)
-    else:
-        summary = sync_into(store_fetcher(store), selection, request, options, events)
-        summary.downloaded_bytes = summary.bytes
-    if request.manifest is not None and selection.records is not None and not summary.failed:
-        # an augmented manifest: its lines, refs rewritten to paths in DEST, once every object is there
-        write_local_manifest(request.manifest, request.source, Path(request.dest), selection.records,
-                             {info.key for info in selection.objects})
+    with select_objects(store, request, options.workers) as selection:
+        if cache_root is not None:
+            summary = sync_through_cache(store, selection, request, Path(cache_root), options, events)
+        else:
+            summary = sync_into(store_fetcher(store), selection, request, options, events)
+            summary.downloaded_bytes = summary.bytes
+        if request.manifest is not None and selection.records is not None and not summary.failed:
+            # an augmented manifest: its lines, refs rewritten to paths in DEST, once every object is there
+            write_local_manifest(request.manifest, request.source, Path(request.dest), selection.records,
+                                 {info.key for info in selection.objects()})
     return summary
 
 
