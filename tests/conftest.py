@@ -13,9 +13,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import hermetic  # noqa: E402
 from servers import Server, reset_moto, start_fake_gcs, start_moto, start_rclone_s3  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+_HERMETIC = pytest.StashKey[hermetic.Session]()
 
 
 @pytest.fixture(scope="session")
@@ -23,22 +25,25 @@ def server_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("server-logs")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def private_node_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Keep the suite out of the user's node cache (``~/.cache/lading``, or their
-    ``$LADING_CACHE_DIR``): ``$XDG_CACHE_HOME`` points into the session's temporary directory, in
-    this process and every subprocess it starts (the CLI, DataLoader workers, hooks), so the
-    default cache root is ``<tmp>/xdg-cache/lading``. ``LADING_CACHE_DIR`` is unset rather than
-    set: ``lading sync`` reads it as ``--cache-dir``, which would turn its node cache on in every
-    sync test. Tests that want a cache of their own still pass ``cache_dir=`` or set the variable."""
-    root = tmp_path_factory.mktemp("xdg-cache")
-    saved = {name: os.environ.pop(name, None) for name in ("XDG_CACHE_HOME", "LADING_CACHE_DIR")}
-    os.environ["XDG_CACHE_HOME"] = str(root)
-    yield root / "lading"
-    for name, value in saved.items():
-        os.environ.pop(name, None)
-        if value is not None:
-            os.environ[name] = value
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite keeps to its own TMPDIR, HOME and caches (tests/hermetic.py), from before any
+    test module imports lading to the end of the session."""
+    config.stash[_HERMETIC] = hermetic.enter()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Leave the session's folders, and fail the run if the suite left anything in the real
+    temporary directory or HOME."""
+    state = session.config.stash.get(_HERMETIC, None)
+    if state is None:
+        return
+    left = hermetic.leave(state, passed=exitstatus == 0)
+    if exitstatus != 0:
+        print(f"\nthe session's TMPDIR and HOME are kept for inspection: {state.root}")
+    if left:
+        print("\nthe test suite left these behind (tests must keep to their own folders; on a shared "
+              "machine, another process may have made them meanwhile):\n  " + "\n  ".join(map(str, left)))
+        session.exitstatus = 1
 
 
 @pytest.fixture(scope="session")

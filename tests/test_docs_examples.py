@@ -211,7 +211,7 @@ def example_env(example: Example, tmp_path: Path, server_env: dict[str, str]) ->
     env["TMPDIR"] = str(tmp_path / "tmp")
     (tmp_path / "tmp").mkdir()
     # Ray's session sockets must fit in an AF_UNIX path (107 bytes): a short directory of its own
-    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray")  # in the session's (short) TMPDIR: tests/hermetic.py
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
