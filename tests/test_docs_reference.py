@@ -100,6 +100,13 @@ def test_reference_is_generated_from_click() -> None:
         ctx.command.params.pop()
 
 
+def test_the_site_loads_nothing_from_the_network(site: Path) -> None:
+    """An offline build is the whole site: no script or stylesheet from a CDN (highlight.js was)."""
+    remote = re.compile(r'<(?:script|link)[^>]+(?:src|href)="(https?://[^"]+)"')
+    found = {url for page in site.rglob("*.html") for url in remote.findall(page.read_text())}
+    assert not found, sorted(found)
+
+
 def api_pages() -> dict[str, str]:
     """Each module with an API page (``<!-- lading-api: MODULE -->``) -> the page's name."""
     pages = {}
