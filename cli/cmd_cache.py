@@ -10,6 +10,7 @@ import click
 from lading.cli.progress import human
 from lading.core.errors import NotFound, UsageError
 from lading.sync import cache as node_cache
+from lading.core.cacheroot import CACHE_ROOT_RULE
 
 CACHE_EPILOG = """\b
 Examples:
@@ -18,15 +19,15 @@ Examples:
   lading cache clear --dataset s3://b/datasets/pets/v1/ --json
 
 \b
-The cache root is --cache-dir, else $LADING_CACHE_DIR, else $XDG_CACHE_HOME/lading
-when set, else /tmp/lading-cache-<uid>: one cache for lading sync and the datasets.
+One cache for lading sync and the datasets. Its root is --cache-dir, else
+{CACHE_ROOT_RULE}.
 Shards live under its datasets/ folder (a synced file is linked there, stored once),
 sync's entries next to it. clear removes shards only; those a process is reading are
 skipped (and counted as busy); files the cache did not download are never removed.
 
 \b
 Exit codes: 0 ok, 2 usage (bad option or duration), 3 nothing cached matches
---dataset (clear), 4 a cache root that is not yours or that others can write to."""
+--dataset (clear), 4 a cache root that is not yours or that others can write to.""".format(CACHE_ROOT_RULE=CACHE_ROOT_RULE)
 
 LIST_EPILOG = """\b
 Examples:
@@ -74,7 +75,7 @@ def _age(seconds: float) -> str:
 
 
 cache_dir_option = click.option("--cache-dir", type=click.Path(file_okay=False, readable=False), default=None,
-                                help="Cache root (default: $LADING_CACHE_DIR, else /tmp/lading-cache-<uid>).")
+                                help=f"Cache root (default: {CACHE_ROOT_RULE}).")
 json_option = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
 
 

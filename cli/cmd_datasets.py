@@ -9,6 +9,7 @@ import click
 from lading.cli.progress import human
 from lading.cli.store_options import pop_store_config, store_options
 from lading.core.errors import UsageError
+from lading.core.cacheroot import CACHE_ROOT_RULE
 
 DATASETS_EPILOG = """\b
 Examples:
@@ -102,7 +103,7 @@ def list_datasets(store_uri: str, as_json: bool, **options: Any) -> None:
 @datasets.command("show", epilog=SHOW_EPILOG)
 @click.argument("uri", metavar="STORE_URI/NAME/VERSION")
 @click.option("--cache-dir", type=click.Path(file_okay=False, readable=False), default=None,
-              help="Node cache root to check (default: $LADING_CACHE_DIR, else ~/.cache/lading).")
+              help=f"Node cache root to check (default: {CACHE_ROOT_RULE}).")
 @json_option
 @store_options
 def show(uri: str, cache_dir: str | None, as_json: bool, **options: Any) -> None:

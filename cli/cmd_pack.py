@@ -12,6 +12,7 @@ from lading.cli.context import AppState
 from lading.cli.progress import Throttle, byte_bar, human, line_interval
 from lading.cli.option_rules import needs
 from lading.cli.store_options import pop_store_config, store_options
+from lading.core.install import install_command
 from lading.core.sizes import format_size, parse_size
 
 PACK_HELP = """Pack the files under SOURCE into WebDataset tar shards at DEST.
@@ -136,7 +137,7 @@ def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Show the plan (samples, shards, sizes); write nothing.")
 @click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help="Write the shards on this machine, or one Ray task per shard (pip install 'lading-data[ray]'); "
+              help=f"Write the shards on this machine, or one Ray task per shard ({install_command('ray')}); "
                    "same plan, byte-identical shards.")
 @click.option("--ray-address", default=None, metavar="ADDR",
               help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else a local Ray started "

@@ -22,6 +22,7 @@ from lading.cli.progress import (
 )
 from lading.cli.store_options import pop_store_config, store_options
 from lading.core.errors import UsageError
+from lading.core.cacheroot import CACHE_ROOT_RULE
 from lading.selection.topology import FIELDS, Topology, detect_topology
 
 DEFAULT_DEST = "/tmp/data-rank{rank}"
@@ -342,8 +343,8 @@ def _report_failures(summary: Any) -> int:
 @click.option("--allow-empty", is_flag=True,
               help="Accept a source with no objects (or none matching the filters); default: exit 3.")
 @click.option("--cache-dir", type=click.Path(file_okay=False, readable=False), default=None, envvar="LADING_CACHE_DIR",
-              help="Node cache directory, yours alone (default /tmp/lading-cache-<uid>, mode 0700; "
-                   "giving it turns the cache on).")
+              help=f"Node cache directory, yours alone (default: {CACHE_ROOT_RULE}; mode 0700; "
+                   "giving it, or LADING_CACHE_DIR, turns the cache on).")
 @click.option("--no-cache", is_flag=True, help="Never use the node cache.")
 @click.option("--workers", type=click.IntRange(min=1, max=512), default=64, show_default=True,
               help="Parallel transfers.")

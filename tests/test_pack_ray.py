@@ -292,7 +292,7 @@ def test_engine_ray_without_ray_installed_is_a_usage_error(lading, tmp_path):
     run = subprocess.run([sys.executable, "-c", code, "pack", str(tmp_path / "src"), str(tmp_path / "out"),
                           "--engine", "ray"], capture_output=True, text=True, cwd=TOP)
     assert run.returncode == 2, run.stderr
-    assert run.stderr.count("\n") == 1 and "pip install 'lading-data[ray]'" in run.stderr
+    assert run.stderr.count("\n") == 1 and "pip install './lading[ray]'" in run.stderr
     assert not (tmp_path / "out").exists()
 
 

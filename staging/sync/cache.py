@@ -50,9 +50,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator
 
 from lading.core.atomic import write_atomically
+from lading.core.cacheroot import CACHE_ROOT_RULE, default_cache_root  # noqa: F401 - used here, re-exported
 from lading.core.errors import AccessDenied, NotFound, ObjectChanged, ProblemFound, UsageError, local_error
 from lading.stores.base import ObjectInfo, Store
 from lading.transfer.verify import Verifier
@@ -69,18 +70,6 @@ _TMP = ".lading-tmp-"
 _DATASETS = "datasets"
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def default_cache_root(env: Mapping[str, str] | None = None) -> Path:
-    """The one location rule: ``$LADING_CACHE_DIR``, else ``$XDG_CACHE_HOME/lading`` when that
-    is set, else ``/tmp/lading-cache-<uid>`` (node-local, per user; on the same filesystem as
-    sync's default DESTs, so files are hard-linked)."""
-    env = os.environ if env is None else env
-    if env.get("LADING_CACHE_DIR"):
-        return Path(env["LADING_CACHE_DIR"]).expanduser()
-    if env.get("XDG_CACHE_HOME"):
-        return Path(env["XDG_CACHE_HOME"]).expanduser() / "lading"
-    return Path(f"/tmp/lading-cache-{os.geteuid()}")
 
 
 def _download_shard(store: Store, key: str, version: str | None, dest: Path, size: int | None = None) -> None:

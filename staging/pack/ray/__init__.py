@@ -1,4 +1,4 @@
-"""lading on Ray (optional: ``pip install lading-data[ray]``). Nothing here is imported unless asked.
+"""lading on Ray (optional: the ``ray`` extra, see lading.core.install). Nothing here is imported unless asked.
 
 - :func:`run_pack_ray`: ``lading pack --engine ray``. The shard plan is made on the driver, as
   for the local engine; Ray runs one task per shard, each reading its members from SOURCE and

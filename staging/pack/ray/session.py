@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from lading.core.errors import LadingError, TransientError, UsageError
+from lading.core.install import install_command
 
 log = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ def require_ray() -> Any:
         import ray
     except ImportError:
         raise UsageError("the Ray engine needs Ray, which is not installed",
-                         "pip install 'lading-data[ray]' (or use --engine local)") from None
+                         f"{install_command('ray')} (or use --engine local)") from None
     return ray
 
 
