@@ -26,7 +26,8 @@ from pathlib import Path
 
 #: What the suite used to leave behind, by folder: globs checked before and after the session.
 LEFTOVERS = {
-    "tmp": ("_wids_cache", "lading-*", "pymp-*", "ray", "ray-*", "lading-cache-*"),
+    # by name, not "anything new": other sessions (lading-t*, benchmarks) share the real /tmp
+    "tmp": ("_wids_cache", "lading-pack-*", "lading-shardsink-*", "lading-cache-*", "pymp-*", "ray", "ray-*"),
     "home": (".ray", ".config/rclone", ".cache/lading", "_wids_cache"),
 }
 VARIABLES = ("TMPDIR", "HOME", "WIDS_CACHE", "XDG_CACHE_HOME", "LADING_CACHE_DIR")
