@@ -192,3 +192,21 @@ def test_the_documented_windows_are_the_code():
     text = (Path(__file__).parent.parent / "docs" / "commands" / "sync.md").read_text()
     assert f"at most {runs.CHUNK_ROWS:,} keys in memory" in text
     assert f"transfer engine {apply.FETCH_BATCH:,} at a time" in text
+
+
+def test_cat_walks_a_listing_without_holding_it():
+    from lading.selection.stream import StreamRequest, select_stream
+
+    class Counting:
+        url = "mem://"
+        listed = 0
+
+        def list(self, prefix: str = ""):
+            for i in range(100_000):
+                Counting.listed += 1
+                yield ObjectInfo(f"k{i:06d}", 1, "v")
+
+    objects = select_stream(Counting(), StreamRequest("mem://", distribution="sharded", rank=1, world_size=3))
+    assert Counting.listed == 2  # only up to this rank's first object, then as the stream is read
+    keys = [info.key for info in objects]
+    assert keys == [f"k{i:06d}" for i in range(1, 100_000, 3)] and Counting.listed == 100_000

@@ -21,6 +21,7 @@ raises (a reader that went away: ``BrokenPipeError``) stops the stream at once.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import logging
 import os
 import queue
@@ -33,7 +34,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from lading.core.errors import NotFound, ObjectChanged, UsageError, local_error
 from lading.selection.manifest import Manifest, keys_under, share_records
@@ -185,37 +186,74 @@ def matches(key: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
 
 
 def select_stream(store: Store, request: StreamRequest, keys: Sequence[str] | None = None,
-                  workers: int = 32) -> list[ObjectInfo]:
+                  workers: int = 32) -> Iterable[ObjectInfo]:
     """This rank's objects in stream order (see the module docstring).
 
     ``keys`` (from :func:`open_source`) or the request's manifest are stat'ed in parallel, in
     their order; otherwise the store is listed (key order). Objects listed without a version
-    are stat'ed, so every read can be pinned.
+    are stat'ed, so every read can be pinned. A listed prefix without ``--shuffle`` or the
+    ``bytes`` balance is returned as an iterator over the listing (the key walk never holds the
+    keys; an empty selection is still refused before it is returned); otherwise a list.
     """
     if keys is None and request.manifest is not None:
         keys = keys_under(request.manifest, request.source)
+    sharded = request.distribution == "sharded" and request.world_size > 1
+    if keys is None and not request.shuffle and not (sharded and request.balance == "bytes"):
+        return _walk(store, request)
     if keys is not None:
         keys = list(dict.fromkeys(keys))
         with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1))) as pool:
             listed = list(pool.map(store.stat, keys))
     else:
         listed = list(store.list())
-    kept = [info for info in listed if not (info.key.endswith("/") and info.size == 0)
-            and matches(info.key, request.include, request.exclude)]
+    kept = [info for info in listed if _kept(info, request)]
     if not kept and not request.allow_empty:
-        if request.manifest is not None and not request.manifest.entries:
-            raise NotFound(f"the manifest {request.manifest.origin} is empty: it lists no keys",
-                           "check the file; --allow-empty accepts an empty stream")
-        what = "no objects" if not listed else f"{len(listed)} object(s), none kept by --include/--exclude"
-        raise NotFound(f"nothing at {request.source}: {what}",
-                       "check the bucket, prefix and filters (keys are case-sensitive); --allow-empty "
-                       "accepts an empty stream")
+        _refuse_empty(request, len(listed))
     mine = _share(kept, request)
     if request.shuffle:
         random.Random(request.seed).shuffle(mine)
     if any(not info.version for info in mine):  # some servers list no ETag: pin to a stat's
         mine = [info if info.version else store.stat(info.key) for info in mine]
     return mine
+
+
+def _kept(info: ObjectInfo, request: StreamRequest) -> bool:
+    return not (info.key.endswith("/") and info.size == 0) and matches(info.key, request.include, request.exclude)
+
+
+def _refuse_empty(request: StreamRequest, listed: int) -> None:
+    if request.manifest is not None and not request.manifest.entries:
+        raise NotFound(f"the manifest {request.manifest.origin} is empty: it lists no keys",
+                       "check the file; --allow-empty accepts an empty stream")
+    what = "no objects" if not listed else f"{listed} object(s), none kept by --include/--exclude"
+    raise NotFound(f"nothing at {request.source}: {what}",
+                   "check the bucket, prefix and filters (keys are case-sensitive); --allow-empty "
+                   "accepts an empty stream")
+
+
+def _walk(store: Store, request: StreamRequest) -> Iterator[ObjectInfo]:
+    """The listing, filtered and shared (``count``: key i of the kept ones goes to rank
+    i mod world size, the listing being in key order), pinned; the first object is found
+    before this returns, so an empty selection is refused at once."""
+    listed = 0
+
+    def kept() -> Iterator[ObjectInfo]:
+        nonlocal listed
+        for info in store.list():
+            listed += 1
+            if _kept(info, request):
+                yield info
+
+    objects = kept()
+    if request.distribution == "sharded" and request.world_size > 1:
+        objects = (info for index, info in enumerate(objects) if index % request.world_size == request.rank)
+    first = next(objects, None)
+    if first is None:
+        if not request.allow_empty:
+            _refuse_empty(request, listed)
+        return iter(())
+    pinned = (info if info.version else store.stat(info.key) for info in itertools.chain([first], objects))
+    return pinned
 
 
 def _share(kept: list[ObjectInfo], request: StreamRequest) -> list[ObjectInfo]:
@@ -251,8 +289,10 @@ class _Part:
         return self.end - self.start
 
 
-def _parts(objects: Sequence[ObjectInfo], part_size: int) -> Iterator[_Part]:
+def _parts(objects: Iterable[ObjectInfo], part_size: int, summary: StreamSummary) -> Iterator[_Part]:
     for info in objects:
+        if info.size == 0:
+            summary.objects += 1  # streamed as nothing, no GET
         for start in range(0, info.size, part_size):
             yield _Part(info, start, min(info.size, start + part_size))
 
@@ -311,7 +351,7 @@ class _Fetchers:
             self.tasks.put(None)
 
 
-def stream_objects(store: Store, objects: Sequence[ObjectInfo], sink: Sink,
+def stream_objects(store: Store, objects: Iterable[ObjectInfo], sink: Sink,
                    options: StreamOptions = StreamOptions()) -> StreamSummary:
     """Write the objects' bytes to ``sink``, in order, with GETs prefetched (see the module docstring).
 
@@ -320,7 +360,7 @@ def stream_objects(store: Store, objects: Sequence[ObjectInfo], sink: Sink,
     """
     started = time.monotonic()
     summary = StreamSummary()
-    pending = _parts(objects, options.part_size)
+    pending = _parts(objects, options.part_size, summary)
     ahead_limit = max(1, 4 * options.workers)  # parts queued ahead, whatever their size
     window: deque[_Part] = deque()
     held = 0  # bytes of the parts in the window
@@ -347,7 +387,6 @@ def stream_objects(store: Store, objects: Sequence[ObjectInfo], sink: Sink,
                 summary.objects += 1
     finally:
         fetchers.close()
-    summary.objects += sum(1 for info in objects if info.size == 0)
     summary.seconds = time.monotonic() - started
     summary.most_in_flight = fetchers.most_in_flight
     log.debug("streamed %d object(s), %d bytes in %.2fs; at most %d GETs at once", summary.objects,
