@@ -172,6 +172,9 @@ class ObstoreReads(ListingMixin, Store):
         run (a forked child of a process that started it), should not start yet (a dataset's
         construction) or cannot name the key (control characters)."""
         if use_obstore() and not _CONTROL.search(key):
+            # Built here, in the caller's thread: the client, credentials and (S3) the bucket's
+            # region are blocking work that must never run on the I/O core's loop.
+            self._obstore_store()
             return self._fast
         if not obstore_allowed():
             warn_fallback(self.url)

@@ -87,8 +87,11 @@ class _Runtime:
 
 _runtime = _Runtime()
 _plane: contextvars.ContextVar[bool] = contextvars.ContextVar("lading_control_plane", default=False)
-#: obstore's runtime starts one worker thread per core per process unless capped; DataLoader
-#: workers each start one, so a process gets this many unless TOKIO_WORKER_THREADS says otherwise.
+#: obstore's runtime starts one worker thread per core per process unless capped (tokio reads
+#: ``TOKIO_WORKER_THREADS`` once, when the runtime starts). A process that uses lading keeps every
+#: core (``lading sync``); a child forked from it (a DataLoader worker, one of many per node) gets
+#: this many unless the variable says otherwise. The cap is set by the fork hook, in the child,
+#: while it has one thread: nothing else is running to read the environment at that moment.
 RUNTIME_THREADS = 2
 
 
@@ -103,12 +106,8 @@ def obstore_started_here() -> bool:
 
 
 def note_obstore_start() -> None:
-    """Call before the first obstore call of a process: records the runtime's owner and caps its
-    worker threads (tokio reads ``TOKIO_WORKER_THREADS`` once, when the runtime starts)."""
+    """Call before the first obstore call of a process: records the runtime's owner."""
     if _runtime.started_pid is None:
-        # The one process-global lading sets: it must precede the runtime's start, and a value
-        # the user set wins.
-        os.environ.setdefault("TOKIO_WORKER_THREADS", str(RUNTIME_THREADS))
         _runtime.started_pid = os.getpid()
 
 
@@ -143,6 +142,8 @@ def warn_fallback(what: str) -> None:
 
 
 def _after_fork_in_child() -> None:
+    if "TOKIO_WORKER_THREADS" not in os.environ:  # a value the user set wins
+        os.environ["TOKIO_WORKER_THREADS"] = str(RUNTIME_THREADS)
     _runtime.inherited = _runtime.inherited or _runtime.started_pid is not None
     _runtime.started_pid = None
     _runtime.warned = False

@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
@@ -43,6 +44,9 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 _READ_CHUNK = 1 << 20
 _MD5_HEX = re.compile(r"[0-9a-fA-F]{32}")
+#: Bucket regions found in this process, by (endpoint, bucket): each is discovered once per process.
+_regions: ProcessLocal[dict[tuple[str | None, str], str]] = ProcessLocal(dict)
+_regions_lock: ProcessLocal[threading.Lock] = ProcessLocal(threading.Lock)
 #: Answers that mean "this bucket lives in another region".
 _REDIRECTS = {"PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException"}
 
@@ -85,7 +89,7 @@ class S3Store(ObstoreReads):
 
         cfg = self.config
         if self.region is None:
-            self.region = self._discover_region()
+            self.region = self._known_region()
         options: dict[str, Any] = {"region": self.region, "retry_config": NO_RETRIES,
                                    "client_options": client_options(cfg, cfg.endpoint_url or "https://")}
         if cfg.endpoint_url:
@@ -164,6 +168,7 @@ class S3Store(ObstoreReads):
             return mapped
         self._redirected = True
         region = self._discover_region()
+        _regions.get()[(self.config.endpoint_url, self.bucket)] = region
         log.info("%s: the bucket is in %s, not %s; using %s", self.url, region, self.region, region)
         self.region = region
         self._store.reset()
@@ -211,6 +216,18 @@ class S3Store(ObstoreReads):
         session = self._session()
         return session.client("s3", endpoint_url=cfg.endpoint_url, region_name=self.region or None,
                               config=Config(**options), verify=cfg.ca_bundle or None)
+
+    def _known_region(self) -> str:
+        """The bucket's region: discovered once per process (per endpoint and bucket)."""
+        known = _regions.get()
+        where = (self.config.endpoint_url, self.bucket)
+        with _regions_lock.get():
+            if where in known:
+                return known[where]
+            known[where] = self._discover_region()
+            log.debug("%s: the bucket is in %s (asked from thread %s)", self.url, known[where],
+                      threading.current_thread().name)
+        return known[where]
 
     def _discover_region(self) -> str:
         """The bucket's region, from S3 itself (HeadBucket's ``x-amz-bucket-region``, which S3

@@ -1,0 +1,75 @@
+"""Per-process set-up done once and off the I/O core's loop, and process globals left alone.
+
+- The bucket's region (S3 HeadBucket) is discovered once per process, whatever the number of
+  stores, and never on the I/O core's loop thread (where it would stall every request in flight).
+- obstore's runtime thread cap (``TOKIO_WORKER_THREADS``) is a DataLoader worker's affair: it is
+  set in a child forked from a process that uses lading, never in the process itself, so that
+  ``lading sync`` runs its runtime on every core and processes it starts are not capped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import boto3
+import pytest
+
+from lading.core.retry import RetryPolicy
+from lading.stores import StoreConfig, open_store
+from lading.stores.base import RangeRequest
+from proxies import FaultProxy
+
+
+def test_the_region_is_discovered_once_per_process_and_off_the_loop(s3_env, caplog):
+    boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="regions")
+    boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"]).put_object(Bucket="regions", Key="a/x", Body=b"x")
+    caplog.set_level(logging.DEBUG, logger="lading.stores.s3.store")
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        config = dataclasses.replace(StoreConfig.from_env(), endpoint_url=proxy.url, region=None,
+                                     retry=RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02))
+        for prefix in ("a", "a/", "b"):  # three stores on one bucket
+            store = open_store(f"s3://regions/{prefix}", config)
+            store.read_many([RangeRequest("x")]) if prefix.startswith("a") else list(store.list())
+        heads = proxy.count("HEAD", where=lambda seen: seen.path.rstrip("/") == "/regions")
+    assert heads == 1
+    found = [record for record in caplog.records if "the bucket is in" in record.getMessage()]
+    assert len(found) == 1 and found[0].threadName != "lading-io"
+
+
+SCRIPT = textwrap.dedent("""
+    import os, sys
+    from lading.stores import open_store
+    store = open_store(sys.argv[1])
+    store.read_many([])
+    list(store.list())  # obstore's runtime runs in this process now
+    print("parent", os.environ.get("TOKIO_WORKER_THREADS"), flush=True)
+    pid = os.fork()
+    if pid == 0:
+        print("child", os.environ.get("TOKIO_WORKER_THREADS"), flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+""")
+
+
+def test_the_runtime_thread_cap_is_for_forked_workers_only(s3_env):
+    boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="cap")
+    env = {name: value for name, value in os.environ.items() if name != "TOKIO_WORKER_THREADS"}
+    result = subprocess.run([sys.executable, "-c", SCRIPT, "s3://cap/data"], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["parent None", "child 2"]
+
+
+@pytest.mark.parametrize("preset", ["6"])
+def test_a_cap_the_user_set_wins(s3_env, preset):
+    boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="cap")
+    env = dict(os.environ, TOKIO_WORKER_THREADS=preset)
+    result = subprocess.run([sys.executable, "-c", SCRIPT, "s3://cap/data"], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == [f"parent {preset}", f"child {preset}"]
