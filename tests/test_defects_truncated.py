@@ -105,6 +105,17 @@ def test_a_truncated_snapshot_is_exit_2_naming_the_file(cut_snapshot, lading, tm
     assert not (tmp_path / "dest").exists()
 
 
+@pytest.mark.parametrize("keep", [5, 30])
+def test_a_snapshot_cut_within_its_first_line_is_still_read_as_one(cut_snapshot, lading, tmp_path, keep):
+    """Named like a snapshot: not taken for a local file to copy (sync) or print (cat)."""
+    _source, whole, cut = cut_snapshot
+    cut.write_bytes(whole.read_bytes()[:keep])
+    for args in (["sync", str(cut), str(tmp_path / "dest")], ["cat", str(cut)]):
+        line = one_line(lading(*args), 2)
+        assert str(cut) in line and "truncated" in line
+    assert not (tmp_path / "dest").exists()
+
+
 def test_a_damaged_snapshot_is_exit_2_naming_the_file(cut_snapshot, lading):
     _source, whole, cut = cut_snapshot
     data = bytearray(whole.read_bytes())

@@ -69,7 +69,10 @@ class SnapshotSummary:
 
 
 def is_snapshot(path: str | Path) -> bool:
-    """Whether ``path`` is a regular file that starts like a snapshot (plain or gzip)."""
+    """Whether ``path`` is a regular file that starts like a snapshot (plain or gzip), or is named
+    like one (``.snap.jsonl[.gz]``): a damaged snapshot is still read as one, to say what is wrong."""
+    if str(path).endswith((".snap.jsonl", ".snap.jsonl.gz")) and os.path.isfile(path):
+        return True
     try:
         with _open(Path(path)) as handle:
             return handle.read(len(_MAGIC)) == _MAGIC
