@@ -161,6 +161,9 @@ def console() -> NoReturn:
     if isinstance(code, str):
         sys.stderr.write(code + "\n")
         code = 1
+    iocore = sys.modules.get("lading.stores.iocore")  # only a command that read objects started one
+    if iocore is not None:
+        iocore.shutdown(grace=False)  # os._exit below: no finalizing interpreter to wait for
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -73,3 +73,38 @@ def test_a_cap_the_user_set_wins(s3_env, preset):
                             env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:2] == [f"parent {preset}", f"child {preset}"]
+
+
+INTERRUPTED = textwrap.dedent("""
+    import os, signal, sys, threading
+    from lading.stores import open_store
+    from lading.stores.base import RangeRequest
+    store = open_store(sys.argv[1])
+    store.read_many([RangeRequest("warm")])  # the client is built; the proxy holds each request from here
+    threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+    try:
+        store.read_many([RangeRequest(f"o{n}") for n in range(4)])
+        print("not interrupted", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+""")
+
+
+def test_ctrl_c_lets_requests_in_flight_finish(s3_env):
+    """Ctrl-C in a caller waiting on a batch: the caller gets KeyboardInterrupt at once, the GETs
+    already sent run to their end on the I/O core (never cancelled half-way, which would leave
+    obstore to complete them into an interpreter that may be finalizing), and the process exits
+    normally once they have."""
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"])
+    client.create_bucket(Bucket="ctrlc")
+    size = 4 << 20
+    for key in ("warm", *(f"o{n}" for n in range(4))):
+        client.put_object(Bucket="ctrlc", Key=key, Body=os.urandom(size if key != "warm" else 10))
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url)
+        proxy.latency = 1.0
+        result = subprocess.run([sys.executable, "-c", INTERRUPTED, "s3://ctrlc"], capture_output=True, text=True,
+                                env=env, timeout=120)
+        relayed = {path: proxy.body_bytes[path] for path in (f"/ctrlc/o{n}" for n in range(4))}
+    assert (result.returncode, result.stdout.strip()) == (0, "interrupted"), result.stderr
+    assert relayed == {path: size for path in relayed}  # every body went out whole

@@ -89,13 +89,13 @@ class IOCore:
                 raise result
         return results  # type: ignore[return-value]
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, grace: float = _EXIT_GRACE) -> None:
         """Let what is in flight finish, then stop the loop (at exit; a forked child's copy of its
         parent's core is left alone).
 
         Requests are not cancelled: obstore's Rust side would still complete a cancelled one
         later, calling into an interpreter that is finalizing, which aborts the process. Only
-        requests still running after ``timeout`` are cancelled."""
+        requests still running after ``timeout`` are cancelled. ``grace``: see :func:`shutdown`."""
         if self._pid != os.getpid() or not self._thread.is_alive():
             return
         self._closing = True  # from here on no new request starts (see run)
@@ -111,7 +111,8 @@ class IOCore:
         # A runtime thread that delivered the last result may still be inside the loop's wake-up
         # write, without the GIL; if it wants the GIL back once finalization has begun, the process
         # aborts. Holding off a moment (the GIL released) lets it finish first.
-        time.sleep(_EXIT_GRACE)
+        if grace:
+            time.sleep(grace)
 
 
 async def _settle() -> None:
@@ -135,11 +136,10 @@ async def _cancel_all() -> None:
 
 
 def _wait(future: concurrent.futures.Future[T]) -> T:
-    try:
-        return future.result()
-    except BaseException:
-        future.cancel()  # Ctrl-C in the caller: the request is abandoned, not left running
-        raise
+    # Ctrl-C in the caller leaves the request running to its end on the loop (its result dropped):
+    # cancelling it would let obstore complete it later into an interpreter that may be finalizing.
+    # At exit, close() waits for it.
+    return future.result()
 
 
 _core: ProcessLocal[IOCore] = ProcessLocal(IOCore)
@@ -150,4 +150,13 @@ def io_core() -> IOCore:
     return _core.get()
 
 
-__all__ = ["IOCore", "MAX_REQUESTS", "io_core"]
+def shutdown(grace: bool = True) -> None:
+    """Stop this process's I/O core, if it started, letting requests in flight finish (what the
+    interpreter's exit does). ``grace=False`` for a process about to leave with ``os._exit``
+    (the command line): no runtime thread can meet a finalizing interpreter there, so the exit
+    does not hold off for one."""
+    if _core.built:
+        _core.get().close(grace=_EXIT_GRACE if grace else 0.0)
+
+
+__all__ = ["IOCore", "MAX_REQUESTS", "io_core", "shutdown"]
