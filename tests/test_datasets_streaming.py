@@ -221,3 +221,24 @@ def test_record_dataset_takes_the_same_order_through_node_local_sampler(tmp_path
         sampler.load_state_dict(states[0])
         after.update(sampler)
     assert before + after == Counter(range(20_000))
+
+
+def test_dataloader_workers_stream_within_the_limit_too(remote_pack, rclone_env, tmp_path):
+    torch_data = pytest.importorskip("torch.utils.data")
+    largest = max(ref.filesize for ref in load_index(remote_pack, StoreConfig.from_env()).shards)
+    limit = 8 * largest
+    with FaultProxy(rclone_env["AWS_ENDPOINT_URL"]) as proxy:
+        cache = tmp_path / "node"
+        dataset = ShardDataset(remote_pack, config=StoreConfig.from_env(endpoint_url=proxy.url), cache_dir=cache,
+                               cache_limit=limit, shuffle_buffer=10_000, seed=5, batch_size=8, prefetch=1)
+        loader = torch_data.DataLoader(dataset, batch_size=8, num_workers=2, collate_fn=lambda batch: batch,
+                                       multiprocessing_context="fork")
+        keys, peak = [], 0
+        for batch in loader:
+            keys += [sample["__key__"] for sample in batch]
+            peak = max(peak, cache_bytes(cache))
+        gets = shard_gets(proxy)
+    assert Counter(keys) == Counter(list(expected()))
+    assert len(gets) <= SHARDS + 4, f"{len(gets)} shard GETs for {SHARDS} shards"
+    in_flight = 2 * (dataset.prefetch + 2) * largest  # each worker: the shard it reads and what it prefetches
+    assert peak <= limit + in_flight, f"cache reached {peak} bytes, limit {limit}"
