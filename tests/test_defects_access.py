@@ -73,3 +73,22 @@ def test_a_missing_directory_is_exit_3_in_hook_init_as_in_check(lading, tmp_path
     for args in (("hook", "init", missing), ("hook", "init", missing, "s3://b/train/", "/tmp/train"),
                  ("check", missing)):
         one_line_error(lading(*args), 3, "does not exist", "no-such-model")
+
+
+def test_fetch_of_one_object_under_a_directory_the_user_cannot_enter_is_exit_4(shared, s3_env):
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    client.create_bucket(Bucket="access26")
+    client.put_object(Bucket="access26", Key="train/a.bin", Body=b"a")
+    for dest in ("locked/a.bin", "locked/sub/"):
+        result = run_unprivileged("fetch", "s3://access26/train/a.bin", str(shared / dest))
+        one_line_error(result, 4, "permission denied", str(shared / "locked"))
+
+
+def test_a_snapshot_the_user_cannot_read_is_exit_4(shared, lading):
+    snapshot = shared / "private.snap.jsonl"
+    assert lading("snapshot", str(shared / "pets"), "-o", str(snapshot)).returncode == 0
+    os.chmod(snapshot, 0o600 if os.geteuid() == 0 else 0o000)
+    for args in (("cat", str(snapshot)), ("snapshot", "diff", str(snapshot), str(snapshot))):
+        one_line_error(run_unprivileged(*args), 4, "permission denied", str(snapshot))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lading.core.errors import NotFound
+from lading.core.errors import NotFound, local_error
 from lading.core.keys import safe_join
 from lading.hooks.stage import (
     QuietStageEvents,
@@ -36,7 +36,10 @@ class Staged:
 
 
 def _into_directory(dest: str) -> bool:
-    return dest.endswith("/") or Path(dest).is_dir()
+    try:
+        return dest.endswith("/") or Path(dest).is_dir()
+    except OSError as err:  # under a directory we may not enter: is_dir raises EACCES
+        raise local_error(err, f"create DEST {dest}") from None
 
 
 def _find_object(uri: StoreURI, config: StoreConfig | None) -> tuple[Store, ObjectInfo] | None:

@@ -350,8 +350,8 @@ def _open_checked(path: Path) -> IO[bytes]:
         handle = _open(path)
     except FileNotFoundError:
         raise NotFound(f"no snapshot at {path}") from None
-    except OSError as err:
-        raise UsageError(f"cannot read the snapshot {path}: {err.strerror or err}") from None
+    except OSError as err:  # permission denied: 4, as for any file we may not read
+        raise local_error(err, f"read the snapshot {path}") from None
     return handle if isinstance(handle, io.BufferedReader) else io.BufferedReader(handle)  # type: ignore[type-var]
 
 
