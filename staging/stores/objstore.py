@@ -31,7 +31,7 @@ import logging
 import re
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from lading.core.errors import LadingError, NotFound, ObjectChanged, UsageError
 from lading.core.keys import key_parts
@@ -111,7 +111,7 @@ class ObstoreReads(ListingMixin, Store):
         """GetOptions that ask the server for exactly ``version``."""
         raise NotImplementedError
 
-    def _version_of(self, meta: dict[str, Any]) -> str:
+    def _version_of(self, meta: Mapping[str, Any]) -> str:
         """The version (as :class:`ObjectInfo` spells it) of obstore's ObjectMeta."""
         raise NotImplementedError
 
@@ -160,7 +160,7 @@ class ObstoreReads(ListingMixin, Store):
         """``operation()`` under this store's retry policy."""
         return with_retries(operation, self.config.retry)
 
-    def _check_version(self, meta: dict[str, Any], version: str | None, key: str) -> str:
+    def _check_version(self, meta: Mapping[str, Any], version: str | None, key: str) -> str:
         got = self._version_of(meta)
         if version and got and got != version:
             raise ObjectChanged(f"{self._where(key)} changed while lading read it (asked for version "
@@ -186,7 +186,7 @@ class ObstoreReads(ListingMixin, Store):
         """HEAD one object."""
         return self._reads(key).stat(key)
 
-    def _info(self, key: str, meta: dict[str, Any]) -> ObjectInfo:
+    def _info(self, key: str, meta: Mapping[str, Any]) -> ObjectInfo:
         modified = meta.get("last_modified")
         return ObjectInfo(key, int(meta["size"]), self._version_of(meta),
                           modified.timestamp() if modified else 0.0)

@@ -17,7 +17,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from lading.core.errors import LadingError, TransientError
 from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, RangeRequest
@@ -39,8 +39,8 @@ class ReadsOwner(Protocol):
     def _pin(self, version: str) -> dict[str, Any]: ...
     def _obstore_store(self) -> Any: ...
     def _translate(self, err: BaseException, what: str) -> BaseException: ...
-    def _check_version(self, meta: dict[str, Any], version: str | None, key: str) -> str: ...
-    def _info(self, key: str, meta: dict[str, Any]) -> ObjectInfo: ...
+    def _check_version(self, meta: Mapping[str, Any], version: str | None, key: str) -> str: ...
+    def _info(self, key: str, meta: Mapping[str, Any]) -> ObjectInfo: ...
     def _retrying(self, operation: Callable[[], Any]) -> Any: ...
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class ObstoreReader:
             options["range"] = ((request.start, request.end) if request.end is not None
                                 else {"offset": request.start})
         try:
-            result = await obstore.get_async(owner._obstore_store(), path, options=options)
+            result = await obstore.get_async(owner._obstore_store(), path, options=options)  # type: ignore[arg-type]
         except Exception as err:
             mapped = owner._translate(err, where)
             if _status(err) == 416:

@@ -250,10 +250,10 @@ class _Engine:
         """Small objects read in one batch, then each written, verified and published; an object
         whose read failed, or whose bytes do not match, goes the one-by-one way (its own retries)."""
         self._checkpoint()
-        outcomes = self.reader.fetch_small_many([item.info for item in items])
-        if outcomes is None:
+        fetched = self.reader.fetch_small_many([item.info for item in items])
+        if fetched is None:
             self._batching = False
-            outcomes = [None] * len(items)
+        outcomes: list[memoryview | BaseException | None] = [None] * len(items) if fetched is None else list(fetched)
         for item, outcome in zip(items, outcomes):
             self._checkpoint()
             if isinstance(outcome, (LadingError, OSError)):  # after the core's own retries

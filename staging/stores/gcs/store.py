@@ -37,7 +37,7 @@ import os
 import threading
 from datetime import timezone
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Sequence, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from lading.core.errors import LadingError, NotFound, ObjectChanged, TransientError
 from lading.core.retry import with_retries
@@ -131,7 +131,7 @@ class GCSStore(ObstoreReads):
     def _pin(self, version: str) -> dict[str, Any]:
         return {"version": version}
 
-    def _version_of(self, meta: dict[str, Any]) -> str:
+    def _version_of(self, meta: Mapping[str, Any]) -> str:
         return str(meta.get("version") or "")
 
     def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,

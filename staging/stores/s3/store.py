@@ -26,7 +26,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from lading.core.errors import AccessDenied, LadingError, ObjectChanged, TransientError
 from lading.core.retry import with_retries
@@ -114,10 +114,10 @@ class S3Store(ObstoreReads):
     def _pin(self, version: str) -> dict[str, Any]:
         return {"if_match": f'"{version}"'}
 
-    def _version_of(self, meta: dict[str, Any]) -> str:
+    def _version_of(self, meta: Mapping[str, Any]) -> str:
         return plain_etag(meta.get("e_tag"))
 
-    def _info(self, key: str, meta: dict[str, Any]) -> ObjectInfo:
+    def _info(self, key: str, meta: Mapping[str, Any]) -> ObjectInfo:
         etag = plain_etag(meta.get("e_tag"))
         modified = meta.get("last_modified")
         return ObjectInfo(key, int(meta["size"]), etag, modified.timestamp() if modified else 0.0,
