@@ -19,8 +19,8 @@ Set-ups (bucket ``bucket`` on the test server unless said otherwise):
     local     nothing remote: the example makes its own local data (no moto variables either)
     fuse      the example mounts: skipped where /dev/fuse or fusermount3 is missing
 
-The environment also has TMPDIR set to a temporary directory of the test's own, and RAY_TMPDIR
-to a short one (Ray's socket paths must fit in 107 bytes).
+The environment also has TMPDIR and RAY_TMPDIR set to a short temporary directory of the test's
+own (AF_UNIX socket paths, of multiprocessing's fork server and of Ray, must fit in 107 bytes).
 """
 
 from __future__ import annotations
@@ -208,10 +208,9 @@ def example_env(example: Example, tmp_path: Path, server_env: dict[str, str]) ->
     if "local" not in example.needs:
         env.update(server_env)
     env["LADING_CACHE_DIR"] = str(tmp_path / "node-cache")
-    env["TMPDIR"] = str(tmp_path / "tmp")
-    (tmp_path / "tmp").mkdir()
-    # Ray's session sockets must fit in an AF_UNIX path (107 bytes): a short directory of its own
-    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray")  # in the session's (short) TMPDIR: tests/hermetic.py
+    # AF_UNIX paths (107 bytes: multiprocessing's fork server, Ray's session sockets) must fit
+    # under it: a short directory in the session's short TMPDIR (tests/hermetic.py), removed after
+    env["TMPDIR"] = env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ex")
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -272,10 +271,12 @@ def test_example_runs(example: Example, tmp_path: Path, moto_server) -> None:
     try:
         result = run_in_group(command(example, script), cwd, env)
     finally:
-        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
+        shutil.rmtree(env["TMPDIR"], ignore_errors=True)
     assert result.returncode == 0, (
         f"{example.id} failed (exit {result.returncode})\n--- stdout\n{result.stdout[-3000:]}"
         f"\n--- stderr\n{result.stderr[-3000:]}")
+    # an example follows the fork rule it teaches: no worker forked after the I/O core started
+    assert "obstore is not fork-safe" not in result.stderr, f"{example.id}:\n{result.stderr[-3000:]}"
 
 
 def test_markers_parse() -> None:
