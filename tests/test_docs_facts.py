@@ -79,7 +79,7 @@ def test_the_library_sets_no_environment_variable_but_tokio_worker_threads():
                 writes.append((path.name, ast.unparse(node.args[0]) if node.args else ""))
             if isinstance(node, (ast.Assign, ast.Delete)):
                 targets = node.targets
-                writes += [(path.name, ast.unparse(t)) for t in targets
+                writes += [(path.name, ast.unparse(t.slice)) for t in targets
                            if isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ"]
             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.putenv", "os.unsetenv"):
                 writes.append((path.name, ast.unparse(node.func)))
