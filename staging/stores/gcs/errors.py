@@ -5,9 +5,6 @@ The SDK modules are imported lazily (inside :func:`translate`), so importing thi
 
 from __future__ import annotations
 
-import http.client
-import socket
-
 from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
 
 CREDENTIALS_HINT = ("check Google credentials (GOOGLE_APPLICATION_CREDENTIALS or "
@@ -78,7 +75,9 @@ def from_response(code: str, status: int, message: str, what: str) -> LadingErro
 
 
 def _is_network_error(err: BaseException) -> bool:
-    if isinstance(err, (ConnectionError, TimeoutError, socket.timeout, http.client.HTTPException)):
+    import http.client  # here, not at the top: it imports the email package (a command's start-up)
+
+    if isinstance(err, (ConnectionError, TimeoutError, http.client.HTTPException)):
         return True
     import requests.exceptions as rex
     from urllib3 import exceptions as u3

@@ -5,9 +5,6 @@ botocore is imported lazily (inside :func:`translate`), so importing this module
 
 from __future__ import annotations
 
-import http.client
-import socket
-
 from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
 
 _NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchUpload", "404"}
@@ -110,7 +107,9 @@ def bucket_not_found(what: str) -> NotFound:
 
 def _is_network_error(err: BaseException) -> bool:
     """urllib3 / socket level failures that botocore did not wrap (mostly while reading a body)."""
-    if isinstance(err, (ConnectionError, TimeoutError, socket.timeout, http.client.HTTPException)):
+    import http.client  # here, not at the top: it imports the email package (a command's start-up)
+
+    if isinstance(err, (ConnectionError, TimeoutError, http.client.HTTPException)):
         return True
     try:
         from urllib3 import exceptions as u3
