@@ -1,0 +1,205 @@
+"""Sync at ImageNet scale (issue 27): a first sync and a no-op re-sync of many empty files, lading
+against rclone and s5cmd, wall time, CPU seconds and peak RSS of each command (GNU time).
+
+Two sources, each synced into a fresh DEST by every tool, then re-synced with nothing changed:
+
+  local   N empty files (default 1,280,000, ImageNet's train set) in 1,000 folders on the
+          filesystem of --work (ext4 under /tmp here); local -> local, so only listing,
+          planning and bookkeeping count. s5cmd copies only to or from a bucket: not in this row.
+  rgw     M empty objects (default 200,000) in 200 folders in the bucket --bucket on the shared
+          Ceph RGW (seeded with rclone from a local tree of the same shape).
+
+Commands (W = --workers, 64 = lading's default):
+  lading  python -m lading sync SRC DEST --no-cache --json   (twice)
+  rclone  rclone copy SRC DEST --transfers W --checkers W      (twice; env -u AWS_CA_BUNDLE)
+  s5cmd   s5cmd --numworkers W cp 's3://B/P/*' DEST/ then s5cmd --numworkers W sync ... (no-op)
+
+Everything it creates is removed at the end (the trees, the DESTs and the bucket), unless --keep.
+
+    .venv/bin/python bench/bench_sync_scale.py --peers-venv /tmp/ss/tools/v
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchtools import DEFAULT_PEERS_VENV, Log, lading_state, load, machine_lines, new_lading, peer_env, peer_path, \
+    versions
+
+log = Log(None)
+
+
+class Run:
+    """Wall seconds, CPU seconds (user + system), peak RSS (MiB) of one command."""
+
+    def __init__(self, wall: float, cpu: float, rss_mib: float) -> None:
+        self.wall, self.cpu, self.rss = wall, cpu, rss_mib
+
+
+def timed(argv: list[str], cwd: Path | None = None) -> Run:
+    """Run under GNU time (a small C parent, so the RSS is the command's own); exit != 0 raises."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
+        start = time.perf_counter()
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", "-o", out.name, *argv], cwd=cwd,
+                              env=peer_env(), capture_output=True)
+        wall = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise SystemExit(f"{argv[0]}: exit {proc.returncode}: {proc.stderr.decode()[-1500:]}")
+        rss, user, system = out.read().strip().splitlines()[-1].split()
+    return Run(wall, float(user) + float(system), int(rss) / 1024)
+
+
+def make_tree(root: Path, count: int, folders: int) -> None:
+    """``count`` empty files in ``folders`` folders, once (a marker file says it is complete)."""
+    marker = root.with_name(root.name + ".done")
+    if marker.exists():
+        return
+    shutil.rmtree(root, ignore_errors=True)
+    log(f"creating {count:,} empty files in {folders} folders under {root} ...")
+    per = -(-count // folders)
+    made = 0
+    for f in range(folders):
+        folder = root / f"n{f:08d}"
+        folder.mkdir(parents=True)
+        for i in range(min(per, count - made)):
+            os.close(os.open(folder / f"n{f:08d}_{i:06d}.JPEG", os.O_CREAT | os.O_WRONLY, 0o644))
+        made += min(per, count - made)
+    marker.write_text("")
+
+
+def count_files(root: Path) -> int:
+    return sum(1 for _, _, names in os.walk(root) for name in names if not name.startswith(".lading"))
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(args.work)
+        self.lading = new_lading()
+        self.rclone = peer_path("rclone", args.peers_venv)
+        self.s5cmd = peer_path("s5cmd", args.peers_venv)
+        self.rows: list[str] = []
+        self.conf = self.work / "rclone.conf"
+
+    def record(self, source: str, tool: str, phase: str, run: Run, files: int) -> None:
+        row = (f"| {source} | {tool} | {phase} | {run.wall:.1f} | {run.cpu:.1f} | {run.rss:.0f} | "
+               f"{files:,} | {load()} |")
+        log(row)
+        self.rows.append(row)
+
+    def pair(self, source: str, tool: str, first: list[str], noop: list[str], dest: Path, want: int,
+             cwd: Path | None = None) -> None:
+        """First sync into an empty DEST, then the no-op re-sync; DEST removed afterwards."""
+        shutil.rmtree(dest, ignore_errors=True)
+        try:
+            run = timed(first, cwd)
+            got = count_files(dest)
+            self.record(source, tool, "first sync", run, got)
+            if got != want:
+                raise SystemExit(f"{tool}: {got} files in {dest}, expected {want}")
+            self.record(source, tool, "no-op re-sync", timed(noop, cwd), count_files(dest))
+        finally:
+            shutil.rmtree(dest, ignore_errors=True)
+
+    def lading_argv(self, source: str, dest: Path, *extra: str) -> list[str]:
+        return self.lading.argv("sync", source, str(dest), "--no-cache", "--json",
+                                "--workers", str(self.args.workers), *extra)
+
+    def rclone_argv(self, source: str, dest: Path) -> list[str]:
+        return [self.rclone, "--config", str(self.conf), "copy", source, str(dest),
+                "--transfers", str(self.args.workers), "--checkers", str(self.args.workers)]
+
+    def local(self) -> None:
+        count = self.args.local_keys
+        source = self.work / f"src-{count}"
+        make_tree(source, count, 1000)
+        dest = self.work / "dest"
+        tools = self.args.tools.split(",")
+        if "lading" in tools:
+            argv = self.lading_argv(str(source), dest)
+            self.pair(f"local {count:,}", "lading", argv, argv, dest, count, self.lading.root)
+        if "rclone" in tools and self.rclone:
+            argv = self.rclone_argv(str(source), dest)
+            self.pair(f"local {count:,}", "rclone", argv, argv, dest, count)
+
+    def rgw(self) -> None:
+        count, bucket, endpoint = self.args.rgw_keys, self.args.bucket, self.args.endpoint
+        seed = self.work / f"seed-{count}"
+        make_tree(seed, count, 200)
+        remote = f"rgw:{bucket}/scale"
+        subprocess.run([self.rclone, "--config", str(self.conf), "mkdir", f"rgw:{bucket}"], env=peer_env(), check=True)
+        log(f"seeding {count:,} empty objects into s3://{bucket}/scale/ with rclone ...")
+        timed([self.rclone, "--config", str(self.conf), "copy", str(seed), remote, "--transfers", "64",
+               "--checkers", "64"])
+        dest = self.work / "dest"
+        tools = self.args.tools.split(",")
+        name = f"RGW {count:,}"
+        if "lading" in tools:
+            argv = self.lading_argv(f"s3://{bucket}/scale", dest, "--endpoint-url", endpoint)
+            self.pair(name, "lading", argv, argv, dest, count, self.lading.root)
+        if "rclone" in tools and self.rclone:
+            argv = self.rclone_argv(remote, dest)
+            self.pair(name, "rclone", argv, argv, dest, count)
+        if "s5cmd" in tools and self.s5cmd:
+            base = [self.s5cmd, "--endpoint-url", endpoint, "--numworkers", str(self.args.workers)]
+            self.pair(name, "s5cmd", base + ["cp", f"s3://{bucket}/scale/*", f"{dest}/"],
+                      base + ["sync", f"s3://{bucket}/scale/*", f"{dest}/"], dest, count)
+
+    def remove_bucket(self) -> None:
+        log(f"removing the bucket {self.args.bucket} ...")
+        subprocess.run([self.rclone, "--config", str(self.conf), "purge", f"rgw:{self.args.bucket}",
+                        "--checkers", "64"], env=peer_env(), check=False)
+
+
+def main() -> None:
+    global log
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="local,rgw", help="local, rgw or both (default %(default)s)")
+    parser.add_argument("--tools", default="lading,rclone,s5cmd")
+    parser.add_argument("--local-keys", type=int, default=1_280_000)
+    parser.add_argument("--rgw-keys", type=int, default=200_000)
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--work", default="/tmp/bench-syncscale")
+    parser.add_argument("--endpoint", default="http://127.0.0.1:7480")
+    parser.add_argument("--bucket", default="bench-syncscale")
+    parser.add_argument("--peers-venv", default=DEFAULT_PEERS_VENV)
+    parser.add_argument("--keep", action="store_true", help="keep the source trees (and the bucket)")
+    args = parser.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    log = Log(work / "out")
+    bench = Bench(args)
+    bench.conf.write_text("[rgw]\ntype = s3\nprovider = Ceph\naccess_key_id = test\nsecret_access_key = test\n"
+                          f"endpoint = {args.endpoint}\n")
+    for line in machine_lines() + versions({k: v for k, v in (("rclone", bench.rclone), ("s5cmd", bench.s5cmd))
+                                            if v}) + [f"lading: {lading_state(bench.lading)}"]:
+        log(line)
+    log("| source | tool | run | wall s | CPU s | peak RSS MiB | files in DEST | load average |")
+    log("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    try:
+        if "local" in args.only:
+            bench.local()
+        if "rgw" in args.only:
+            bench.rgw()
+    finally:
+        if not args.keep:
+            if "rgw" in args.only and bench.rclone:
+                bench.remove_bucket()
+            log(f"removing {work} ...")
+            shutil.rmtree(work / "dest", ignore_errors=True)
+            for path in work.glob("s*-*"):
+                shutil.rmtree(path, ignore_errors=True)
+                path.with_name(path.name + ".done").unlink(missing_ok=True)
+    log("\n".join(bench.rows))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
