@@ -1,5 +1,5 @@
-"""Small objects are fetched in batches on the I/O core (engine.SMALL_OBJECT, SMALL_BATCH): a
-failure in a batch stays that object's, and a corrupted body is fetched again on its own."""
+"""Small objects are fetched concurrently as coroutines on the I/O core: one object's failure stays
+that object's, and a corrupted body is fetched again on its own."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 from lading.core.errors import AccessDenied
 from lading.stores import StoreConfig, open_store
 from lading.transfer import TransferItem, fetch_all
-from lading.transfer.engine import SMALL_BATCH
 from proxies import FaultProxy
 from sync_fixtures import BUCKET, put_objects, s3_client
+
+SMALL_BATCH = 16  # objects in flight together, for the size of the tests
 
 
 @pytest.fixture

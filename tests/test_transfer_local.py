@@ -313,51 +313,6 @@ def test_sidecar_is_plain_json_naming_the_version(tmp_path):
     assert ResumeRecord.load(path) is None
 
 
-def test_parts_wait_for_the_checksum_to_catch_up_within_the_lead(tmp_path):
-    from lading.transfer.large import LargeContext, LargeDownload
-    from lading.transfer.readers import StoreReader
-
-    data = os.urandom(6000)  # 6 parts
-    store = _make_source(tmp_path / "src", {"big": data})
-    [item] = _items(store, tmp_path / "dest", {"big": data})
-    (tmp_path / "dest").mkdir()
-    woken: list[int] = []
-    done: list[TransferResult] = []
-    ctx = LargeContext(StoreReader(store), TINY, lambda n: None, done.append, lambda: None,
-                       woken.append, lead=2)
-    download = LargeDownload(item, ctx)
-    assert download.prepare() == list(range(6))
-
-    assert [download.next_part(), download.next_part()] == [0, 1]
-    assert download.next_part() is None  # part 2 would run 2 parts ahead of the unhashed part 0
-    download.run_part(1)
-    assert download.next_part() is None and woken == []  # part 0 still unhashed
-    download.run_part(0)  # hashes parts 0 and 1: two more parts may start
-    assert woken == [1, 1]
-    assert [download.next_part(), download.next_part(), download.next_part()] == [2, 3, None]
-    for index in (2, 3):
-        download.run_part(index)
-    assert [download.next_part(), download.next_part(), download.next_part()] == [4, 5, None]
-    for index in (4, 5):
-        download.run_part(index)
-    assert download.has_parts is False
-    assert [r.ok for r in done] == [True] and (tmp_path / "dest" / "big").read_bytes() == data
-
-
-def test_without_a_checksum_parts_are_not_held_back(tmp_path):
-    from lading.transfer.large import LargeContext, LargeDownload
-    from lading.transfer.readers import StoreReader
-
-    store = _make_source(tmp_path / "src", {"big": os.urandom(6000)})
-    [item] = _items(store, tmp_path / "dest")  # no MD5 listed: nothing to hash
-    (tmp_path / "dest").mkdir()
-    ctx = LargeContext(StoreReader(store), TINY, lambda n: None, lambda r: None, lambda: None,
-                       lambda n: None, lead=2)
-    download = LargeDownload(item, ctx)
-    download.prepare()
-    assert [download.next_part() for _ in range(7)] == [0, 1, 2, 3, 4, 5, None]
-
-
 def test_a_resumed_download_with_a_small_lead_hashes_the_parts_on_disk_and_completes(tmp_path):
     data = os.urandom(8000)  # 8 parts
     store = _make_source(tmp_path / "src", {"big": data})

@@ -19,7 +19,7 @@ from lading.stores.base import ObjectInfo
 from lading.stores.s3.store import S3Store
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
 from lading.transfer.files import ResumeRecord, is_temporary, sidecar_path
-from lading.transfer.readers import StreamingReader, open_reader
+from lading.transfer.readers import NativeSource, open_source
 from lading.transfer.verify import IntegrityError
 from proxies import FaultProxy
 
@@ -75,8 +75,8 @@ def _object_gets(proxy: FaultProxy) -> list:
 
 def test_s3_stores_stream_through_the_version_checked_reader(s3_env, tmp_path):
     store = _store(s3_env["AWS_ENDPOINT_URL"])
-    assert isinstance(open_reader(store, FAST_RETRY), StreamingReader)
-    assert not isinstance(open_reader(open_store(str(tmp_path)), FAST_RETRY), StreamingReader)
+    assert isinstance(open_source(store, FAST_RETRY), NativeSource)
+    assert not isinstance(open_source(open_store(str(tmp_path)), FAST_RETRY), NativeSource)
 
 
 def test_small_and_ranged_downloads_are_byte_identical(s3, s3_env, tmp_path):

@@ -59,6 +59,11 @@ class LocalIOError(LadingError):
     exit_code = 6
 
 
+class NoAnswer(TransientError):
+    """A request got no answer at all: the connection was refused, or no response came in time
+    (not a body cut short after the response began)."""
+
+
 class Throttled(TransientError):
     """The server asked us to slow down (503 SlowDown, 429)."""
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Iterator, Sequence
+from typing import Callable, ClassVar, Iterator, Protocol, Sequence
 
 from lading.core.errors import UsageError
+from lading.core.retry import RetryPolicy
 from lading.stores.config import StoreConfig
 
 #: Called with a number of bytes just transferred.
@@ -64,6 +65,19 @@ class Fetched:
     nbytes: int
     size: int
     version: str
+
+
+class CoroutineReads(Protocol):
+    """Reads of one store as coroutines on the I/O core (:meth:`Store.coroutine_reads`)."""
+
+    async def read(self, request: RangeRequest, policy: RetryPolicy | None = None) -> memoryview:
+        """The range collected whole, retried under ``policy`` (default: the store's)."""
+        ...
+
+    async def attempt(self, key: str, start: int, end: int | None, version: str | None, sink: Sink,
+                      on_version: Callable[[str], None]) -> Fetched:
+        """One GET, no retry (a :class:`lading.stores.download.RangeAttempt`)."""
+        ...
 
 
 class Store(ABC):
@@ -116,6 +130,13 @@ class Store(ABC):
                  progress: ProgressCallback | None = None, size: int | None = None) -> None:
         """Write the whole object to ``dest`` (the caller picks a temporary name); a ``size``
         known from a listing lets large objects come in parallel ranged parts."""
+
+    def coroutine_reads(self, key: str) -> CoroutineReads | None:
+        """The reads of ``key`` as coroutines for the I/O core's loop (the transfer engine drives
+        them, with no thread hop per object), or None when this store has none (its blocking reads
+        then run in a pool thread). May block the first time (a client or route decided once):
+        call it off the loop until it has answered once."""
+        return None
 
     def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
         """Bytes ``[start, end)`` (fewer at the end of the object) of ``version``."""

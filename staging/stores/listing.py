@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
 
 from lading.core.errors import TransientError, UnsafeKey
+from lading.core.retry import Attempts
 from lading.stores.base import ObjectInfo
 from lading.stores.process import use_obstore
 
@@ -135,22 +136,20 @@ class ListingMixin:
         """obstore's listing stream, page by page; a transient failure reopens it after
         ``resume_after()`` (the last key the caller took), up to the retry policy's attempts."""
         where = self._where(prefix)
-        policy = self.config.retry
-        failures = 0
+        attempts = Attempts(self.config.retry)
         first = resume_after()
-        pages = self._call(where, lambda store: self._open_listing(store, prefix, first))
+        pages = self._translated(where, lambda store: self._open_listing(store, prefix, first))
         while True:
             try:
                 page = self._translated(where, lambda _store: next(pages, None))
             except TransientError as err:
-                failures += 1
-                if failures >= policy.attempts:
-                    raise
+                delay = attempts.failed(err)
                 log.info("listing %s failed (%s); resuming after the last key", where, err)
-                time.sleep(policy.delay(failures))
+                time.sleep(delay)
                 after = resume_after()
-                pages = self._call(where, lambda store: self._open_listing(store, prefix, after))
+                pages = self._translated(where, lambda store: self._open_listing(store, prefix, after))
                 continue
+            attempts.succeeded()
             if page is None:
                 return
             yield page

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -40,7 +41,6 @@ from lading.stores.base import Fetched, ObjectInfo, Outcomes, ProgressCallback, 
 from lading.stores.config import StoreConfig
 from lading.stores.listing import ListingMixin
 from lading.stores.obstore_errors import FromResponse, status_and_code, translate
-from lading.stores.resume import resume_into
 from lading.stores.obstore_reads import ObstoreReader
 from lading.stores.process import ProcessLocal, note_obstore_start, obstore_allowed, use_obstore, warn_fallback
 from lading.stores.sdk_reads import SdkReader
@@ -92,7 +92,7 @@ class ObstoreReads(ListingMixin, Store):
 
     def __init__(self, uri: StoreURI, config: StoreConfig, from_response: FromResponse) -> None:
         self.uri = uri
-        self.config = config
+        self.config = replace(config, retry=replace(config.retry, endpoint=config.retry.endpoint or self._endpoint(config)))
         self.url = str(uri)
         self.bucket = uri.bucket
         self.root = root_prefix(uri.prefix)
@@ -116,6 +116,12 @@ class ObstoreReads(ListingMixin, Store):
         raise NotImplementedError
 
     # -- shared machinery -------------------------------------------------------------------------
+
+    def _endpoint(self, config: StoreConfig) -> str:
+        """Where this store's requests go (for retry messages and the never-answered rule)."""
+        if self.scheme == "gs":
+            return config.gcs_endpoint or "https://storage.googleapis.com"
+        return config.endpoint_url or "https://s3.amazonaws.com"
 
     def _where(self, key: str = "") -> str:
         return f"{self.scheme}://{self.bucket}/{self.root}{key}"
@@ -179,6 +185,10 @@ class ObstoreReads(ListingMixin, Store):
         if not obstore_allowed():
             warn_fallback(self.url)
         return self._sdk
+
+    def coroutine_reads(self, key: str) -> ObstoreReader | SdkReader | None:
+        """The reader that serves ``key`` in this process (obstore, or the SDK in a pool thread)."""
+        return self._reads(key)
 
     # -- the Store protocol -----------------------------------------------------------------------
 
@@ -299,4 +309,4 @@ class ObstoreReads(ListingMixin, Store):
 
 
 __all__ = ["Fetched", "FromResponse", "NO_RETRIES", "ObstoreReads", "RangeRequest", "Sink", "client_options",
-           "resume_into", "status_and_code", "translate"]
+           "status_and_code", "translate"]

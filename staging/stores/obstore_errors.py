@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from lading.core.errors import LadingError, TransientError, UnsafeKey
+from lading.core.errors import LadingError, NoAnswer, TransientError, UnsafeKey
 
 #: An error response as a project error: (error code from the body, HTTP status, message, what).
 FromResponse = Callable[[str, int, str, str], LadingError]
@@ -67,6 +67,8 @@ def translate(err: BaseException, what: str, from_response: FromResponse) -> Bas
     if "token request" in str(err).lower() or "credential" in str(err).lower():
         return from_response("InvalidToken", 401, message, what)
     # No HTTP status: the request never got an answer, or its body broke off.
+    if "error sending request" in str(err):  # no response at all (refused, or none in time)
+        return NoAnswer(f"network error on {what}: {message}", _network_hint(err))
     return TransientError(f"network error on {what}: {message}", _network_hint(err))
 
 

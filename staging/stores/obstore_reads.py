@@ -5,23 +5,22 @@ the version in the answer checked against the one asked for, the body collected 
 ``bytes_async`` into a zero-copy :class:`obstore.Bytes`, errors translated and transient ones
 retried inside the loop. A batch (:meth:`ObstoreReader.read_many`) is one hop from the
 caller's thread, its requests concurrent. Small bodies arrive whole; a large one is streamed
-in pieces (:meth:`ObstoreReader.stream`, resumable by the caller from the bytes it got) or
-downloaded as parallel ranged parts written in place with ``os.pwrite``
-(:meth:`ObstoreReader.download`).
+in pieces (:meth:`ObstoreReader.attempt`, resumed by :func:`lading.stores.download.fetch_range`)
+or downloaded by the one ranged downloader (:func:`lading.stores.download.download_file`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from lading.core.errors import LadingError, TransientError
+from lading.core.errors import TransientError
+from lading.core.retry import RetryPolicy, note_answer, with_retries_async
 from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, RangeRequest
 from lading.stores.config import StoreConfig
+from lading.stores.download import PART_SIZE, SLICE, download_file
 from lading.stores.iocore import io_core
 from lading.stores.obstore_errors import status_and_code
 
@@ -47,8 +46,6 @@ log = logging.getLogger(__name__)
 
 #: A body up to this size is collected whole in one hop; a larger one is streamed in pieces.
 WHOLE_LIMIT = 2 << 20
-#: Part size of a parallel download; objects larger than one part are fetched in parts.
-PART_SIZE = 16 << 20
 #: A streamed body arrives in pieces of an eighth of its length, within these bounds: a cut body
 #: loses only the piece in flight, so smaller pieces resume closer to where it broke, larger ones
 #: cost fewer hops per byte.
@@ -100,6 +97,8 @@ class ObstoreReader:
             result = await obstore.get_async(owner._obstore_store(), path, options=options)  # type: ignore[arg-type]
         except Exception as err:
             mapped = owner._translate(err, where)
+            if _status(err):
+                note_answer(owner.config.retry.endpoint)
             if _status(err) == 416:
                 return _Answer(request.version or "", request.start, empty=True)
             if ranged and "non-partial response" in str(err):
@@ -108,6 +107,7 @@ class ObstoreReader:
                 owner._ranges_ignored = True
                 return await self._attempt_sliced(request)
             raise mapped from err
+        note_answer(owner.config.retry.endpoint)
         meta = result.meta
         got = owner._check_version(meta, request.version, request.key)
         first, last = result.range
@@ -136,24 +136,38 @@ class ObstoreReader:
         return _Answer(whole.version, whole.size, data=memoryview(whole.data)[request.start:stop],
                        length=stop - request.start)
 
-    async def _with_retries(self, request: RangeRequest, collect: bool = True) -> _Answer:
-        """:meth:`_attempt` with the store's retry policy for transient failures."""
-        policy = self.owner.config.retry
-        attempt = 1
-        while True:
-            try:
-                return await self._attempt(request, collect)
-            except TransientError as err:
-                if attempt >= policy.attempts:
-                    raise
-                log.info("retrying %s after a transient error (attempt %d of %d): %s",
-                         self.owner._where(request.key), attempt, policy.attempts, err)
-                await asyncio.sleep(policy.delay(attempt))
-                attempt += 1
-
-    async def _read(self, request: RangeRequest) -> memoryview:
-        answer = await self._with_retries(request)
+    async def read(self, request: RangeRequest, policy: RetryPolicy | None = None) -> memoryview:
+        """One range, collected whole (a zero-copy view), retried under ``policy`` (the store's)."""
+        answer = await with_retries_async(lambda: self._attempt(request, True), policy or self.owner.config.retry)
         return memoryview(b"") if answer.empty else memoryview(answer.data)
+
+    async def attempt(self, key: str, start: int, end: int | None, version: str | None,
+                      sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Fetched:
+        """One GET of bytes ``[start, end)``, no retry (a :class:`lading.stores.download.RangeAttempt`):
+        a small body in one piece, a larger one in pieces of about :data:`SLICE` bytes as they arrive."""
+        if end is not None and end <= start:
+            return Fetched(0, start, version or "")
+        where = self.owner._where(key)
+        answer = await self._attempt(RangeRequest(key, start, end, version), None)
+        if answer.empty:
+            return Fetched(0, start, version or "")
+        on_version(answer.version)
+        if answer.data is not None:
+            sink(memoryview(answer.data))
+            return Fetched(len(answer.data), answer.size, answer.version)
+        delivered = 0
+        try:
+            async for piece in answer.result.stream(min_chunk_size=SLICE):
+                sink(memoryview(piece))
+                delivered += len(piece)
+        except Exception as err:
+            mapped = self.owner._translate(err, where)
+            if mapped is err:
+                raise
+            raise mapped from err
+        if delivered != answer.length:
+            raise TransientError(f"{where}: the body ended after {delivered} of {answer.length} bytes")
+        return Fetched(delivered, answer.size, answer.version)
 
     # -- the caller's side ------------------------------------------------------------------------
 
@@ -175,12 +189,12 @@ class ObstoreReader:
     def read_many(self, requests: Sequence[RangeRequest]) -> list[memoryview]:
         """Each request's bytes (zero-copy views), fetched concurrently in one hop; retried per
         request. A range past the end of an object is empty."""
-        return io_core().run_all([self._read(request) for request in requests])
+        return io_core().run_all([self.read(request) for request in requests])
 
     def read_each(self, requests: Sequence[RangeRequest]) -> list[memoryview | BaseException]:
         """As :meth:`read_many`, but each request's failure (after its retries) comes back in its
         place instead of failing the batch."""
-        return [outcome[0] for outcome in io_core().run_all([_outcome(self._read(request)) for request in requests])]
+        return [outcome[0] for outcome in io_core().run_all([_outcome(self.read(request)) for request in requests])]
 
     def stream(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int = 0,
                end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
@@ -239,86 +253,10 @@ class ObstoreReader:
 
     def download(self, key: str, dest: Path, version: str | None = None,
                  progress: ProgressCallback | None = None, size: int | None = None) -> None:
-        """The object into ``dest``. When its ``size`` is known and larger than a part, the parts
-        are fetched concurrently, pinned to ``version`` (or to the first part's answer), each
-        written in place as it arrives; otherwise one GET streams it. A cut body resumes from the
-        bytes received."""
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            io_core().run(self._download(key, fd, version, progress, size))
-        finally:
-            os.close(fd)
-
-    async def _download(self, key: str, fd: int, version: str | None, progress: ProgressCallback | None,
-                        size: int | None) -> None:
-        if size is None or size <= PART_SIZE:
-            await self._fetch_part(fd, RangeRequest(key, 0, None, version), progress)
-            return
-        os.ftruncate(fd, size)
-        size, pinned = await self._fetch_part(fd, RangeRequest(key, 0, PART_SIZE, version), progress)
-        parts = [self._fetch_part(fd, RangeRequest(key, start, min(start + PART_SIZE, size), pinned), progress)
-                 for start in range(PART_SIZE, size, PART_SIZE)]
-        await io_core()._gather(parts)
-
-    async def _fetch_part(self, fd: int, request: RangeRequest,
-                          progress: ProgressCallback | None) -> tuple[int, str]:
-        """Bytes ``[start, end)`` written at their offsets in ``fd``, streamed; a transient failure
-        resumes after the bytes already written (pinned to the version first answered), within the
-        retry policy. Returns the object's size and version."""
-        policy = self.owner.config.retry
-        where = self.owner._where(request.key)
-        position, version = request.start, request.version
-        failures = 0
-        while True:
-            try:
-                answer = await self._attempt(RangeRequest(request.key, position, request.end, version), False)
-                if answer.empty:
-                    return answer.size if position else 0, answer.version
-                version = version or answer.version or None
-                if answer.data is not None:
-                    await _write_at(fd, answer.data, position, progress)
-                    return answer.size, answer.version
-                first, last = answer.result.range
-                async for piece in answer.result.stream(min_chunk_size=piece_size(last - first)):
-                    await _write_at(fd, piece, position, progress)
-                    position += len(piece)
-                stop = answer.size if request.end is None else min(request.end, answer.size)
-                if position != stop:
-                    raise TransientError(f"{where}: the body ended at byte {position} of {stop}")
-                return answer.size, answer.version
-            except TransientError as err:
-                failures += 1
-                if failures >= policy.attempts:
-                    raise
-                log.info("resuming %s at byte %d after a transient error: %s", where, position, err)
-                await asyncio.sleep(policy.delay(failures))
-            except LadingError:
-                raise
-            except Exception as err:  # the body broke off mid-stream: obstore's error
-                mapped = self.owner._translate(err, where)
-                if not isinstance(mapped, TransientError):
-                    raise mapped from err
-                failures += 1
-                if failures >= policy.attempts:
-                    raise mapped from err
-                log.info("resuming %s at byte %d after a transient error: %s", where, position, mapped)
-                await asyncio.sleep(policy.delay(failures))
-
-
-async def _write_at(fd: int, data: Any, offset: int, progress: ProgressCallback | None) -> None:
-    """Write a body at ``offset`` off the loop's thread (disk writes must not stall other reads)."""
-    view = memoryview(data)
-
-    def write() -> None:
-        position = offset
-        rest = view
-        while rest:
-            written = os.pwrite(fd, rest, position)
-            rest, position = rest[written:], position + written
-
-    await asyncio.to_thread(write)
-    if progress is not None:
-        progress(len(view))
+        """The object into ``dest`` through the one downloader: ranged parts when its ``size`` is
+        known and larger than a part, else one stream; a cut body resumes from the bytes received."""
+        io_core().run(download_file(self.attempt, self.owner.config.retry, self.owner._where(key), key, dest,
+                                    version, size, progress, PART_SIZE))
 
 
 async def _outcome(work: Any) -> tuple[Any]:

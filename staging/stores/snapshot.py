@@ -37,8 +37,9 @@ from lading.core.atomic import write_atomically
 from lading.core.errors import NotFound, ObjectChanged, UsageError, local_error
 from lading.core.keys import key_parts
 from lading.core.names import hidden_sibling
+from lading.core.retry import RetryPolicy
 from lading.stores.base import (
-    Fetched, ObjectInfo, Outcomes, ProgressCallback, RangeRequest, ReadOnlyStore, Sink, Store, Views,
+    CoroutineReads, Fetched, ObjectInfo, Outcomes, ProgressCallback, RangeRequest, ReadOnlyStore, Sink, Store, Views,
 )
 
 T = TypeVar("T")
@@ -253,6 +254,12 @@ class SnapshotStore(ReadOnlyStore):
             return None
         return bytes(self.read_many([RangeRequest(key, 0, None, info.version or None)])[0]), info.version
 
+    def coroutine_reads(self, key: str) -> CoroutineReads | None:
+        """The source's coroutine reads of ``key``, its missing or changed objects explained against
+        the snapshot (the caller pins each request to the recorded version, as listed)."""
+        reads = self.inner.coroutine_reads(key)
+        return None if reads is None else _ExplainedReads(self, key, reads)
+
     def md5_of_version(self, version: str) -> str | None:
         """As the source says."""
         return self.inner.md5_of_version(version)
@@ -316,6 +323,28 @@ class SnapshotStore(ReadOnlyStore):
             line = handle.readline()
             found = _info(line, self.path, 0) if line else None
             return found if found is not None and found.key == key else None
+
+
+class _ExplainedReads:
+    """A source's coroutine reads, a NotFound or ObjectChanged said as a snapshot says it."""
+
+    def __init__(self, snapshot: SnapshotStore, key: str, reads: CoroutineReads) -> None:
+        self.snapshot, self.key, self.reads = snapshot, key, reads
+
+    async def read(self, request: RangeRequest, policy: RetryPolicy | None = None) -> memoryview:
+        """As the source's, explained."""
+        try:
+            return await self.reads.read(request, policy)
+        except (NotFound, ObjectChanged) as err:
+            raise self.snapshot._explained(err, self.key) from None
+
+    async def attempt(self, key: str, start: int, end: int | None, version: str | None, sink: Sink,
+                      on_version: Callable[[str], None]) -> Fetched:
+        """As the source's, explained."""
+        try:
+            return await self.reads.attempt(key, start, end, version, sink, on_version)
+        except (NotFound, ObjectChanged) as err:
+            raise self.snapshot._explained(err, key) from None
 
 
 def _key_named(err: BaseException, requests: Sequence[RangeRequest]) -> str | None:

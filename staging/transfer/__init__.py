@@ -9,9 +9,9 @@ Contract (used by sync, hook, fetch and pack):
   ``TransferResult`` and never aborts the others, except for KeyboardInterrupt;
 - progress and completion are reported through ``TransferEvents`` callbacks only.
 
-Modules: ``types`` (items, options, results, events), ``engine`` (the worker pool),
-``large`` (ranged parts of one object), ``readers`` (how bytes come from a store),
-``files`` (temporary names, resume records, publishing), ``verify`` (checksums).
+Modules: ``types`` (items, options, results, events), ``engine`` (a coroutine per object on the
+I/O core; large objects through :mod:`lading.stores.download`), ``readers`` (how bytes come from a
+store), ``files`` (temporary names, resume records, publishing), ``verify`` (checksums).
 """
 
 from lading.transfer.engine import fetch_all

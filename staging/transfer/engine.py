@@ -1,49 +1,45 @@
 """The transfer engine: :func:`fetch_all` fetches a batch of objects into final paths, safely.
 
-``workers`` threads pull jobs from the item iterator themselves: a whole-object download for
-a small object, or the parts of a large one (:mod:`lading.transfer.large`), of which at most
-``part_concurrency`` run at once. Items are consumed lazily, so memory holds one result per
-item and nothing per pending item. S3 and GCS stream through obstore
-(:class:`lading.transfer.readers.StreamingReader`), which resumes a cut body.
+Every object is one coroutine on the I/O core (:mod:`lading.stores.iocore`): at most ``workers``
+at once, GET, write, verify, publish and the caller's ``on_done`` (sync journals it there) in a
+row on the loop, with no thread hop per object. A small object is collected whole and written
+in one call; a larger one is streamed to its temporary, hashed as it arrives; a large one is
+fetched as ranged parts by the one downloader (:mod:`lading.stores.download`), at most
+``part_concurrency`` parts at once across all downloads, each part recorded in a sidecar as it
+lands so a killed run resumes with the parts still missing. Blocking store calls of a plain Store
+(local directories) and checksums of parts already on disk run in the loop's thread pool.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import os
 import threading
-import time
-import weakref
-from collections import deque
-from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable
 
-from lading.core.errors import LadingError
+from lading.core.errors import LadingError, ObjectChanged
 from lading.stores.base import Store
+from lading.stores.download import Layout, download_parts, preallocate
+from lading.stores.iocore import io_core
 from lading.transfer.files import (
     DirectoryMaker,
+    ResumeRecord,
     as_lading_error,
     publish,
     remove_temporaries,
+    sidecar_path,
     temporary_path,
     write_file,
 )
-from lading.transfer.large import LargeContext, LargeDownload
-from lading.transfer.readers import Reader, open_reader
+from lading.transfer.readers import Source, open_source, version_of
 from lading.transfer.types import NoEvents, TransferEvents, TransferItem, TransferOptions, TransferResult
 from lading.transfer.verify import IntegrityError, Verifier
 
-#: How long an interrupted transfer waits for running requests before giving up on them.
-_CANCEL_GRACE = 1.0
-#: How far (in multiples of ``part_concurrency`` parts) a download may run ahead of its checksum.
-_HASH_LEAD = 1
-#: Objects up to this size are fetched ``SMALL_BATCH`` at a time in one batched read (one hop to
-#: the I/O core, the GETs concurrent) instead of a call each; a body cut short costs at most this
-#: much again (larger objects resume from the bytes received).
-SMALL_OBJECT = 256 << 10
-SMALL_BATCH = 16
-
-
-class Cancelled(BaseException):
-    """Raised inside workers once the transfer is interrupted (not an error of the item)."""
+#: How long an interrupted transfer waits for its coroutines to end.
+_CANCEL_GRACE = 2.0
+#: Objects up to this size are collected whole (one piece) and written in one call.
+SMALL_OBJECT = 2 << 20
 
 
 def fetch_all(
@@ -57,267 +53,186 @@ def fetch_all(
     See :mod:`lading.transfer` for the contract.
     """
     policy = options.retry or store.config.retry
-    reader = open_reader(store, policy)
+    engine = _Engine(open_source(store, policy), options, events)
+    future = io_core().spawn(engine.run(items))
     try:
-        return _Engine(reader, options, events).run(items)
-    finally:
-        reader.close()
+        while True:  # wake now and then: an interrupt raised without a signal (interrupt_main) lands too
+            try:
+                return future.result(timeout=0.25)
+            except concurrent.futures.TimeoutError:
+                continue
+    except BaseException:
+        # Interrupted (Ctrl-C): cancel the transfer, and let its coroutines end (the sidecars say
+        # what is on disk) before the caller goes on, so nothing of this run writes after it returned.
+        future.cancel()
+        engine.stopped.wait(_CANCEL_GRACE)
+        raise
 
 
 class _Engine:
-    """Worker threads pull jobs themselves: parts of large objects first, then the next item.
+    """One coroutine per object, bounded by ``workers``; parts bounded by ``part_concurrency``."""
 
-    Pulling (rather than a main thread feeding an executor) keeps per-object overhead to a
-    lock acquisition, which matters at thousands of small objects per second.
-    """
-
-    def __init__(self, reader: Reader, options: TransferOptions, events: TransferEvents) -> None:
-        self.reader = reader
+    def __init__(self, source: Source, options: TransferOptions, events: TransferEvents) -> None:
+        self.source = source
         self.options = options
         self.events = events
         self.results: list[TransferResult] = []
-        self._results_lock = threading.Lock()
-        self._cancel = threading.Event()
         self._dirs = DirectoryMaker()
-        self._part_limit = max(1, options.part_concurrency)
-        self._jobs = threading.Condition()
-        self._large = LargeContext(reader, options, events.on_bytes, self._finish, self._checkpoint,
-                                   self._wake, int(_HASH_LEAD * self._part_limit))
-        self._parts: deque[LargeDownload] = deque()  # downloads with parts not yet handed out
-        self._preparing = 0
-        self._parts_running = 0
-        self._items: Iterator[TransferItem] = iter(())
-        self._held: deque[TransferItem] = deque()  # taken from the iterator, not yet handed out
-        self._exhausted = False
-        self._batching = True  # until the reader says it has no batched reads
-        self._failure: BaseException | None = None
-        self._downloads: weakref.WeakSet[LargeDownload] = weakref.WeakSet()
+        self._parts: asyncio.Semaphore | None = None
+        self.stopped = threading.Event()  # set once :meth:`run` ended, however
 
-    def run(self, items: Iterable[TransferItem]) -> list[TransferResult]:
-        """Run the workers until every item is done; return the results."""
-        self._items = iter(items)
-        threads = [threading.Thread(target=self._work, name=f"lading-fetch-{n}", daemon=True)
-                   for n in range(max(1, self.options.workers))]
+    async def run(self, items: Iterable[TransferItem]) -> list[TransferResult]:
+        """Start a coroutine per item as slots free up; return the results once all ended. An
+        unexpected error (a bug) or a cancellation stops the others and is raised."""
+        slots = asyncio.Semaphore(max(1, self.options.workers))
+        self._parts = asyncio.Semaphore(max(1, min(self.options.workers, self.options.part_concurrency)))
+        running: set[asyncio.Task[None]] = set()
+        failure: list[BaseException] = []
+
+        def ended(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            slots.release()
+            if not task.cancelled() and task.exception() is not None and not failure:
+                failure.append(task.exception())  # type: ignore[arg-type]
+
         try:
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(0.25)
-        except BaseException:
-            self._cancel.set()
-            deadline = time.monotonic() + _CANCEL_GRACE
-            for thread in threads:
-                if thread.ident is not None:  # started
-                    thread.join(max(0.0, deadline - time.monotonic()))
-            for download in list(self._downloads):
-                download.flush()  # what is on disk stays resumable
-            raise
-        if self._failure is not None:
-            raise self._failure
+            for item in items:
+                await slots.acquire()
+                if failure:
+                    break
+                task = asyncio.ensure_future(self._one(item))
+                running.add(task)
+                task.add_done_callback(ended)
+            while running and not failure:
+                await asyncio.wait(set(running), return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in list(running):
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+            self.stopped.set()
+        if failure:
+            raise failure[0]
         return self.results
 
-    def _work(self) -> None:
+    async def _one(self, item: TransferItem) -> None:
         try:
-            while not self._cancel.is_set():
-                job = self._next_job()
-                if job is None:
-                    return
-                job()
-        except Cancelled:
-            pass
-        except BaseException as err:  # noqa: BLE001 - e.g. the item iterator failed: stop everyone
-            with self._jobs:
-                if self._failure is None:
-                    self._failure = err
-            self._cancel.set()
-        finally:
-            with self._jobs:
-                self._jobs.notify_all()
-
-    def _next_job(self) -> Callable[[], None] | None:
-        """A queued part (while fewer than ``part_concurrency`` run), else a job for the next
-        item, else None once everything is handed out."""
-        with self._jobs:
-            while True:
-                if self._parts and self._parts_running < self._part_limit:
-                    part = self._next_part()
-                    if part is not None:
-                        self._parts_running += 1
-                        return self._as_part(part)
-                if not self._exhausted:
-                    item = self._pull()
-                    if item is not None:
-                        break
-                    self._exhausted = True
-                if (not self._parts and not self._preparing) or self._cancel.is_set():
-                    return None
-                self._jobs.wait()  # parts are queued or coming: wait for a free slot
-            if self._batchable(item):
-                batch = self._batch_from(item)
-                return lambda: self._fetch_batch(batch)
+            self._dirs.ensure(item.dest.parent)
+            if self._is_large(item):
+                await self._large(item)
+                return
+            nbytes = await self._whole(item)
+        except asyncio.CancelledError:
             if not self._is_large(item):
-                return lambda: self._fetch_small(item)
-            self._preparing += 1
-        return lambda: self._start_large(item)
-
-    def _pull(self) -> TransferItem | None:
-        """The next item: one held back by a batch first (caller holds ``_jobs``)."""
-        if self._held:
-            return self._held.popleft()
-        return next(self._items, None)
-
-    def _batchable(self, item: TransferItem) -> bool:
-        return self._batching and item.info.size <= SMALL_OBJECT and not self._is_large(item)
-
-    def _batch_from(self, first: TransferItem) -> list[TransferItem]:
-        """``first`` and the small items right after it, up to SMALL_BATCH (caller holds ``_jobs``)."""
-        batch = [first]
-        while len(batch) < SMALL_BATCH:
-            item = self._pull()
-            if item is None:
-                self._exhausted = True
-                break
-            if not self._batchable(item):
-                self._held.append(item)
-                break
-            batch.append(item)
-        return batch
-
-    def _next_part(self) -> Callable[[], None] | None:
-        """The first part any download lets start now (caller holds ``_jobs``)."""
-        for download in self._parts:
-            index = download.next_part()
-            if index is not None:
-                if not download.has_parts:
-                    self._parts.remove(download)
-                return lambda: download.run_part(index)
-        return None
-
-    def _wake(self, count: int) -> None:
-        """Wake up to ``count`` waiting workers: that many more parts may start."""
-        with self._jobs:
-            self._jobs.notify(count)
-
-    def _as_part(self, job: Callable[[], None]) -> Callable[[], None]:
-        def part() -> None:
-            try:
-                job()
-            finally:
-                with self._jobs:
-                    self._parts_running -= 1
-                    self._jobs.notify()  # one waiter may take the freed slot
-
-        return part
+                remove_temporaries(item.dest)
+            raise
+        except (LadingError, OSError) as err:
+            if not self._is_large(item):
+                remove_temporaries(item.dest)
+            self._finish(TransferResult(item.info.key, item.dest, False, 0, as_lading_error(err, item.dest)))
+            return
+        self._finish(TransferResult(item.info.key, item.dest, True, nbytes))
 
     def _is_large(self, item: TransferItem) -> bool:
         size = item.info.size
         return size >= self.options.multipart_threshold and size > self.options.part_size
 
-    def _checkpoint(self) -> None:
-        if self._cancel.is_set():
-            raise Cancelled()
-
     def _finish(self, result: TransferResult) -> None:
-        with self._results_lock:
-            self.results.append(result)
+        self.results.append(result)
         self.events.on_done(result)
 
-    def _fail(self, item: TransferItem, error: BaseException) -> None:
-        self._finish(TransferResult(item.info.key, item.dest, False, 0, as_lading_error(error, item.dest)))
-
-    def _start_large(self, item: TransferItem) -> None:
-        """Prepare the temporary and queue the missing parts."""
-        download = LargeDownload(item, self._large)
-        self._downloads.add(download)
-        parts: list[int] = []
-        try:
-            self._dirs.ensure(item.dest.parent)
-            parts = download.prepare()
-        except (LadingError, OSError) as err:
-            self._fail(item, err)
-        finally:
-            with self._jobs:
-                self._preparing -= 1
-                if parts:
-                    self._parts.append(download)
-                if parts:  # wake only as many workers as can start a part
-                    self._jobs.notify(min(len(parts), self._part_limit))
-                else:
-                    self._jobs.notify_all()  # waiters may be done
-
-    def _fetch_batch(self, items: list[TransferItem]) -> None:
-        """Small objects read in one batch, then each written, verified and published; an object
-        whose read failed, or whose bytes do not match, goes the one-by-one way (its own retries)."""
-        self._checkpoint()
-        fetched = self.reader.fetch_small_many([item.info for item in items])
-        if fetched is None:
-            self._batching = False
-        outcomes: list[memoryview | BaseException | None] = [None] * len(items) if fetched is None else list(fetched)
-        for item, outcome in zip(items, outcomes):
-            self._checkpoint()
-            if isinstance(outcome, (LadingError, OSError)):  # after the core's own retries
-                self._fail(item, outcome)
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            elif outcome is None or not self._store_small(item, outcome):
-                self._fetch_small(item)
-
-    def _store_small(self, item: TransferItem, data: memoryview) -> bool:
-        """Write, verify and publish one object read in a batch; False (nothing kept) when its
-        bytes do not match the listed checksum, so the caller fetches it again on its own."""
+    async def _whole(self, item: TransferItem) -> int:
+        """One object into its temporary, verified, then published; a checksum mismatch is fetched
+        once more, then reported."""
         tmp = temporary_path(item.dest)
-        try:
-            self._dirs.ensure(item.dest.parent)
-            verifier = Verifier(item.info, checksums=self.options.verify)
-            write_file(tmp, data)
-            verifier.update(data)
-            if verifier.md5_mismatch(len(data)) and not self.reader.etag_is_md5(item.info.key):
-                verifier.skip_md5()
-            verifier.check(len(data))
-            publish(tmp, item.dest, durable=self.options.durable)
-        except IntegrityError:
-            remove_temporaries(item.dest)
-            return False
-        except (LadingError, OSError) as err:
-            remove_temporaries(item.dest)
-            self._fail(item, err)
-            return True
-        self.events.on_bytes(len(data))
-        self._finish(TransferResult(item.info.key, item.dest, True, len(data)))
-        return True
-
-    def _fetch_small(self, item: TransferItem) -> None:
-        tmp = temporary_path(item.dest)
-        try:
-            self._dirs.ensure(item.dest.parent)
-            nbytes = self._download_verified(item, tmp)
-            publish(tmp, item.dest, durable=self.options.durable)
-        except Cancelled:
-            remove_temporaries(item.dest)
-            raise
-        except (LadingError, OSError) as err:
-            remove_temporaries(item.dest)
-            self._fail(item, err)
-            return
-        self._finish(TransferResult(item.info.key, item.dest, True, nbytes))
-
-    def _download_verified(self, item: TransferItem, tmp: Path) -> int:
-        """Download with retries; a checksum mismatch is retried once, then reported."""
         for attempt in (1, 2):
-
-            def once() -> tuple[int, Verifier]:
-                # A fresh verifier per attempt: a retried body must not hash the failed attempt's bytes.
-                verifier = Verifier(item.info, checksums=self.options.verify)
-                return self.reader.fetch_whole(item.info, tmp, verifier, self.events.on_bytes, self._checkpoint), verifier
-
-            nbytes, verifier = once()  # the reader retries (and resumes) on its own
+            verifier = Verifier(item.info, checksums=self.options.verify)
+            data = await self.source.read_small(item.info) if item.info.size <= SMALL_OBJECT else None
+            if data is not None:
+                write_file(tmp, data)
+                verifier.update(data)
+                nbytes = len(data)
+                self.events.on_bytes(nbytes)
+            else:
+                nbytes = await self.source.fetch_whole(item.info, tmp, verifier, self.events.on_bytes)
             try:
-                verifier.check(nbytes)
-                return nbytes
+                await self._check(verifier, item, nbytes)
+                break
             except IntegrityError:
                 self.events.on_bytes(-nbytes)
                 if attempt == 2:
                     raise
-        raise AssertionError("unreachable")
+        publish(tmp, item.dest, durable=self.options.durable)
+        return nbytes
 
+    async def _check(self, verifier: Verifier, item: TransferItem, size: int) -> None:
+        """Size and checksum; an MD5 the server says is not the content's (SSE-KMS, SSE-C) is skipped."""
+        if verifier.md5_mismatch(size) and not await asyncio.to_thread(self.source.etag_is_md5, item.info.key):
+            verifier.skip_md5()
+        verifier.check(size)
+
+    async def _large(self, item: TransferItem) -> None:
+        """Ranged parts into a preallocated temporary, recorded in the sidecar part by part and
+        hashed in order as they land; then verified and published."""
+        info, tmp, sidecar = item.info, temporary_path(item.dest), sidecar_path(item.dest)
+        layout = Layout(info.size, self.options.part_size)
+        record, fd = self._open_large(item, layout)
+        verifier = Verifier(info, checksums=self.options.verify)
+        hashed = 0  # parts fed to the verifier, in order
+        hashing = asyncio.Lock()
+
+        async def advance_hash() -> None:
+            nonlocal hashed
+            if not verifier.needs_content:
+                return
+            async with hashing:
+                while hashed in record.done:
+                    start, end = layout.bounds(hashed)
+                    await asyncio.to_thread(verifier.update_from_file, fd, start, end)
+                    hashed += 1
+
+        async def landed(index: int) -> None:
+            record.done.add(index)
+            record.save(sidecar)  # a kill -9 from here on refetches only the parts not recorded
+            await advance_hash()
+
+        error: BaseException | None = None
+        try:
+            todo = [index for index in range(layout.count) if index not in record.done]
+            await advance_hash()
+            await download_parts(self.source.attempt_for(info.key), self.source.policy, info.key, info.key,
+                                 fd, layout, version_of(info), todo, self.events.on_bytes, landed,
+                                 self.options.part_concurrency, self._parts)
+            await advance_hash()
+            await self._check(verifier, item, os.fstat(fd).st_size)
+            publish(tmp, item.dest, fd, self.options.durable)
+            sidecar.unlink(missing_ok=True)
+        except (LadingError, OSError) as err:
+            error = err
+        finally:
+            os.close(fd)
+        if error is None:
+            self._finish(TransferResult(info.key, item.dest, True, info.size))
+            return
+        if isinstance(error, (ObjectChanged, IntegrityError)):  # the parts on disk are of no use
+            remove_temporaries(item.dest)
+        self._finish(TransferResult(info.key, item.dest, False, 0, as_lading_error(error, item.dest)))
+
+    def _open_large(self, item: TransferItem, layout: Layout) -> tuple[ResumeRecord, int]:
+        """The temporary and its record: resumed when both belong to this object and layout, else new."""
+        info, tmp, sidecar = item.info, temporary_path(item.dest), sidecar_path(item.dest)
+        previous = ResumeRecord.load(sidecar)
+        if (previous is not None and previous.matches(info.key, info.version, info.size, layout.part_size)
+                and tmp.exists() and tmp.stat().st_size == info.size):
+            self.events.on_bytes(sum(end - start for start, end in map(layout.bounds, previous.done)))
+            return previous, os.open(tmp, os.O_RDWR)
+        remove_temporaries(item.dest)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            preallocate(fd, info.size)
+            record = ResumeRecord(info.key, info.version, info.size, layout.part_size)
+            record.save(sidecar)
+        except BaseException:
+            os.close(fd)
+            raise
+        return record, fd

@@ -1,188 +1,178 @@
-"""How the engine reads from a store: the store's version-checked streaming GET for object
-stores, a copy (the Store contract's ``download`` / ``read_range``) for local directories.
+"""How the engine reads from a store, as coroutines on the I/O core.
 
-Both readers deliver bytes the same way, so the engine's temporaries, verification and
-resume logic are one code path.
+:class:`NativeSource` reads an object store through its coroutine reads
+(:meth:`~lading.stores.base.Store.coroutine_reads`: obstore, or the SDK in a pool thread; a
+snapshot of one through its source at the recorded versions). Every body goes through the one
+resume routine (:func:`lading.stores.download.fetch_range`), written and hashed as its pieces
+arrive. :class:`StoreSource` copies local directories, its blocking calls in a pool thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Protocol
 
 from lading.core.errors import TransientError
-from lading.core.retry import RetryPolicy, with_retries
-from lading.stores.base import ObjectInfo, RangeRequest, Store
+from lading.core.retry import RetryPolicy
+from lading.stores.base import Fetched, ObjectInfo, RangeRequest, Store
+from lading.stores.download import RangeAttempt, fetch_range, pwrite_all
 from lading.transfer.verify import Verifier
 
-#: Receives each chunk of content in order (raises to abort).
-Sink = Callable[[memoryview], None]
 #: Receives a byte count for progress.
 Progress = Callable[[int], None]
 
-_NO_RETRY = RetryPolicy(attempts=1)
 
+class Source(Protocol):
+    """What the engine needs from a store (all on the I/O core's loop)."""
 
-class Reader(Protocol):
-    """What the engine needs from a store."""
+    policy: RetryPolicy
 
-    #: Retries the engine adds around each call (the Store protocol retries on its own).
-    retry_policy: RetryPolicy
-
-    def fetch_whole(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress,
-                    checkpoint: Callable[[], None]) -> int:
-        """Write the whole object to ``tmp`` (truncating it), feeding ``verifier``; return its size."""
+    def attempt_for(self, key: str) -> RangeAttempt:
+        """One ranged GET of ``key``, no retry (for :func:`lading.stores.download.fetch_range`)."""
         ...
 
-    def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> bool:
-        """Deliver bytes ``[start, end)`` of the object's ``info.version`` to ``sink``; return
-        False when the server says the listed MD5 is not the content's (SSE-KMS, SSE-C)."""
+    async def read_small(self, info: ObjectInfo) -> memoryview | None:
+        """The whole (small) object at its listed version, retried; None when this source has no
+        cheaper way than :meth:`fetch_whole`."""
+        ...
+
+    async def fetch_whole(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> int:
+        """The whole object into ``tmp`` (created or truncated), fed to ``verifier``; returns its size."""
         ...
 
     def etag_is_md5(self, key: str) -> bool:
-        """Whether the listed MD5 really is the content's (asked only after a mismatch: an
-        SSE-KMS or SSE-C object's ETag is not its MD5)."""
-        ...
-
-    def fetch_small_many(self, infos: Sequence[ObjectInfo]) -> list[memoryview | BaseException] | None:
-        """Whole small objects at their listed versions in one batch (each retried on its own),
-        each failure in its place; None when this reader has no batched reads."""
-        ...
-
-    def close(self) -> None:
-        """Release connections."""
+        """Whether the listed MD5 really is the content's (blocking: run it in a thread)."""
         ...
 
 
-def _version(info: ObjectInfo) -> str | None:
-    return info.version or None  # some servers list an empty ETag; then nothing to guard with
+def version_of(info: ObjectInfo) -> str | None:
+    """The version to pin reads to (some servers list an empty ETag: nothing to guard with)."""
+    return info.version or None
 
 
-class StreamingReader:
-    """Reads through a store's version-checked streaming GET (S3 and GCS on obstore).
+class NativeSource:
+    """An object store: its coroutine reads (:meth:`~lading.stores.base.Store.coroutine_reads`),
+    directly on the loop. A key the store cannot read that way yet (it first decides something
+    with a blocking request) is read with its blocking ``stream`` in a pool thread."""
 
-    A body cut short is resumed, not restarted: the next attempt is a Range request from the
-    bytes already written, pinned to the version of the first answer, and the checksum goes on
-    from where it was.
-    """
+    def __init__(self, store: Store, policy: RetryPolicy) -> None:
+        self.store = store
+        self.policy = policy
 
-    def __init__(self, store: Store, retry_policy: RetryPolicy) -> None:
-        self._store = store
-        #: For the engine's ranged parts; whole objects are retried (and resumed) in here.
-        self.retry_policy = retry_policy
+    def attempt_for(self, key: str) -> RangeAttempt:
+        """One ranged GET of ``key``: a coroutine of the store's, else its ``stream`` in a thread."""
+        reads = self.store.coroutine_reads(key)
+        if reads is not None:
+            return reads.attempt
+        store = self.store
 
-    def fetch_whole(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress,
-                    checkpoint: Callable[[], None]) -> int:
-        """Stream the body to ``tmp``, hashing on the way."""
+        async def blocking(key: str, start: int, end: int | None, version: str | None,
+                           sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Fetched:
+            return await asyncio.to_thread(store.stream, key, sink, version, start, end, on_version)
+
+        return blocking
+
+    async def read_small(self, info: ObjectInfo) -> memoryview | None:
+        """One GET collected whole (zero-copy), retried; None when the store has no coroutine read
+        for this key yet (then :meth:`fetch_whole` streams it)."""
+        reads = self.store.coroutine_reads(info.key)
+        if reads is None:
+            return None
+        return await reads.read(RangeRequest(info.key, 0, None, version_of(info)), self.policy)
+
+    async def fetch_whole(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> int:
+        """One stream into ``tmp``, hashed in order, a cut body resumed from the bytes received."""
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         written = 0
 
-        def sink(chunk: memoryview) -> None:
+        def write(piece: memoryview, offset: int) -> None:
             nonlocal written
-            checkpoint()
-            view = chunk
-            while view:
-                view = view[os.write(fd, view):]
-            verifier.update(chunk)
-            written += len(chunk)
-            progress(len(chunk))
-
-        version = _version(info)
-
-        def pin(answered: str) -> None:
-            nonlocal version
-            version = version or answered or None  # a resumed body must be of the same version
-
-        def attempt() -> None:
-            if written >= info.size and written:
-                return
-            fetched = self._store.stream(info.key, sink, version, written, on_version=pin)
-            if written < fetched.size:
-                raise TransientError(f"{info.key}: got {written} of {fetched.size} bytes")
+            pwrite_all(fd, piece, offset)
+            verifier.update(piece)
+            written += len(piece)
+            progress(len(piece))
 
         try:
-            with_retries(attempt, self.retry_policy)
+            fetched = await fetch_range(self.attempt_for(info.key), self.policy, f"{self.store.url}{info.key}",
+                                        info.key, 0, None, version_of(info), write)
         except BaseException:
             progress(-written)
             raise
         finally:
             os.close(fd)
-        if verifier.md5_mismatch(written) and not self.etag_is_md5(info.key):
-            verifier.skip_md5()
-        return written
-
-    def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> bool:
-        """One ranged GET pinned to the version; False when the listed MD5 is not the content's."""
-        self._store.stream(info.key, sink, _version(info), start, end)
-        return True
-
-    def fetch_small_many(self, infos: Sequence[ObjectInfo]) -> list[memoryview | BaseException] | None:
-        """One batched read on the I/O core (the GETs concurrent, one hop for all)."""
-        return self._store.read_each([RangeRequest(info.key, 0, None, _version(info)) for info in infos])
+        return fetched.nbytes
 
     def etag_is_md5(self, key: str) -> bool:
         """Ask the store (S3 answers with a HEAD through boto3)."""
-        return self._store.etag_is_md5(key)
-
-    def close(self) -> None:
-        """Connections belong to the store."""
+        return self.store.etag_is_md5(key)
 
 
-class StoreReader:
-    """Reads local directories: a file copy (``download``) or a ranged read."""
+class StoreSource:
+    """Any other Store (local directories): ``download`` and ``read_range`` in pool threads."""
 
-    retry_policy = _NO_RETRY
+    def __init__(self, store: Store, policy: RetryPolicy) -> None:
+        self.store = store
+        self.policy = policy
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def attempt_for(self, key: str) -> RangeAttempt:
+        """``read_range`` of a bounded range in a pool thread."""
+        async def attempt(key: str, start: int, end: int | None, version: str | None,
+                          sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Fetched:
+            if end is None:
+                raise ValueError("a ranged read of a plain Store needs an end")
+            data = await asyncio.to_thread(self.store.read_range, key, start, end, version)
+            if len(data) < end - start:
+                raise TransientError(f"{key}: short ranged read ({len(data)} of {end - start} bytes)")
+            sink(memoryview(data))
+            return Fetched(len(data), end, version or "")
 
-    def fetch_whole(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress,
-                    checkpoint: Callable[[], None]) -> int:
-        """``store.download`` to ``tmp``, then hash the file if a checksum is known."""
+        return attempt
+
+    async def read_small(self, info: ObjectInfo) -> None:
+        """Local files are copied by :meth:`fetch_whole`."""
+        return None
+
+    async def fetch_whole(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> int:
+        """``store.download`` to ``tmp`` in a pool thread, then hash the file if a checksum is known."""
+        return await asyncio.to_thread(self._download, info, tmp, verifier, progress)
+
+    def _download(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> int:
         received = 0
 
         def counted(nbytes: int) -> None:
             nonlocal received
-            checkpoint()
             received += nbytes
             progress(nbytes)
 
         try:
-            self._store.download(info.key, tmp, _version(info), counted)
+            self.store.download(info.key, tmp, version_of(info), counted)
         except BaseException:
             progress(-received)
             raise
-        size = tmp.stat().st_size
-        if received < size:  # a backend that reports no progress
-            progress(size - received)
-        if verifier.needs_content:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if received < size:  # a backend that reports no progress
+                progress(size - received)
+            if verifier.needs_content:
                 verifier.update_from_file(fd, 0, size)
-            finally:
-                os.close(fd)
+        finally:
+            os.close(fd)
         return size
 
-    def read_part(self, info: ObjectInfo, start: int, end: int, sink: Sink) -> bool:
-        """``store.read_range`` guarded by the version."""
-        sink(memoryview(self._store.read_range(info.key, start, end, _version(info))))
-        return True
-
     def etag_is_md5(self, key: str) -> bool:
-        """Local files and GCS objects have no such ETags."""
-        return True
-
-    def fetch_small_many(self, infos: Sequence[ObjectInfo]) -> None:
-        """Local files are copied one by one."""
-        return None
-
-    def close(self) -> None:
-        """Nothing to release."""
+        """As the store says."""
+        return self.store.etag_is_md5(key)
 
 
-def open_reader(store: Store, retry_policy: RetryPolicy) -> Reader:
-    """The streaming reader for object stores (S3, GCS), the copying one for local directories."""
+def open_source(store: Store, policy: RetryPolicy) -> Source:
+    """Coroutine reads for object stores (S3, GCS, snapshots of them), a copy in a pool thread
+    for local directories."""
     if store.scheme == "file":
-        return StoreReader(store)
-    return StreamingReader(store, retry_policy)
+        return StoreSource(store, policy)
+    return NativeSource(store, policy)
+
+
+__all__ = ["NativeSource", "Progress", "Source", "StoreSource", "open_source", "version_of"]

@@ -52,7 +52,8 @@ class TransferOptions:
 
 
 class TransferEvents(Protocol):
-    """Callbacks the CLI (or a test) provides. Called from worker threads: keep them cheap."""
+    """Callbacks the CLI (or a test) provides. Called on the I/O core's loop (``on_bytes`` of a
+    plain Store's copy from a pool thread): keep them cheap."""
 
     def on_bytes(self, nbytes: int) -> None:
         """Some bytes arrived (may be negative when a retry discards a partial read)."""

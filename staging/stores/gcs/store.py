@@ -207,6 +207,13 @@ class GCSStore(ObstoreReads):
             return self._sdk
         return super()._reads(key)
 
+    def coroutine_reads(self, key: str) -> Any:
+        """As :meth:`ObstoreReads.coroutine_reads`; None while the route is still to be chosen with
+        ``key`` (a blocking probe: the caller reads that key with the blocking calls instead)."""
+        if key and self.route is None and use_obstore() and _obstore_can_name(key):
+            return None
+        return super().coroutine_reads(key)
+
     def _choose_route(self, key: str, version: str | None) -> None:
         """Decide once per store (per process) how reads reach a custom endpoint, probing with
         ``key``. Leaves the route undecided when the probe cannot tell (the object is gone or

@@ -5,7 +5,7 @@ botocore is imported lazily (inside :func:`translate`), so importing this module
 
 from __future__ import annotations
 
-from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
+from lading.core.errors import AccessDenied, LadingError, NoAnswer, NotFound, ObjectChanged, Throttled, TransientError, UsageError
 
 _NOT_FOUND = {"NoSuchKey", "NoSuchBucket", "NotFound", "NoSuchUpload", "404"}
 _DENIED = {"AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
@@ -52,9 +52,12 @@ def translate(err: BaseException, what: str) -> BaseException:
         return AccessDenied(f"AWS profile not found: {err}", "check --profile / AWS_PROFILE and ~/.aws/config")
     if isinstance(err, (bce.ParamValidationError, bce.NoRegionError)):
         return UsageError(f"invalid request for {what}: {err}")
+    if isinstance(err, (bce.ConnectTimeoutError, bce.ReadTimeoutError)):
+        return NoAnswer(f"no answer from the S3 endpoint for {what}: {err}",
+                        "check --endpoint-url / AWS_ENDPOINT_URL and the network")
     if isinstance(err, bce.EndpointConnectionError):
-        return TransientError(f"cannot connect to the S3 endpoint for {what}: {err}",
-                              "check --endpoint-url / AWS_ENDPOINT_URL and the network")
+        return NoAnswer(f"cannot connect to the S3 endpoint for {what}: {err}",
+                        "check --endpoint-url / AWS_ENDPOINT_URL and the network")
     if isinstance(err, (bce.HTTPClientError, bce.ConnectionError, bce.IncompleteReadError,
                         bce.ChecksumError, bce.FlexibleChecksumError)):
         return TransientError(f"network error on {what}: {_short(err)}")

@@ -28,8 +28,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
-from lading.core.errors import AccessDenied, LadingError, ObjectChanged, TransientError
-from lading.core.retry import with_retries
+from lading.core.errors import AccessDenied, LadingError, NoAnswer, ObjectChanged, TransientError
+from lading.core.retry import Attempts, with_retries
 from lading.stores.base import ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
 from lading.stores.lazy import translated
@@ -236,8 +236,12 @@ class S3Store(ObstoreReads):
         try:
             response = self._boto_attempt(self._where(), lambda client: client.head_bucket(Bucket=self.bucket))
             headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+        except NoAnswer as err:  # counted against the endpoint; the first read says more
+            Attempts(self.config.retry).failed(err)
+            headers = {}
         except LadingError as err:
-            headers = getattr(err.__cause__, "response", {}).get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            response = getattr(err.__cause__, "response", None) or {}
+            headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
         return headers.get("x-amz-bucket-region") or session_region or "us-east-1"
 
     def _boto_attempt(self, what: str, operation: Callable[[Any], T]) -> T:

@@ -1,0 +1,206 @@
+"""The one resume routine and the one ranged downloader, as coroutines on the I/O core.
+
+- :func:`fetch_range` fetches bytes ``[start, end)`` of one object through a :data:`RangeAttempt`
+  (one GET, no retry), handing each piece with its offset to the caller; a transient failure
+  (:mod:`lading.core.retry`) resumes after the last byte received, pinned to the version of the
+  first answer. Every resumed body in lading goes through it.
+- :func:`download_parts` fetches an object of known size as ranged parts, at most
+  ``concurrency`` at once, each written with ``pwrite`` as it arrives, in slices of at most
+  :data:`SLICE` bytes (large ``pwrite`` calls into one file from many streams cost several times
+  the kernel time of sub-MiB ones), into a file preallocated with ``fallocate`` where the file
+  system has it. No part is held in memory: obstore's pieces are written and dropped, so
+  nothing multi-MiB is allocated per part. The caller learns of each part on disk
+  (``on_part``), to record it for a resume after a kill, and can feed a checksum in part order.
+- :func:`download_file` is a whole object into a path: ranged parts when its size is known and
+  larger than a part, else one resumed stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Awaitable, Callable, Iterable, Protocol
+
+from lading.core.errors import LadingError, TransientError
+from lading.core.retry import Attempts, RetryPolicy
+from lading.stores.base import Fetched, ProgressCallback
+
+#: The largest ``pwrite`` call, and the piece size asked of a streamed body.
+SLICE = 256 << 10
+#: Part size of a ranged download; objects larger than one part are fetched in parts.
+PART_SIZE = 16 << 20
+#: Parts in flight at once per download (beyond ~16 streams a server's per-object rate drops).
+PART_CONCURRENCY = 16
+
+#: Receives one piece of the body and the offset (in the object) of its first byte.
+Write = Callable[[memoryview, int], None]
+
+
+class RangeAttempt(Protocol):
+    """One GET of bytes ``[start, end)`` (``end`` None: to the end) pinned to ``version`` (None:
+    any), no retry: each piece to ``sink`` as it arrives, ``on_version`` told of the answer's
+    version before the first piece. Returns what was delivered (:class:`Fetched`; a range at or
+    past the end delivers nothing). Raises a project error, TransientError for a cut body."""
+
+    def __call__(self, key: str, start: int, end: int | None, version: str | None,
+                 sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Awaitable[Fetched]: ...
+
+
+async def fetch_range(attempt: RangeAttempt, policy: RetryPolicy, where: str, key: str, start: int,
+                      end: int | None, version: str | None, write: Write) -> Fetched:
+    """Bytes ``[start, end)`` of ``key`` through ``write``, a cut body resumed after the bytes
+    received (pinned to the first answer's version) within ``policy``. Returns the bytes delivered,
+    the object's size and its version."""
+    position = start
+    pinned = version or None
+    attempts = Attempts(policy)
+
+    def sink(piece: memoryview) -> None:
+        nonlocal position
+        if end is not None and position + len(piece) > end:
+            raise LadingError(f"{where}: the server sent more than the range asked for")
+        write(piece, position)
+        position += len(piece)
+
+    def pin(answered: str) -> None:
+        nonlocal pinned
+        pinned = pinned or answered or None
+
+    while True:
+        if end is not None and position >= end and position > start:  # it broke after the last byte
+            attempts.succeeded()
+            return Fetched(position - start, end, pinned or "")
+        try:
+            fetched = await attempt(key, position, end, pinned, sink, pin)
+            stop = fetched.size if end is None else min(end, fetched.size)
+            if position < stop:
+                raise TransientError(f"{where}: the body ended at byte {position} of {stop}")
+        except TransientError as err:
+            await asyncio.sleep(attempts.failed(err))
+            continue
+        attempts.succeeded()
+        return Fetched(position - start, max(fetched.size, position), pinned or fetched.version)
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write ``data`` at ``offset`` in slices of at most :data:`SLICE` bytes."""
+    view = data if data.ndim == 1 and data.format == "B" else data.cast("B")
+    while view:
+        written = os.pwrite(fd, view[:SLICE], offset)
+        view, offset = view[written:], offset + written
+
+
+def preallocate(fd: int, size: int) -> None:
+    """Make the file ``size`` bytes long, its blocks allocated where the file system can."""
+    os.ftruncate(fd, size)
+    if size and hasattr(os, "posix_fallocate"):
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError:  # not supported here (some FUSE or network file systems): sparse is fine
+            pass
+
+
+@dataclass(frozen=True)
+class Layout:
+    """An object of ``size`` bytes cut into parts of ``part_size``."""
+
+    size: int
+    part_size: int = PART_SIZE
+
+    @property
+    def count(self) -> int:
+        """How many parts."""
+        return max(1, -(-self.size // self.part_size))
+
+    def bounds(self, index: int) -> tuple[int, int]:
+        """Part ``index``'s ``[start, end)``."""
+        start = index * self.part_size
+        return start, min(self.size, start + self.part_size)
+
+
+async def download_parts(attempt: RangeAttempt, policy: RetryPolicy, where: str, key: str, fd: int,
+                         layout: Layout, version: str | None, parts: Iterable[int],
+                         progress: ProgressCallback | None = None,
+                         on_part: Callable[[int], Awaitable[None] | None] | None = None,
+                         concurrency: int = PART_CONCURRENCY, slots: asyncio.Semaphore | None = None) -> str:
+    """Fetch ``parts`` of the object into ``fd`` (already ``layout.size`` bytes long) at their
+    offsets, each resumed and retried on its own; returns the version they are of.
+
+    With no ``version`` known, the first part runs alone and pins the rest to its answer's version.
+    ``on_part(index)`` runs on the loop once a part is on disk (a coroutine is awaited). The first
+    failure cancels the parts still running and is raised. ``slots`` (shared by several downloads)
+    bounds the parts in flight instead of ``concurrency``."""
+    todo = list(parts)
+    pinned = version or None
+
+    def write(piece: memoryview, offset: int) -> None:
+        pwrite_all(fd, piece, offset)
+        if progress is not None:
+            progress(len(piece))
+
+    async def one(index: int) -> None:
+        nonlocal pinned
+        start, end = layout.bounds(index)
+        fetched = await fetch_range(attempt, policy, where, key, start, end, pinned, write)
+        pinned = pinned or fetched.version or None
+        if on_part is not None:
+            done = on_part(index)
+            if done is not None:
+                await done
+
+    bound = slots or asyncio.Semaphore(max(1, concurrency))
+    failed = False
+
+    async def bounded(index: int) -> None:
+        nonlocal failed
+        async with bound:
+            if failed:  # a part failed: start no other (the download is over)
+                return
+            try:
+                await one(index)
+            except BaseException:
+                failed = True  # before the slot is handed on
+                raise
+
+    if todo and pinned is None:
+        await bounded(todo.pop(0))
+
+    tasks = [asyncio.ensure_future(bounded(index)) for index in todo]
+    try:
+        for task in asyncio.as_completed(tasks):
+            await task
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return pinned or ""
+
+
+async def download_file(attempt: RangeAttempt, policy: RetryPolicy, where: str, key: str, dest: Path,
+                        version: str | None, size: int | None, progress: ProgressCallback | None = None,
+                        part_size: int = PART_SIZE) -> Fetched:
+    """The object into ``dest`` (created or truncated): in ranged parts when ``size`` is known and
+    larger than ``part_size``, else as one resumed stream. Returns what arrived."""
+    fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        if size is not None and size > part_size:
+            layout = Layout(size, part_size)
+            preallocate(fd, size)
+            pinned = await download_parts(attempt, policy, where, key, fd, layout, version,
+                                          range(layout.count), progress)
+            return Fetched(size, size, pinned)
+
+        def write(piece: memoryview, offset: int) -> None:
+            pwrite_all(fd, piece, offset)
+            if progress is not None:
+                progress(len(piece))
+
+        return await fetch_range(attempt, policy, where, key, 0, None, version, write)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["Layout", "PART_CONCURRENCY", "PART_SIZE", "RangeAttempt", "SLICE", "Write", "download_file",
+           "download_parts", "fetch_range", "preallocate", "pwrite_all"]
