@@ -8,6 +8,7 @@ alternating rounds, against a local Ceph RGW (bench/rgw.sh start).
     .venv/bin/python bench/bench_sync.py --only small,noop --rounds 5 --tools new,rclone,s5cmd
 
 Tools (--tools, default all that are available):
+  obstore   bench/bare_obstore.py: a bare obstore asyncio loop with no lading code (the floor)
   new       this checkout: .venv/bin/python -m lading sync ... --no-cache --json (CLI defaults)
   baseline  --baseline DIR: DIR/.venv/bin/python -m cli (or -m lading) sync ..., run from DIR
   aws       `aws s3 sync` (`aws s3 cp` for the big object), defaults
@@ -59,8 +60,8 @@ from benchtools import (DEFAULT_PEERS_VENV, Lading, Log, baseline_lading, defaul
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-BUCKET = "lading-bench"
-ALL_TOOLS = ("new", "baseline", "aws", "rclone", "s5cmd")
+BUCKET = os.environ.get("LADING_BENCH_BUCKET", "lading-bench")  # one per engineer on a shared RGW
+ALL_TOOLS = ("new", "baseline", "aws", "rclone", "s5cmd", "obstore")
 PEERS = ("aws", "rclone", "s5cmd")
 WORKLOADS = ("small", "noop", "big", "latency", "plan")
 UNITS = {"small": "objects/s", "noop": "s", "big": "MB/s", "latency": "objects/s", "plan": "MiB peak RSS"}
@@ -87,10 +88,11 @@ class ToolFailed(Exception):
 
 
 class Run:
-    """One finished command: wall seconds, CPU seconds (user + system), peak RSS (KiB), stdout."""
+    """One finished command: wall seconds, CPU seconds (user + system), peak RSS (KiB), stdout, and
+    the page faults of the process tree (minor + major)."""
 
-    def __init__(self, wall: float, cpu: float, rss: int, stdout: bytes) -> None:
-        self.wall, self.cpu, self.rss, self.stdout = wall, cpu, rss, stdout
+    def __init__(self, wall: float, cpu: float, rss: int, stdout: bytes, faults: int = 0) -> None:
+        self.wall, self.cpu, self.rss, self.stdout, self.faults = wall, cpu, rss, stdout, faults
 
 
 def timed(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> Run:
@@ -102,14 +104,15 @@ def timed(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None =
     """
     with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_file:
         start = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", "-o", rss_file.name, *argv], env=env or peer_env(),
+        proc = subprocess.run(["/usr/bin/time", "-f", "%M %U %S %R %F", "-o", rss_file.name, *argv], env=env or peer_env(),
                               cwd=cwd, capture_output=True)
         elapsed = time.perf_counter() - start
         if proc.returncode != 0:
             raise ToolFailed(f"exit {proc.returncode}: "
                              f"{(proc.stderr.decode()[-1500:] or proc.stdout.decode()[-1500:]).strip()}")
-        fields = (rss_file.read().strip().splitlines() or ["0 0 0"])[-1].split()
-    return Run(elapsed, float(fields[1]) + float(fields[2]), int(fields[0]), proc.stdout)
+        fields = (rss_file.read().strip().splitlines() or ["0 0 0 0 0"])[-1].split()
+    return Run(elapsed, float(fields[1]) + float(fields[2]), int(fields[0]), proc.stdout,
+               int(fields[3]) + int(fields[4]))
 
 
 def s3_client(endpoint: str):
@@ -204,6 +207,11 @@ class Tools:
             return lading.argv("sync", source, str(dest), "--endpoint-url", endpoint, "--no-cache", "--json"), \
                 lading.root
         exe = self.peers[name]
+        if name == "obstore":  # the floor: a bare obstore asyncio loop (bare_obstore.py), no lading code
+            if mode == "big":
+                return [sys.executable, str(HERE / "bare_obstore.py"), "big", endpoint, BUCKET, f"{prefix}blob.bin",
+                        str(dest / "blob.bin")], None
+            return [sys.executable, str(HERE / "bare_obstore.py"), "copy", endpoint, BUCKET, prefix, str(dest)], None
         if name == "aws":
             if mode == "big":
                 return [exe, "--endpoint-url", endpoint, "s3", "cp", f"{source}blob.bin", str(dest / "blob.bin"),
@@ -287,8 +295,10 @@ class Bench:
         entry = {"value": value, "round": self.round}
         extra = ""
         if run is not None:
-            entry.update(wall=round(run.wall, 4), cpu=round(run.cpu, 3), rss_mib=round(run.rss / 1024, 1))
-            extra = f"  wall {run.wall:6.2f} s  CPU {run.cpu:6.2f} s  peak RSS {run.rss // 1024} MiB"
+            entry.update(wall=round(run.wall, 4), cpu=round(run.cpu, 3), rss_mib=round(run.rss / 1024, 1),
+                         faults=run.faults)
+            extra = (f"  wall {run.wall:6.2f} s  CPU {run.cpu:6.2f} s  peak RSS {run.rss // 1024} MiB  "
+                     f"page faults {run.faults}")
         self.results.setdefault(workload, {}).setdefault(row, []).append(entry)
         log(f"  {workload:8s} {row:30s} {value:10.1f} {UNITS[workload]}{extra}")
 
@@ -428,9 +438,9 @@ class Bench:
     def report(self, out: Path | None) -> list[str]:
         """The table (markdown) and the checks; returns the failed checks."""
         new_label = self.tools.label("new") if "new" in self.tools.names else None
-        lines = ["| workload | tool | median [min-max] | wall s | CPU s | peak RSS MiB | new's speed-up: "
-                 "ratio of medians | per round: median [min-max] |",
-                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines = ["| workload | tool | median [min-max] | wall s | CPU s | CPU per unit | page faults | peak RSS MiB "
+                 "| new's speed-up: ratio of medians | per round: median [min-max] |",
+                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for workload in WORKLOADS:
             rows = self.results.get(workload)
             if not rows:
@@ -442,7 +452,10 @@ class Bench:
                 failures = self.failures.get(workload, {}).get(row, [])
                 cells = [f"{title} ({UNITS[workload]})", row,
                          spread(values) + (f" ({len(failures)} FAILED)" if failures else "")]
-                for key, digits in (("wall", 2), ("cpu", 2), ("rss_mib", 0)):
+                for key, digits in (("wall", 2), ("cpu", 2), ("per_unit", 0), ("faults", 0), ("rss_mib", 0)):
+                    if key == "per_unit":
+                        cells.append(self.per_unit(workload, entries))
+                        continue
                     got = [e[key] for e in entries if key in e]
                     cells.append(f"{statistics.median(got):.{digits}f}" if got else "")
                 partner = self.partner(workload, row, new_label)
@@ -472,6 +485,19 @@ class Bench:
             (out / "table.md").write_text("\n".join(lines + [""] + checks) + "\n")
         (self.work / "results.json").write_text(json.dumps(self.results, indent=1))
         return failed
+
+    def per_unit(self, workload: str, entries: list[dict]) -> str:
+        """The median CPU per object (us) or per GiB (CPU-s), where the workload has a unit count."""
+        cpus = [e["cpu"] for e in entries if "cpu" in e]
+        if not cpus:
+            return ""
+        if workload == "small":
+            return f"{statistics.median(cpus) / self.args.small_count * 1e6:.0f} us/object"
+        if workload == "latency":
+            return f"{statistics.median(cpus) / self.args.lat_count * 1e6:.0f} us/object"
+        if workload == "big":
+            return f"{statistics.median(cpus) / (self.args.big_mib / 1024):.2f} s/GiB"
+        return ""
 
     def partner(self, workload: str, row: str, new_label: str | None) -> str | None:
         """The new code's row that ``row`` is compared with."""
@@ -597,6 +623,9 @@ def main() -> None:
         save_code_diff(lading.root, out, f"{lading.key}-uncommitted.diff")
     for line in versions(peers):
         log(line)
+    if "obstore" in names:
+        peers["obstore"] = str(HERE / "bare_obstore.py")
+        log(f"obstore: {peers['obstore']} (a bare asyncio loop; obstore as in lading's venv)")
     log(f"rounds: {args.rounds}; workloads: {args.only}; tool order rotates each round: {', '.join(names)}; "
         f"output: {out or '-'}")
 

@@ -313,6 +313,17 @@ def test_sidecar_is_plain_json_naming_the_version(tmp_path):
     assert ResumeRecord.load(path) is None
 
 
+def test_parts_are_appended_to_the_sidecar_and_a_torn_last_line_is_ignored(tmp_path):
+    path = tmp_path / ".k.lading-part.json"
+    ResumeRecord("k", "etag", 100, 4, {0}).save(path)
+    record = ResumeRecord.load(path)
+    record.add(path, 7)
+    record.add(path, 3)
+    with open(path, "a") as handle:
+        handle.write("1")  # killed mid-line: "1" of "12"
+    assert ResumeRecord.load(path).done == {0, 3, 7}
+
+
 def test_a_resumed_download_with_a_small_lead_hashes_the_parts_on_disk_and_completes(tmp_path):
     data = os.urandom(8000)  # 8 parts
     store = _make_source(tmp_path / "src", {"big": data})

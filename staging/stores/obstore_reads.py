@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 WHOLE_LIMIT = 2 << 20
 #: A streamed body arrives in pieces of an eighth of its length, within these bounds: a cut body
 #: loses only the piece in flight, so smaller pieces resume closer to where it broke, larger ones
-#: cost fewer hops per byte.
+#: cost fewer hops per byte. A download's pieces (:meth:`ObstoreReader.attempt`) are at most SLICE:
+#: each is one ``pwrite``, and reused heap memory rather than a fresh mapping.
 _MIN_PIECE, _MAX_PIECE = 64 << 10, 4 << 20
 
 
@@ -144,11 +145,12 @@ class ObstoreReader:
     async def attempt(self, key: str, start: int, end: int | None, version: str | None,
                       sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Fetched:
         """One GET of bytes ``[start, end)``, no retry (a :class:`lading.stores.download.RangeAttempt`):
-        a small body in one piece, a larger one in pieces of about :data:`SLICE` bytes as they arrive."""
+        the body in pieces of about :data:`SLICE` bytes as they arrive (what arrived before a break
+        is delivered, so the caller resumes after it)."""
         if end is not None and end <= start:
             return Fetched(0, start, version or "")
         where = self.owner._where(key)
-        answer = await self._attempt(RangeRequest(key, start, end, version), None)
+        answer = await self._attempt(RangeRequest(key, start, end, version), False)
         if answer.empty:
             return Fetched(0, start, version or "")
         on_version(answer.version)
@@ -157,7 +159,7 @@ class ObstoreReader:
             return Fetched(len(answer.data), answer.size, answer.version)
         delivered = 0
         try:
-            async for piece in answer.result.stream(min_chunk_size=SLICE):
+            async for piece in answer.result.stream(min_chunk_size=min(SLICE, piece_size(answer.length))):
                 sink(memoryview(piece))
                 delivered += len(piece)
         except Exception as err:

@@ -38,8 +38,9 @@ from lading.transfer.verify import IntegrityError, Verifier
 
 #: How long an interrupted transfer waits for its coroutines to end.
 _CANCEL_GRACE = 2.0
-#: Objects up to this size are collected whole (one piece) and written in one call.
-SMALL_OBJECT = 2 << 20
+#: Objects up to this size are collected whole (one piece) and written in one call; a body cut
+#: short costs at most this much again (larger ones stream and resume from the bytes received).
+SMALL_OBJECT = 256 << 10
 
 
 def fetch_all(
@@ -192,8 +193,7 @@ class _Engine:
                     hashed += 1
 
         async def landed(index: int) -> None:
-            record.done.add(index)
-            record.save(sidecar)  # a kill -9 from here on refetches only the parts not recorded
+            record.add(sidecar, index)  # a kill -9 from here on refetches only the parts not recorded
             await advance_hash()
 
         error: BaseException | None = None

@@ -108,7 +108,11 @@ class DirectoryMaker:
 
 @dataclass
 class ResumeRecord:
-    """Which parts of a ranged download are on disk, for which object version."""
+    """Which parts of a ranged download are on disk, for which object version.
+
+    On disk: one JSON line (key, version, size, part size, the parts done when it was written),
+    then one line per part that landed since (:meth:`add`: an append, no rename per part), so a
+    kill -9 loses at most the line being written."""
 
     key: str
     version: str
@@ -124,14 +128,28 @@ class ResumeRecord:
         """Write atomically (temporary name, then rename)."""
         payload = {"key": self.key, "version": self.version, "size": self.size,
                    "part_size": self.part_size, "done": sorted(self.done)}
-        write_atomically(path, json.dumps(payload), tmp=path.with_name(path.name + ".tmp"))
+        write_atomically(path, json.dumps(payload) + "\n", tmp=path.with_name(path.name + ".tmp"))
+
+    def add(self, path: Path, index: int) -> None:
+        """Part ``index`` landed: remember it, and append it to the record at ``path``."""
+        self.done.add(index)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, f"{index}\n".encode())
+        finally:
+            os.close(fd)
 
     @classmethod
     def load(cls, path: Path) -> ResumeRecord | None:
-        """The record at ``path``, or None when missing or unreadable."""
+        """The record at ``path``, or None when missing or unreadable (a torn last line is ignored)."""
         try:
-            data = json.loads(path.read_text())
-            return cls(str(data["key"]), str(data["version"]), int(data["size"]),
-                       int(data["part_size"]), {int(i) for i in data["done"]})
+            head, _, rest = path.read_text().partition("\n")
+            data = json.loads(head)
+            record = cls(str(data["key"]), str(data["version"]), int(data["size"]),
+                         int(data["part_size"]), {int(i) for i in data["done"]})
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        for line in rest.split("\n")[:-1]:  # only whole lines: the last piece has no newline yet
+            if line.isdigit():
+                record.done.add(int(line))
+        return record

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""The floor for lading's sync: a bare obstore asyncio loop, no lading code (bench_sync.py's
+``obstore`` tool).
+
+    bare_obstore.py copy ENDPOINT BUCKET PREFIX DEST      # every object under PREFIX to DEST/<name>
+    bare_obstore.py big ENDPOINT BUCKET KEY DEST_FILE     # one object in ranged parts
+
+copy: 64 concurrent ``get_async`` + ``bytes_async``, each body written to its file.
+big: parts of 16 MiB, 16 at a time, each collected with ``bytes_async`` and written with ``pwrite``
+in slices of 256 KiB into a preallocated file (the recipe the hot-path note measured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from datetime import timedelta
+
+import obstore
+from obstore.store import S3Store
+
+CONCURRENCY = 64
+PART = 16 << 20
+PARTS_AT_ONCE = 16
+SLICE = 256 << 10
+
+
+def _store(endpoint: str, bucket: str) -> S3Store:
+    return S3Store(bucket, endpoint=endpoint, region="us-east-1", access_key_id="test", secret_access_key="test",
+                   virtual_hosted_style_request=False,
+                   client_options={"allow_http": True, "timeout": timedelta(minutes=10)})
+
+
+async def copy(store: S3Store, prefix: str, dest: str) -> None:
+    keys = [meta["path"] for page in obstore.list(store, prefix, chunk_size=1000) for meta in page]
+    slots = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(key: str) -> None:
+        async with slots:
+            body = await (await obstore.get_async(store, key)).bytes_async()
+        fd = os.open(os.path.join(dest, key.rsplit("/", 1)[-1]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, memoryview(body))
+        finally:
+            os.close(fd)
+
+    os.makedirs(dest, exist_ok=True)
+    await asyncio.gather(*(one(key) for key in keys))
+
+
+async def big(store: S3Store, key: str, dest: str) -> None:
+    size = (await obstore.head_async(store, key))["size"]
+    fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.ftruncate(fd, size)
+    os.posix_fallocate(fd, 0, size)
+    slots = asyncio.Semaphore(PARTS_AT_ONCE)
+
+    async def part(start: int) -> None:
+        async with slots:
+            end = min(size, start + PART)
+            body = memoryview(await obstore.get_range_async(store, key, start=start, end=end))
+            for offset in range(0, len(body), SLICE):
+                os.pwrite(fd, body[offset:offset + SLICE], start + offset)
+
+    try:
+        await asyncio.gather(*(part(start) for start in range(0, size, PART)))
+    finally:
+        os.close(fd)
+
+
+def main() -> None:
+    mode, endpoint, bucket, name, dest = sys.argv[1:6]
+    store = _store(endpoint, bucket)
+    asyncio.run(copy(store, name, dest) if mode == "copy" else big(store, name, dest))
+
+
+if __name__ == "__main__":
+    main()
