@@ -14,7 +14,6 @@ not sit silent for minutes.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import threading
@@ -150,6 +149,8 @@ def with_retries(
 
 async def with_retries_async(operation: Callable[[], Awaitable[T]], policy: RetryPolicy = DEFAULT_POLICY) -> T:
     """:func:`with_retries` for a coroutine (each attempt a fresh ``operation()``), waiting on the loop."""
+    import asyncio  # here: a command that never reads objects does not import it
+
     attempts = Attempts(policy)
     while True:
         try:
