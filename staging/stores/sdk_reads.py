@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from lading.core.retry import RetryPolicy
-from lading.stores.base import Fetched, ObjectInfo, ProgressCallback
+from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, RangeRequest
 from lading.stores.download import download_file, fetch_range
 from lading.stores.iocore import io_core
-from lading.stores.base import RangeRequest
 from lading.stores.obstore_reads import ReadsOwner, _outcome
 
 
