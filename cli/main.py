@@ -134,7 +134,7 @@ def quiet_dependency_warnings() -> None:
 
 
 #: Commands that move object data through obstore (its body pieces are malloc'd by the runtime).
-_DATA_COMMANDS = {"sync", "cat", "hook", "mount", "cache"}
+_DATA_COMMANDS = {"sync", "cat", "hook", "mount"}
 
 
 def keep_freed_memory() -> None:

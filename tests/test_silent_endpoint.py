@@ -19,19 +19,25 @@ class SilentServer:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
+        self.sock.settimeout(0.1)  # so the accepting thread sees close() soon
         self.connections: list[socket.socket] = []
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
     def _accept(self) -> None:
-        while True:
+        while not self._closed.is_set():
             try:
                 conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
             except OSError:  # closed
                 return
             self.connections.append(conn)
 
     def close(self) -> None:
+        self._closed.set()
+        self._thread.join()
         self.sock.close()
         for conn in self.connections:
             conn.close()

@@ -44,7 +44,7 @@ def async_range_reader(store: Store) -> AsyncRangeRead:
         reader = inner._reads(request.key)
         if not isinstance(reader, ObstoreReader):
             return await in_thread(request)
-        return await reader._read(request)
+        return await reader.read(request)
 
     async def read(request: RangeRequest) -> memoryview:
         try:
