@@ -5,7 +5,8 @@
     bare_obstore.py copy ENDPOINT BUCKET PREFIX DEST      # every object under PREFIX to DEST/<name>
     bare_obstore.py big ENDPOINT BUCKET KEY DEST_FILE     # one object in ranged parts
 
-copy: 64 concurrent ``get_async`` + ``bytes_async``, each body written to its file.
+copy: 64 concurrent ``get_async`` + ``bytes_async``, each body written to its file (the key's path
+under PREFIX; directories made first).
 big: parts of 16 MiB, 16 at a time, each collected with ``bytes_async`` and written with ``pwrite``
 in slices of 256 KiB into a preallocated file (the recipe the hot-path note measured).
 """
@@ -36,16 +37,19 @@ async def copy(store: S3Store, prefix: str, dest: str) -> None:
     keys = [meta["path"] for page in obstore.list(store, prefix, chunk_size=1000) for meta in page]
     slots = asyncio.Semaphore(CONCURRENCY)
 
+    root = prefix.rstrip("/") + "/"
+    for directory in {os.path.dirname(key[len(root):]) for key in keys}:
+        os.makedirs(os.path.join(dest, directory), exist_ok=True)
+
     async def one(key: str) -> None:
         async with slots:
             body = await (await obstore.get_async(store, key)).bytes_async()
-        fd = os.open(os.path.join(dest, key.rsplit("/", 1)[-1]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(os.path.join(dest, key[len(root):]), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.write(fd, memoryview(body))
         finally:
             os.close(fd)
 
-    os.makedirs(dest, exist_ok=True)
     await asyncio.gather(*(one(key) for key in keys))
 
 
