@@ -80,7 +80,7 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--max-memory", callback=_size, metavar="SIZE",
               help="The daemon's memory budget (RSS): readahead and cached data get what the listed "
                    "tree leaves of it, at least 16MiB [default: 128MiB].")
-@click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--cache-dir", type=click.Path(file_okay=False, readable=False, path_type=Path),
               help="Keep fetched data on local disk so later epochs skip the store.")
 @click.option("--cache-size", callback=_size, metavar="SIZE",
               help="Disk cache limit, least recently used data evicted first [default: 10GiB].")

@@ -49,13 +49,26 @@ ARENA_MAX = 2  # the store client's threads share two heaps: what each keeps fre
 
 
 def check_mountpoint(path: Path) -> None:
-    """Refuse a mount point that is missing, not a directory, or already mounted."""
+    """Refuse a mount point that is missing, not a directory, already mounted, or under a
+    directory this user may not enter."""
+    try:
+        path.stat()
+    except PermissionError:
+        raise errors.AccessDenied(f"permission denied: cannot reach the mount point {path}") from None
+    except OSError:
+        pass  # missing: said below
     if not path.exists():
         raise errors.NotFound(f"mount point {path} does not exist", f"create it: mkdir -p {path}")
     if not path.is_dir():
         raise errors.UsageError(f"mount point {path} is not a directory")
     if os.path.ismount(path):
         raise errors.UsageError(f"{path} is already a mount point", f"lading unmount {path}")
+
+
+def _check_cache_dir(path: Path) -> None:
+    """Refuse a cache directory this user may not read, write or enter (exit 4), before detaching."""
+    if path.exists() and not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise errors.AccessDenied(f"permission denied: cannot use the cache directory {path}")
 
 
 def _check_log_file(path: Path) -> None:
@@ -93,6 +106,8 @@ def mount(options: MountOptions, on_ready: Callable[[MountReady], None] | None =
     check_mountpoint(options.mountpoint)
     if options.log_file is not None:
         _check_log_file(options.log_file)
+    if options.cache_dir is not None:
+        _check_cache_dir(options.cache_dir)
     from lading.mounts.fuse_lib import load_mfusepy
 
     load_mfusepy()  # fail here, in the caller, when libfuse is missing

@@ -92,3 +92,16 @@ def test_a_snapshot_the_user_cannot_read_is_exit_4(shared, lading):
     os.chmod(snapshot, 0o600 if os.geteuid() == 0 else 0o000)
     for args in (("cat", str(snapshot)), ("snapshot", "diff", str(snapshot), str(snapshot))):
         one_line_error(run_unprivileged(*args), 4, "permission denied", str(snapshot))
+
+
+def test_mount_onto_a_mountpoint_we_may_not_reach_is_exit_4(shared):
+    result = run_unprivileged("mount", str(shared / "pets"), str(shared / "locked" / "mnt"))
+    one_line_error(result, 4, "permission denied", "locked")
+
+
+def test_mount_with_a_cache_dir_we_may_not_use_is_exit_4(shared):
+    (shared / "mnt").mkdir(mode=0o777)
+    os.chmod(shared / "mnt", 0o777)
+    result = run_unprivileged("mount", str(shared / "pets"), str(shared / "mnt"), "--cache-dir",
+                              str(shared / "locked"))
+    one_line_error(result, 4, "permission denied", "locked")
