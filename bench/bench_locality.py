@@ -166,6 +166,17 @@ def make_data(root: Path, samples: int, size: int, endpoint: str, shard_size: in
     return spec
 
 
+def delete_bucket(endpoint: str, bucket: str) -> None:
+    """Empty and delete the run's bucket (RGW's memstore holds it in RAM)."""
+    import boto3
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+    client.delete_bucket(Bucket=bucket)
+
+
 def upload(client, bucket: str, local: Path, prefix: str) -> None:
     for path in sorted(local.rglob("*")):
         if path.is_file():
@@ -297,14 +308,14 @@ def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], n
         script = "mount -t tmpfs -o size=512m tmpfs /dev/shm && " + " ".join(commands) + " wait"
         env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url(node), S3_ENDPOINT_URL=proxy.url(node),
                    AWS_ALLOW_HTTP="true", LADING_CACHE_DIR=str(caches[node]), TQDM_DISABLE="1")
-        shells.append(subprocess.Popen(["unshare", "--mount", "sh", "-c", script], env=env))
+        shells.append(subprocess.Popen(["unshare", "--mount", "sh", "-c", script], env=env, start_new_session=True))
     deadline = time.monotonic() + 300
     while not all((phase / f"ready-{rank}").exists() for rank in range(world)):
         failed = [r for r in range(world) if not (phase / f"ready-{r}").exists()
                   and (phase / f"err-{r}.txt").exists() and any(s.poll() is not None for s in shells)]
         if failed or time.monotonic() > deadline:
             for shell in shells:
-                shell.kill()
+                os.killpg(shell.pid, signal.SIGKILL)  # the node's ranks too, not only its shell
             why = (phase / f"err-{failed[0]}.txt").read_text()[-3000:] if failed else "timeout"
             raise RuntimeError(f"{tool}: rank {failed[:1]} did not start: {why}")
         time.sleep(0.01)
@@ -433,6 +444,7 @@ def main() -> None:
         (args.out / "results.json").write_text(json.dumps(
             {"rows": [{k: v for k, v in r.items() if k != "state"} for r in rows], "sizes": spec["sizes"]}, indent=1))
     shutil.rmtree(root, ignore_errors=True)
+    delete_bucket(args.endpoint, spec["bucket"])
     if server is not None:
         server.stop()
 

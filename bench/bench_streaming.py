@@ -5,7 +5,7 @@ litdata, in one run:
            downloaded per epoch (at a byte-counting proxy in front of the store), the cache
            folder's peak bytes, time to first batch, samples/s and CPU seconds.
   shuffle  (b) the order only (no I/O): distinct shards per window of 1,000 consecutive samples and
-           label run lengths, for lading and MosaicML's py1e/py1br/py1b/py1s at equal block size,
+           label run lengths, for lading and MosaicML's py1e/py1br/py1s at equal block size,
            on 100 samples and on 10^6, data packed class by class (the worst case a shuffle meets).
   scale    (c) the 10^8-sample / 10^5-shard order for rank 0 of 64 nodes x 8 ranks: time and peak
            RSS of building the dataset and choosing its first sample's shard (index synthesized in
@@ -277,7 +277,14 @@ def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Pa
     rows = []
     for epoch in range(args.epochs):
         mark = work / f"epoch-{epoch}.json"
+        deadline = time.monotonic() + args.epoch_timeout
         while not mark.exists():
+            if time.monotonic() > deadline:
+                child.kill()
+                child.wait()
+                peak.stop()
+                raise RuntimeError(f"{tool}: epoch {epoch + 1} did not finish in {args.epoch_timeout:.0f} s "
+                                   f"({(proxy.counts[0] - before) / 1e6:.0f} MB downloaded by then)")
             if child.poll() is not None:
                 peak.stop()
                 raise RuntimeError(f"{tool} failed: {(work / 'stderr.txt').read_text()[-2000:]}")
@@ -371,6 +378,8 @@ def lading_order(counts: list[int], block_samples: int, seed: int, epoch: int, b
 
 def mosaic_order(counts: list[int], block_samples: int, seed: int, epoch: int, algo: str):
     import numpy as np
+    from bench_locality import without_torchvision
+    without_torchvision()
     from streaming.base.shuffle import get_shuffle
     return get_shuffle(algo, np.array(counts, dtype=np.int64), 1, seed, epoch, block_samples)
 
@@ -404,7 +413,7 @@ def shuffle_main(args: argparse.Namespace) -> None:
         block = block_shards * counts[0]
         makers = [("lading", lambda e: lading_order(counts, block, 1, e, block_shards))]
         makers += [(f"MosaicML {algo}", lambda e, a=algo: mosaic_order(counts, block, 1, e, a))
-                   for algo in ("py1e", "py1br", "py1b", "py1s")]
+                   for algo in ("py1e", "py1br", "py1s")]
         for label, make in makers:
             began = time.monotonic()
             order = make(0)
@@ -457,7 +466,7 @@ def scale_child(job: dict) -> None:
         ids = get_partitions("orig", int(counts.sum()), job["nodes"], job["nodes"], job["per_node"], 1, BATCH)
         shuffle = get_shuffle("py1e", counts, job["nodes"], 1, 0, job["buffer"])
         built = time.monotonic() - began
-        first = int(np.searchsorted(np.cumsum(counts), shuffle[ids[0, 0, 0, 0]], side="right"))
+        first = int(np.searchsorted(np.cumsum(counts), shuffle[int(ids[0, 0].flat[0])], side="right"))
         seconds = time.monotonic() - began
         state = 0
     print(json.dumps({"tool": job["tool"], "built": built, "seconds": seconds, "first_shard": first,
@@ -493,8 +502,13 @@ def scale_main(args: argparse.Namespace) -> None:
         for _ in range(args.rounds):
             job = {"tool": tool, "index": index, "samples": args.samples, "shards": args.shards,
                    "nodes": args.nodes, "per_node": args.per_node, "buffer": args.block_samples}
-            done = subprocess.run([sys.executable, __file__, "scale-child", json.dumps(job)], capture_output=True,
-                                  text=True, timeout=900)
+            try:
+                done = subprocess.run([sys.executable, __file__, "scale-child", json.dumps(job)],
+                                      capture_output=True, text=True, timeout=args.timeout)
+            except subprocess.TimeoutExpired:
+                lines.append(f"| {tool} | did not finish in {args.timeout:.0f} s | | | | | {os.getloadavg()[0]:.1f} |")
+                print(lines[-1], flush=True)
+                continue
             if done.returncode:
                 lines.append(f"| {tool} | failed: {done.stderr[-300:].replace(chr(10), ' ')} | | | | | |")
                 print(lines[-1], flush=True)
@@ -531,6 +545,7 @@ def main() -> None:
     stream.add_argument("--lading-block", default=None, help="lading's shuffle_block (default: its own)")
     stream.add_argument("--epochs", type=int, default=2)
     stream.add_argument("--workers", type=int, default=2)
+    stream.add_argument("--epoch-timeout", type=float, default=1200, help="give up on a tool's epoch after this")
     stream.add_argument("--tools", default=",".join(TOOLS))
     stream.add_argument("--tmp", default=None)
     stream.add_argument("--out", type=Path)
@@ -545,6 +560,7 @@ def main() -> None:
                        help="shuffle window / block in samples (MosaicML's default for 64 nodes)")
     scale.add_argument("--tools", default="lading,mosaic")
     scale.add_argument("--rounds", type=int, default=2)
+    scale.add_argument("--timeout", type=float, default=900, help="give up on one build after this")
     scale.add_argument("--tmp", default=None)
     args = parser.parse_args()
     {"stream": stream_main, "shuffle": shuffle_main, "scale": scale_main}[args.part](args)
