@@ -63,8 +63,9 @@ class ShardRef:
 
     @property
     def local(self) -> bool:
-        """Whether the shard is a local file (read in place, never cached)."""
-        return parse_uri(self.uri).scheme == "file"
+        """Whether the shard is a local file (read in place, never cached): a path or ``file://``
+        (no URI parse: an index of 10^5 shards asks this of every one)."""
+        return "://" not in self.uri or self.uri.startswith("file://")
 
 
 @dataclass

@@ -327,7 +327,9 @@ class ShardDataset(IterableBase):
         walk = self.order.rank_order(self.epoch)
         locals_ = worker_locals(walk.count, self.batch_size or 1, worker, num_workers)
         finish = self.finish if self.decoders is not None or self.transform is not None else _identity
-        yield from read_walk(walk, locals_, self.reader(), finish, walk.ranks * num_workers)
+        # the node's other workers and ranks may be up to one round of batches behind this one
+        behind = walk.ranks * num_workers * (self.batch_size or 1)
+        yield from read_walk(walk, locals_, self.reader(), finish, walk.ranks * num_workers, behind)
 
     def spans(self, worker: int = 0, num_workers: int = 1) -> list[ShardSpan]:
         """With a list of shards: the whole shards worker ``worker`` of ``num_workers`` reads."""
@@ -359,10 +361,11 @@ def iter_locations(order: EpochOrder, epoch: int) -> Iterator[tuple[int, int]]:
 
 
 def read_walk(walk: RankOrder, locals_: np.ndarray, reader: ShardReader, finish: Callable[[Sample, int], Any],
-              spread: int) -> Iterator[Any]:
+              spread: int, behind: int = 0) -> Iterator[Any]:
     """Samples of ``walk`` at rank-local numbers ``locals_``: shards opened as first needed, the
-    next ones prefetched, each released once this walk has passed its last use (so the node
-    cache may evict it). ``spread``: node positions between this walk's consecutive samples."""
+    next ones prefetched, each released once this walk is ``behind`` node positions past the
+    node's last use of it (so the node cache may evict it, but not while a worker that lags
+    this one still needs it). ``spread``: node positions between this walk's consecutive samples."""
     done_after: dict[int, int] = {}
     chunks = _chunks(walk, locals_, max(16, min(1024, 4096 // max(1, spread))))
     current = next(chunks, None)
@@ -375,7 +378,7 @@ def read_walk(walk: RankOrder, locals_: np.ndarray, reader: ShardReader, finish:
                                                                samples.tolist(), done.tolist())):
             done_after[shard] = last
             if step % RELEASE_EVERY == 0:
-                reader.release(lambda number: done_after.get(number, now) < now)
+                reader.release(lambda number: done_after.get(number, now) + behind < now)
             yield finish(reader.sample(shard, sample), shard)
         current = following
 

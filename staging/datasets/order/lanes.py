@@ -6,8 +6,9 @@
   data (:func:`choose_lanes`) and recorded in the resume state, so it is fixed for the run.
 - **A lane's order in an epoch** (:class:`LaneOrder`): its shard pieces in an order permuted per
   ``(seed, epoch, lane)``, their samples concatenated, and each sample moved by a random offset of
-  at most half the shuffle window (MosaicML's ``py1e`` idea: keys ``j + U(-w/2, w/2)``, sorted).
-  A sample therefore stays within ``w/2`` positions of its shard's place, so reading a lane needs
+  about half the shuffle window (MosaicML's ``py1e``: a piece of ``n`` samples spreads over about
+  one window, ``(w - n) / 2`` each way and at least ``w / 4``, bounded by the lane's ends; keys sorted).
+  A sample therefore stays within about ``w/2`` positions of its shard's place, so reading a lane needs
   about one window of shards at a time: the bounded working set.
 """
 
@@ -80,6 +81,17 @@ class Lanes:
         return self.order[slots], low - self.starts[slots], high - low
 
 
+def _spread(starts: np.ndarray, length: np.ndarray, size: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """How far each piece's samples may move, ``[low, high]``: a piece of ``n`` samples spreads
+    over about one window (``(window - n) / 2`` each way, at least a quarter window), shifted at
+    the lane's ends so that keys stay inside the lane (MosaicML's py1e bounds, so the first and
+    last positions mix every piece within reach instead of the edge pieces alone)."""
+    reach = np.maximum((window - length) / 2, window / 4)
+    low = np.maximum(-reach, -starts[:-1])
+    high = np.minimum(reach, size - starts[1:])
+    return low, high
+
+
 class LaneOrder:
     """Lane ``lane``'s samples in epoch ``epoch``: ``shard[j]``, ``sample[j]`` for lane position ``j``;
     ``last[j]``: the last lane position of the shard at ``j`` (when this lane is done with it)."""
@@ -95,7 +107,8 @@ class LaneOrder:
         starts = np.concatenate(([0], np.cumsum(length)))
         within = np.arange(size, dtype=np.int64) - starts[piece] + first[piece]
         if window > 1 and size > 1:
-            keys = np.arange(size) + rng.uniform(-window / 2, window / 2, size)
+            low, high = _spread(starts, length, size, window)
+            keys = np.arange(size) + low[piece] + (high - low)[piece] * rng.uniform(0, 1, size)
             perm = np.argsort(keys, kind="stable")
             piece, within = piece[perm], within[perm]
         self.shard = shards[piece]
