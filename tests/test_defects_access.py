@@ -105,3 +105,13 @@ def test_mount_with_a_cache_dir_we_may_not_use_is_exit_4(shared):
     result = run_unprivileged("mount", str(shared / "pets"), str(shared / "mnt"), "--cache-dir",
                               str(shared / "locked"))
     one_line_error(result, 4, "permission denied", "locked")
+
+
+@pytest.mark.parametrize("command", ["sync", "cat"])
+def test_a_manifest_we_may_not_read_is_exit_4(shared, command):
+    manifest = shared / "locked" / "manifest.json"
+    manifest.write_text('["0000.jpg"]')
+    args = [command, str(shared / "pets"), "--manifest", str(manifest)]
+    if command == "sync":
+        args.insert(2, str(shared / "out"))
+    one_line_error(run_unprivileged(*args), 4, "permission denied", "manifest")

@@ -167,8 +167,10 @@ def load_manifest(path: str | Path) -> Manifest:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError as err:
         raise NotFound(f"manifest not found: {path}") from err
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"cannot read manifest {path}: {err}") from err
+    except UnicodeDecodeError as err:
+        raise UsageError(f"cannot read manifest {path}: not UTF-8 text ({err.reason})") from err
+    except OSError as err:
+        raise local_error(err, f"read the manifest {path}") from err
     return parse_manifest(text, str(path))
 
 
