@@ -132,6 +132,18 @@ def run_unprivileged(*args: str) -> subprocess.CompletedProcess:
                           cwd="/", env=dict(os.environ), timeout=120)
 
 
+def one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> str:
+    """Assert a CLI run failed with exit ``code`` and one ``lading: error:`` line naming ``words``
+    (no traceback, no internal error); return that line."""
+    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lading: error: "), result.stderr
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
 def run_lading(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
                input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as users do."""

@@ -7,25 +7,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from conftest import run_unprivileged
+from conftest import one_line_error, run_unprivileged
 
 NOBODY = 65534
-
-
-def one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> str:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lading: error: "), result.stderr
-    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
-    for word in words:
-        assert word in lines[0], (word, lines[0])
-    return lines[0]
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from test_mount_support import alive, force_unmount, wait_for
-from conftest import run_unprivileged
+from conftest import one_line_error, run_unprivileged
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "paths"
@@ -30,16 +30,6 @@ def s3(s3_env):
     for key, body in OBJECTS.items():
         client.put_object(Bucket=BUCKET, Key=key, Body=body)
     return s3_env
-
-
-def _one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> str:
-    assert result.returncode == code, (result.returncode, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lading: error: "), result.stderr
-    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
-    for word in words:
-        assert word in lines[0], (word, lines[0])
-    return lines[0]
 
 
 # -- 1. an empty segment in a bucket location --------------------------------------------------------
@@ -72,7 +62,7 @@ def test_locations_without_empty_segments_still_parse(text, prefix):
 def test_an_empty_segment_is_refused_by_every_command(s3, lading, tmp_path, command):
     (tmp_path / "mnt").mkdir()
     result = lading(*[part.format(tmp=tmp_path) for part in command])
-    _one_line_error(result, 2, "empty segment")
+    one_line_error(result, 2, "empty segment")
     assert sorted(os.listdir(tmp_path)) == ["mnt"] and not os.path.ismount(tmp_path / "mnt")
 
 
@@ -170,14 +160,14 @@ def shared_dir():
 @pytest.mark.parametrize("output", ["{ro}/f.snap.jsonl", "{ro}/f.snap.jsonl.gz"])
 def test_snapshot_onto_a_read_only_file_system_is_exit_4(s3, lading, read_only_mount, output):
     result = lading("snapshot", f"s3://{BUCKET}/train", "-o", output.format(ro=read_only_mount))
-    _one_line_error(result, 4, "read-only file system", str(read_only_mount))
+    one_line_error(result, 4, "read-only file system", str(read_only_mount))
 
 
 @pytest.mark.parametrize("mode", [0o755, 0o700])  # 0700: not even searchable, so cleaning up fails too
 def test_snapshot_into_a_directory_the_user_cannot_write_is_exit_4(s3, shared_dir, mode):
     os.chmod(shared_dir / "dest", mode if os.geteuid() == 0 else mode & 0o555)
     result = run_unprivileged("snapshot", f"s3://{BUCKET}/train", "-o", str(shared_dir / "dest" / "f.snap.jsonl"))
-    _one_line_error(result, 4, "permission denied", str(shared_dir / "dest"))
+    one_line_error(result, 4, "permission denied", str(shared_dir / "dest"))
     assert os.listdir(shared_dir / "dest") == []
 
 
@@ -188,13 +178,13 @@ def test_snapshot_onto_a_full_disk_is_exit_6(s3, lading, full_disk):
     for i in range(300):  # a snapshot file larger than the space left
         client.put_object(Bucket=BUCKET, Key=f"many/{i:05d}-{'x' * 200}", Body=b"")
     result = lading("snapshot", f"s3://{BUCKET}/", "-o", str(full_disk / "f.snap.jsonl"))
-    _one_line_error(result, 6, "No space left")
+    one_line_error(result, 6, "No space left")
     assert sorted(os.listdir(full_disk)) == ["filler"]
 
 
 def test_pack_onto_a_read_only_file_system_is_exit_4(lading, shared_dir, read_only_mount):
     result = lading("pack", str(shared_dir / "pets"), str(read_only_mount / "shards"))
-    _one_line_error(result, 4, "read-only file system")
+    one_line_error(result, 4, "read-only file system")
 
 
 def test_pack_into_a_directory_the_user_cannot_write_is_exit_4(shared_dir):
@@ -202,7 +192,7 @@ def test_pack_into_a_directory_the_user_cannot_write_is_exit_4(shared_dir):
         os.chmod(shared_dir / "dest", 0o555)
     for dest in (shared_dir / "dest", shared_dir / "dest" / "new"):
         result = run_unprivileged("pack", str(shared_dir / "pets"), str(dest))
-        _one_line_error(result, 4, "permission denied")
+        one_line_error(result, 4, "permission denied")
     assert os.listdir(shared_dir / "dest") == []
 
 
@@ -210,7 +200,7 @@ def test_pack_onto_a_full_disk_is_exit_6(lading, shared_dir, full_disk):
     for i in range(20):
         (shared_dir / "pets" / f"big{i:02d}.jpg").write_bytes(os.urandom(64 << 10))
     result = lading("pack", str(shared_dir / "pets"), str(full_disk / "shards"))
-    _one_line_error(result, 6, "No space left")
+    one_line_error(result, 6, "No space left")
 
 
 # -- 4. a malformed endpoint is a usage error naming where it came from --------------------------------
@@ -251,14 +241,14 @@ def test_a_malformed_endpoint_flag_is_exit_2_in_every_command(s3, lading, tmp_pa
     (tmp_path / "mnt").mkdir()
     args = [part.format(tmp=tmp_path) for part in command]
     result = lading(*args, "--endpoint-url", "not-a-url")
-    _one_line_error(result, 2, "--endpoint-url", "not-a-url")
+    one_line_error(result, 2, "--endpoint-url", "not-a-url")
 
 
 @pytest.mark.parametrize("command", _EVERY_COMMAND)
 def test_a_malformed_endpoint_variable_is_exit_2_in_every_command(s3, lading, tmp_path, command):
     (tmp_path / "mnt").mkdir()
     result = lading(*[part.format(tmp=tmp_path) for part in command], env={"AWS_ENDPOINT_URL": "not-a-url"})
-    _one_line_error(result, 2, "AWS_ENDPOINT_URL", "not-a-url")
+    one_line_error(result, 2, "AWS_ENDPOINT_URL", "not-a-url")
     assert sorted(os.listdir(tmp_path)) == ["mnt"]
 
 

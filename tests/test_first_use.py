@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import run_unprivileged
+from conftest import one_line_error, run_unprivileged
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -27,15 +27,6 @@ def s3(s3_env):
     client.put_object(Bucket=BUCKET, Key="data/a.txt", Body=b"hello")
     client.put_object(Bucket=BUCKET, Key="data/sub/b.txt", Body=b"b")
     return client
-
-
-def _one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> None:
-    assert result.returncode == code, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lading: error: "), result.stderr
-    assert "internal error" not in result.stderr and "Traceback" not in result.stderr
-    for word in words:
-        assert word in lines[0], (word, lines[0])
 
 
 # -- an unwritable DEST is exit 4 ------------------------------------------------------------------
@@ -61,7 +52,7 @@ def test_a_dest_the_user_cannot_write_is_exit_4(s3, unwritable_dir, command):
         os.chmod(unwritable_dir, 0o555)
     args = [part.format(dest=unwritable_dir) for part in command]
     result = run_unprivileged(*args)
-    _one_line_error(result, 4, str(unwritable_dir), "permission denied")
+    one_line_error(result, 4, str(unwritable_dir), "permission denied")
     assert os.listdir(unwritable_dir) == []
 
 
@@ -73,7 +64,7 @@ def test_a_dest_the_user_cannot_write_is_exit_4(s3, unwritable_dir, command):
 ])
 def test_a_read_only_file_system_is_exit_4(s3, lading, read_only_mount, command):
     result = lading(*[part.format(dest=read_only_mount) for part in command])
-    _one_line_error(result, 4, "read-only file system")
+    one_line_error(result, 4, "read-only file system")
 
 
 def test_lock_and_local_errors_translate_in_the_library(tmp_path, monkeypatch):
@@ -104,7 +95,7 @@ def test_fetch_into_a_file_with_a_trailing_slash_is_a_usage_error(s3, lading, tm
     (tmp_path / "file").write_text("mine")
     for dest in (f"{tmp_path}/file/", f"{tmp_path}/file/deeper/"):
         result = lading("fetch", f"s3://{BUCKET}/data/a.txt", dest)
-        _one_line_error(result, 2, "not a directory" if dest.endswith("file/") else "in the way")
+        one_line_error(result, 2, "not a directory" if dest.endswith("file/") else "in the way")
     assert (tmp_path / "file").read_text() == "mine"
     assert sorted(os.listdir(tmp_path)) == ["file"]
 
@@ -112,16 +103,16 @@ def test_fetch_into_a_file_with_a_trailing_slash_is_a_usage_error(s3, lading, tm
 def test_hook_init_when_the_hook_is_a_directory(lading, tmp_path):
     (tmp_path / "startup-hook.sh").mkdir()
     result = lading("hook", "init", str(tmp_path), f"s3://{BUCKET}/x/", "/tmp/x")
-    _one_line_error(result, 2, "startup-hook.sh is a directory")
+    one_line_error(result, 2, "startup-hook.sh is a directory")
 
 
 def test_hook_init_says_what_is_missing(lading, tmp_path):
     result = lading("hook", "init", str(tmp_path), f"s3://{BUCKET}/x/")
-    _one_line_error(result, 2, "needs a DEST")
+    one_line_error(result, 2, "needs a DEST")
     assert "must be absolute" not in result.stderr
     (tmp_path / "afile").write_text("x")
     result = lading("hook", "init", str(tmp_path / "afile"), f"s3://{BUCKET}/x/", "/tmp/x")
-    _one_line_error(result, 2, "is not a directory")
+    one_line_error(result, 2, "is not a directory")
     assert not list(tmp_path.glob("**/startup-hook.sh"))
 
 
@@ -130,12 +121,12 @@ def test_hook_init_says_what_is_missing(lading, tmp_path):
 def test_a_mistyped_prefix_syncs_nothing_and_says_so(s3, lading, tmp_path):
     dest = tmp_path / "dest"
     result = lading("sync", f"s3://{BUCKET}/dta", str(dest))
-    _one_line_error(result, 3, f"nothing at s3://{BUCKET}/dta")
+    one_line_error(result, 3, f"nothing at s3://{BUCKET}/dta")
     assert not dest.exists()  # no empty directory with state files
     dry = lading("sync", f"s3://{BUCKET}/dta", str(dest), "--dry-run")
-    _one_line_error(dry, 3, "nothing at")
+    one_line_error(dry, 3, "nothing at")
     filtered = lading("sync", f"s3://{BUCKET}/data", str(dest), "--include", "*.jpg")
-    _one_line_error(filtered, 3, "matches the filters")
+    one_line_error(filtered, 3, "matches the filters")
     allowed = lading("sync", f"s3://{BUCKET}/dta", str(dest), "--allow-empty", "--json")
     assert allowed.returncode == 0, allowed.stderr
     assert '"files": 0' in allowed.stdout
@@ -144,7 +135,7 @@ def test_a_mistyped_prefix_syncs_nothing_and_says_so(s3, lading, tmp_path):
 def test_an_empty_local_source_is_refused_unless_allowed(lading, tmp_path):
     (tmp_path / "empty").mkdir()
     result = lading("sync", str(tmp_path / "empty"), str(tmp_path / "dest"))
-    _one_line_error(result, 3, "nothing at")
+    one_line_error(result, 3, "nothing at")
     assert not (tmp_path / "dest").exists()
     assert lading("sync", str(tmp_path / "empty"), str(tmp_path / "dest"), "--allow-empty").returncode == 0
 
@@ -169,7 +160,7 @@ def test_mount_of_an_empty_prefix_is_refused_unless_allowed(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "mnt").mkdir()
     result = cli("mount", str(tmp_path / "empty"), str(tmp_path / "mnt"))
-    _one_line_error(result, 3, "nothing at")
+    one_line_error(result, 3, "nothing at")
     assert not os.path.ismount(tmp_path / "mnt")
     with mounted(str(tmp_path / "empty"), tmp_path / "mnt", "--allow-empty") as mnt:
         assert os.listdir(mnt.path) == []
@@ -181,7 +172,7 @@ def test_unsafe_keys_and_clashes_are_reported_together(s3, lading, tmp_path):
     for key in ("clash/a", "clash/a/b", "clash/evil/../x", "clash/ok.txt"):
         s3.put_object(Bucket=BUCKET, Key=key, Body=b"x")
     result = lading("sync", f"s3://{BUCKET}/clash", str(tmp_path / "dest"))
-    _one_line_error(result, 1, "2 unsafe key(s)", "'evil/../x'", "'a' is a file and also the directory of 'a/b'")
+    one_line_error(result, 1, "2 unsafe key(s)", "'evil/../x'", "'a' is a file and also the directory of 'a/b'")
     assert not (tmp_path / "dest").exists()
 
 
@@ -230,7 +221,7 @@ def test_single_object_fetch_leaves_one_marker_and_refuses_foreign_files(s3, lad
     assert not [name for name in os.listdir(tmp_path) if name != "d"]
     (dest / "mine.txt").write_text("my own notes")
     refused = lading("fetch", f"s3://{BUCKET}/data/a.txt", str(dest / "mine.txt"))
-    _one_line_error(refused, 2, "mine.txt exists and was not written by lading", "--force")
+    one_line_error(refused, 2, "mine.txt exists and was not written by lading", "--force")
     assert (dest / "mine.txt").read_text() == "my own notes"
     assert sorted(os.listdir(dest)) == [".a.txt.lading-staged.json", "a.txt", "mine.txt"]
     forced = lading("fetch", f"s3://{BUCKET}/data/a.txt", str(dest / "mine.txt"), "--force")
@@ -266,7 +257,7 @@ def test_a_directory_at_the_object_path_is_a_usage_error(s3, lading, tmp_path):
     (tmp_path / "a.txt" / "a.txt").unlink()
     (tmp_path / "a.txt" / "a.txt").mkdir()
     result = lading("fetch", f"s3://{BUCKET}/data/a.txt", f"{tmp_path}/a.txt/")
-    _one_line_error(result, 2, "is a directory")
+    one_line_error(result, 2, "is a directory")
 
 
 # -- Ctrl-C stops pack within a second ------------------------------------------------------------------
@@ -340,7 +331,7 @@ def test_parallelism_is_workers_everywhere(lading, tmp_path):
     assert "--workers" in mount_help and "--concurrency" in mount_help  # the old name still works
     for flag in ("--workers", "--concurrency"):
         result = lading("mount", str(tmp_path), str(tmp_path / "missing"), flag, "8")
-        _one_line_error(result, 3, "does not exist")  # parsed; failed later, on the mount point
+        one_line_error(result, 3, "does not exist")  # parsed; failed later, on the mount point
 
 
 def test_the_cli_hides_google_api_core_version_warnings():
@@ -369,7 +360,7 @@ def test_a_manifest_that_is_not_valid_json_is_a_usage_error(lading, tmp_path, te
     manifest = tmp_path / "bad.json"
     manifest.write_text(text)
     result = lading("sync", f"s3://{BUCKET}/data", str(tmp_path / "dest"), "--manifest", str(manifest))
-    _one_line_error(result, 2, "bad.json")
+    one_line_error(result, 2, "bad.json")
     assert "JSON" in result.stderr and "object not found" not in result.stderr
     assert not (tmp_path / "dest").exists()
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import one_line_error
 
 BUCKET = "injected-faults"
 LONG = "n" * 255  # NAME_MAX bytes: a valid Linux file name
@@ -25,15 +25,6 @@ def s3(s3_env):
     return client
 
 
-def _one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> None:
-    assert result.returncode == code, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("lading: error: "), result.stderr
-    assert "internal error" not in result.stderr
-    for word in words:
-        assert word in lines[0], (word, lines[0])
-
-
 def _tree(root: Path) -> set[str]:
     return {str(Path(d, name).relative_to(root)) for d, dirs, files in os.walk(root) for name in dirs + files}
 
@@ -46,7 +37,7 @@ def _tree(root: Path) -> set[str]:
 def test_dot_segments_in_uris_are_usage_errors(lading, tmp_path, uri, command):
     dest = tmp_path / "dest"
     result = lading(command, uri, f"{dest}/")
-    _one_line_error(result, 2, "is not allowed as a segment")
+    one_line_error(result, 2, "is not allowed as a segment")
     assert os.listdir(tmp_path) == []
 
 
@@ -56,7 +47,7 @@ def test_fetch_of_prefix_dot_writes_nothing_outside_dest(s3, lading, tmp_path):
     (tmp_path / "dest").mkdir()
     for key in (".", ".."):
         result = lading("fetch", f"s3://{BUCKET}/prefix/{key}", f"{tmp_path}/dest/")
-        _one_line_error(result, 2)
+        one_line_error(result, 2)
     assert _tree(tmp_path) == {"dest"}  # no file beside DEST, no lock or marker either
 
 
@@ -177,7 +168,7 @@ def test_a_cache_root_others_control_is_refused_before_any_link(s3, lading, tmp_
         os.chown(root, 65534, 65534)
     dest = tmp_path / "dest"
     result = lading("sync", f"s3://{BUCKET}/data", str(dest), "--cache-dir", str(root))
-    _one_line_error(result, 4, "refusing the node cache", str(root))
+    one_line_error(result, 4, "refusing the node cache", str(root))
     assert not dest.exists() and os.listdir(root) == []
 
 

@@ -13,19 +13,7 @@ from lading.sync import SyncRequest, plan_only, run_sync, use_node_cache
 from lading.sync.nodecache import cache_entry_name
 from lading.sync.plan import matches_filters, select_objects
 from lading.sync.state import JOURNAL_NAME, STATE_NAME, Entry, SyncState
-from sync_fixtures import read_tree
-
-
-class ListedStore:
-    """A store whose listing is given (to produce keys no filesystem can hold)."""
-
-    url = "mem://"
-
-    def __init__(self, objects: list[ObjectInfo]) -> None:
-        self.objects = objects
-
-    def list(self, prefix: str = ""):
-        yield from self.objects
+from sync_fixtures import ListedStore, read_tree
 
 
 def make_source(root: Path, files: dict[str, bytes]) -> None:

@@ -17,6 +17,7 @@ from lading.stores.base import ObjectInfo
 from lading.stores.local import LocalStore
 from lading.sync import SyncRequest, run_sync
 from lading.sync.plan import select_objects
+from sync_fixtures import ListedStore
 
 # The assignment of _objects() computed by lading 0e1558f (before the plan streamed), for world
 # sizes 1..5 and both balances: sha256 of the JSON of _reference_assignment. The reference below
@@ -52,18 +53,6 @@ def _reference_owner(objects: list[ObjectInfo], world: int, balance: str) -> dic
 def _reference_assignment(objects: list[ObjectInfo]) -> dict[str, dict[str, int]]:
     return {f"{balance}/{world}": _reference_owner(objects, world, balance)
             for balance in ("count", "bytes") for world in range(1, 6)}
-
-
-class ListedStore:
-    """A store whose listing is given (here: out of key order, as no store should list)."""
-
-    url = "mem://"
-
-    def __init__(self, objects: list[ObjectInfo]) -> None:
-        self.objects = objects
-
-    def list(self, prefix: str = ""):
-        yield from self.objects
 
 
 def test_reference_is_the_old_assignment():
