@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
@@ -109,16 +110,25 @@ def gcs_env(gcs_server: Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, st
     return dict(gcs_server.env)
 
 
+@contextmanager
+def tmpfs(where: Path, options: str) -> Iterator[Path]:
+    """A tmpfs of the test's own mounted at ``where`` (created) with mount ``options``, unmounted
+    afterwards; the test is skipped where mounting is not allowed."""
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs ({options}) here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
 @pytest.fixture
 def read_only_mount(tmp_path: Path) -> Iterator[Path]:
     """A read-only tmpfs (defeats root); skipped where mounting is not allowed."""
-    where = tmp_path / "ro"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a read-only tmpfs here")
-    yield where
-    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as where:
+        yield where
 
 
 def run_unprivileged(*args: str) -> subprocess.CompletedProcess:

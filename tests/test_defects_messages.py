@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from conftest import tmpfs
 from servers import Server, free_port, wait_http
 
 
@@ -92,15 +93,8 @@ def test_a_plain_404_from_a_listing_says_the_endpoint_is_not_s3(lading, web_serv
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs of the test's own, removed after it; skipped where mounting is not allowed."""
-    where = tmp_path / "small"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with tmpfs(tmp_path / "small", "size=1m") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 def test_a_full_disk_during_sync_is_one_line_per_cause(lading, s3_env, small_tmpfs):

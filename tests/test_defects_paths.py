@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from test_mount_support import alive, force_unmount, wait_for
-from conftest import one_line_error, run_unprivileged
+from conftest import one_line_error, run_unprivileged, tmpfs
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "paths"
@@ -129,18 +129,13 @@ def test_mount_options_resolve_a_relative_source(tmp_path, monkeypatch):
 @pytest.fixture
 def full_disk(tmp_path):
     """A 64 KiB tmpfs, filled up; skipped where mounting is not allowed."""
-    where = tmp_path / "full"
-    where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
-        with open(where / "filler", "wb") as handle:
-            handle.write(b"\0" * (1 << 20))
-    except OSError:
-        pass
-    yield where
-    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+    with tmpfs(tmp_path / "full", "size=64k") as where:
+        try:
+            with open(where / "filler", "wb") as handle:
+                handle.write(b"\0" * (1 << 20))
+        except OSError:
+            pass
+        yield where
 
 
 @pytest.fixture
