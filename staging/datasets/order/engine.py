@@ -22,12 +22,11 @@ _OLDER_FORMATS = ("lading-partitioned-1", "lading-elastic-1", "lading-shards-1")
 
 def env_topology() -> Any | None:
     """The launcher's topology from the environment (None when it is inconsistent)."""
-    from lading.core.errors import UsageError as _UsageError
     from lading.selection.topology import detect_topology
 
     try:
         return detect_topology(os.environ)
-    except _UsageError:
+    except UsageError:
         return None
 
 
