@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -268,7 +269,7 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool, **options
         count = _slot_count(os.environ) if needs_slots else 0
         check_sharding(spec, count, trial_slots)
         summaries.append(_stage_one(state, connection, spec.source, dest_path(spec),
-                                    lambda result, spec=spec, count=count: views_for(spec, result, count, trial_slots),
+                                    functools.partial(views_for, spec, slot_count=count, trial_slots=trial_slots),
                                     json_out=json_out))
     if json_out:
         click.echo(json.dumps({"datasets": summaries}, indent=2))

@@ -387,7 +387,10 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
                           topology.rank, topology.world_size, delete, allow_empty)
     if dry_run:
         with plan_only(store, request, workers) as plan:  # lists streamed from disk, never held whole
-            plan.write_json(click.get_text_stream("stdout")) if json_out else _print_plan(plan)
+            if json_out:
+                plan.write_json(sys.stdout)
+            else:
+                _print_plan(plan)
         return 0
     cached = use_node_cache(topology.local_world_size, cache_dir is not None, no_cache, uri.scheme == "file")
     cache_root = Path(cache_dir).expanduser().resolve() if cache_dir else DEFAULT_CACHE_ROOT

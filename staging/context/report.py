@@ -93,7 +93,7 @@ class CheckReport:
         """``json.dumps(self.to_dict(top))`` with the (possibly huge) file list written at C speed
         instead of as one dict per file. Keys are the same; "files" comes last."""
         import json
-        from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+        from json.encoder import encode_basestring_ascii
 
         doc = self.to_dict(top, with_files=False)
         files, sizes = self.walked.files, self.walked.sizes

@@ -152,7 +152,7 @@ def node_cache_status(location: Location, index: dict[str, Any], cache_dir: str 
     if not (root / "datasets").is_dir():
         return None
     cache = NodeCache(root)
-    status = {"root": str(root), "current": 0, "stale": 0, "absent": 0}
+    status: dict[str, Any] = {"root": str(root), "current": 0, "stale": 0, "absent": 0}
     for entry in shard_entries(index):
         uri = f"{location.uri}/{entry['url']}"
         found = cache.find(uri, entry.get("etag"), entry.get("filesize"))

@@ -20,6 +20,8 @@ When torch is installed, ``ShardDataset(...)`` and ``MixedDataset(...)`` are ins
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lading.datasets.cache import NodeCache, default_cache_root
 from lading.datasets.decode import DEFAULT_DECODERS
 from lading.datasets.index import DatasetIndex, ShardRef, load_index
@@ -49,6 +51,13 @@ __all__ = [
     "load_index",
 ]
 
+
+if TYPE_CHECKING:  # what the lazy names are, for the type checker
+    from lading.datasets.loader import DataLoader
+    from lading.datasets.mixed import MixedDataset
+    from lading.datasets.order import REMAINDERS, EpochOrder
+    from lading.datasets.sampler import NodeLocalSampler
+    from lading.datasets.shards import ShardDataset, ShardSpan, iter_shard
 
 #: Loaded on first use: the order engine imports numpy, torch's DataLoader imports torch.
 _LAZY = {

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import multiprocessing
 from collections.abc import Mapping
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sized, cast
 
 import torch.utils.data as tud
 
@@ -56,14 +56,15 @@ class DataLoader(tud.DataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch for the next iteration, in this process and in persistent workers."""
         for target in (self.dataset, self.sampler, getattr(self.batch_sampler, "sampler", None)):
-            if hasattr(target, "set_epoch"):
-                target.set_epoch(epoch)
+            setter = getattr(target, "set_epoch", None)
+            if setter is not None:
+                setter(epoch)
         if self._epoch_cell is not None:
             self._epoch_cell.value = epoch
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
         if self._epoch_cell is not None:
-            self._epoch_cell.value = self.dataset.epoch  # a set_epoch called on the dataset itself
+            self._epoch_cell.value = cast(Any, self.dataset).epoch  # a set_epoch called on the dataset itself
         self._batches = self._samples = 0
         self._counted_epoch = self._epoch()
         iterable = isinstance(self.dataset, tud.IterableDataset)
@@ -89,7 +90,7 @@ class DataLoader(tud.DataLoader):
         if self.batch_size is None:
             return self._batches
         try:
-            length = len(self.dataset)
+            length = len(cast(Sized, self.dataset))
         except TypeError:  # no length (shards without an index): no resume state either
             return self._batches * self.batch_size
         return min(self._batches * self.batch_size, length)
@@ -107,7 +108,7 @@ class DataLoader(tud.DataLoader):
             raise UsageError("not a lading DataLoader state", "pass what DataLoader.state_dict() returned")
         self._resumable.load_state_dict(state["state"])
         if self._epoch_cell is not None:
-            self._epoch_cell.value = self.dataset.epoch
+            self._epoch_cell.value = cast(Any, self.dataset).epoch
         self._batches = self._samples = 0
         self._counted_epoch = None
 
@@ -138,7 +139,7 @@ def _resumable_of(loader: tud.DataLoader) -> Any:
 
 def _check_order(loader: tud.DataLoader, kwargs: Mapping[str, Any]) -> None:
     """Refuse what would make a resume silently wrong; give the dataset the loader's batch size."""
-    dataset = loader.dataset
+    dataset: Any = loader.dataset
     if kwargs.get("in_order", True) is False and _resumable_of(loader) is not None:
         raise UsageError("in_order=False delivers batches out of order, so a resume state cannot say which "
                          "samples were consumed", "leave in_order at True")
@@ -155,7 +156,7 @@ def _check_order(loader: tud.DataLoader, kwargs: Mapping[str, Any]) -> None:
 
 def _share_epoch(loader: tud.DataLoader) -> Any:
     """A shared epoch cell for persistent workers of an iterable dataset (None when not needed)."""
-    dataset = loader.dataset
+    dataset: Any = loader.dataset
     if not (loader.persistent_workers and loader.num_workers > 0 and hasattr(dataset, "epoch")
             and hasattr(dataset, "iter_worker")):
         return None

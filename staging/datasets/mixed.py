@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -302,7 +302,7 @@ class MixedDataset(IterableBase):
                 now[d] = (passes, position)
                 if step % RELEASE_EVERY == 0:
                     for reader, marks, mark in zip(readers, done_after, now):
-                        reader.release(lambda number, marks=marks, mark=mark: marks.get(number, mark) < mark)
+                        reader.release(_passed(marks, mark))
                 step += 1
                 yield self.datasets[d].finish(readers[d].sample(shard, sample), shard)
 
@@ -351,3 +351,8 @@ class MixedDataset(IterableBase):
         self.epoch = epoch
         self._base = _Start(epoch, left, tuple(children))
         self._starts = {}
+
+
+def _passed(marks: dict[int, tuple[int, int]], mark: tuple[int, int]) -> Callable[[int], bool]:
+    """Whether a shard's last use (``marks``, by shard number) is behind ``mark``."""
+    return lambda number: marks.get(number, mark) < mark

@@ -9,7 +9,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from lading.core.errors import UsageError
+from lading.core.errors import ProblemFound, UsageError
 from lading.datasets.cache import CachedShard, NodeCache, default_cache_root
 from lading.datasets.decode import DecodeOption, decode_sample, decoders_for
 from lading.datasets.index import load_index, store_for
@@ -82,6 +82,8 @@ class PackedDataset:
         """The offsets table (see :mod:`lading.pack.offsets`)."""
         if self._table is None:
             self._table = self.index.table(self.config)
+        if self._table is None:
+            raise ProblemFound(f"{self.index.uri} has no offsets table", "pack it again with lading pack")
         return self._table
 
     def __len__(self) -> int:

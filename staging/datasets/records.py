@@ -52,7 +52,7 @@ class RecordDataset:
         if callable(decode) and not isinstance(decode, bool):
             self.decoder: Decoder | None = decode
         else:
-            table = decoders_for(decode)  # type: ignore[arg-type]
+            table = decoders_for(decode)
             self.decoder = None if table is None else decoder_for(table, self._field)
         self.max_gap, self.threads = max_gap, max(1, threads)  # threads: kept for compatibility
 

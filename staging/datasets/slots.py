@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import warnings
+from typing import Any
 
 _TORCH_BASES: list[tuple[type, ...]] = []
 
@@ -74,7 +75,7 @@ def iterable_class(cls: type) -> type:
     return found
 
 
-def rebuild(cls: type, state: dict) -> object:
+def rebuild(cls: Any, state: dict) -> object:
     """Unpickle an iterable dataset (pickled by its plain class, rebuilt as :func:`iterable_class`)."""
     dataset = cls.__new__(cls)
     dataset.__dict__.update(state)

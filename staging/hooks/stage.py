@@ -152,7 +152,8 @@ def stage_object(store: Store, source: str, info: ObjectInfo, target: Path,
             return result  # nothing changed: no GET, no write
         _refuse_foreign(target, marker, force)
         events.on_phase("download", None)
-        (outcome,) = fetch_all(store, [TransferItem(info, target)], options, events) or [None]
+        outcomes = fetch_all(store, [TransferItem(info, target)], options, events)
+        outcome = outcomes[0] if outcomes else None
         if outcome is None or not outcome.ok:
             error = outcome.error if outcome is not None and outcome.error is not None else None
             result.failed.append(FailedKey(info.key, error.message if error else "download failed",

@@ -8,12 +8,12 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from lading.core.errors import UsageError
 from lading.pack import offsets
 from lading.pack.execute import write_shards
-from lading.pack.grouping import group_samples
+from lading.pack.grouping import ListedFile, group_samples
 from lading.pack.index import PublishedShard, build_index, build_manifest, dump
 from lading.pack.plan import PackOptions, PackPlan, plan_shards
 from lading.pack.sources import LocalSource, MemberSource, StoreSource, list_local
@@ -93,6 +93,7 @@ def plan_pack(source: str, dest: str, options: PackOptions, config: StoreConfig 
     collecting = gc.isenabled()
     gc.disable()  # listing and grouping build a few small objects per file; no cycles among them
     try:
+        objects: Sequence[ListedFile]
         if source_uri.scheme == "file":
             objects = list_local(Path(source_uri.prefix))
         else:

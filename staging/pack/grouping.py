@@ -9,11 +9,10 @@ see something other than the files we were given is refused here, before anythin
 from __future__ import annotations
 
 import re
-from typing import Iterable, NamedTuple
+from typing import Iterable, NamedTuple, Protocol
 
 from lading.core.errors import ProblemFound, UsageError
 from lading.core.keys import find_collisions, key_parts
-from lading.stores.base import ObjectInfo
 
 #: Sample-dict fields WebDataset readers fill in themselves; an extension may not shadow them.
 _RESERVED_PREFIX = "__"
@@ -26,10 +25,23 @@ _PLAIN_NAME = re.compile(
 ).fullmatch
 
 
+class ListedFile(Protocol):
+    """What grouping and packing read of a listed file: a store's ObjectInfo or a LocalFile."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def version(self) -> str: ...
+
+
 class Member(NamedTuple):
     """One file of a sample: the object and its extension (the part after the key's dot)."""
 
-    info: ObjectInfo
+    info: ListedFile
     ext: str
 
 
@@ -69,7 +81,7 @@ def split_name(name: str) -> tuple[str, str]:
     return directory + slash + stem, ext
 
 
-def group_samples(objects: Iterable[ObjectInfo], directories_possible: bool = True) -> list[Sample]:
+def group_samples(objects: Iterable[ListedFile], directories_possible: bool = True) -> list[Sample]:
     """Group objects into samples, sorted by key, members sorted by extension.
 
     Raises UnsafeKey for names that would escape an extraction directory, UsageError for names

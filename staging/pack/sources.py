@@ -9,7 +9,7 @@ import tempfile
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterable, Iterator, NamedTuple, Protocol
+from typing import Iterable, Iterator, NamedTuple, Protocol, cast
 
 from lading.core.errors import AccessDenied, NotFound, ObjectChanged, TransientError, UsageError
 from lading.core.names import is_sync_bookkeeping
@@ -49,7 +49,7 @@ class LocalSource:
         folder_fd: int | None = None  # open once a second file in a row is in it
         try:
             for member in members:
-                info = member.info
+                info = cast(LocalFile, member.info)
                 key = info.key
                 parent, _, name = key.rpartition("/")
                 try:

@@ -108,7 +108,7 @@ class SortedRuns:
         self.close()
 
 
-def _first(row: tuple) -> object:
+def _first(row: tuple) -> str:
     return row[0]
 
 

@@ -17,7 +17,10 @@ needs a counter over the keys in sorted order, ``bytes`` the sizes in key order
 from __future__ import annotations
 
 import heapq
-from typing import Sequence, TypeVar
+from typing import TYPE_CHECKING, Sequence, TypeVar
+
+if TYPE_CHECKING:
+    import numpy.typing
 
 from lading.core.errors import UsageError
 from lading.stores.base import ObjectInfo
@@ -46,7 +49,7 @@ def check_balance(world_size: int, balance: str) -> None:
         raise UsageError(f"unknown balance {balance!r}", f"use one of {', '.join(BALANCES)}")
 
 
-def owners_by_bytes(sizes: Sequence[int], world_size: int) -> Sequence[int]:
+def owners_by_bytes(sizes: Sequence[int], world_size: int) -> numpy.typing.NDArray[numpy.int32]:
     """The ``bytes`` rule over sizes given in key order: the owner of the object at each index.
 
     Memory: the sizes and owners as flat arrays (16 bytes an object), never the keys, so a

@@ -27,6 +27,7 @@ from lading.stores.base import ObjectInfo, Store
 from lading.sync.plan import SyncPlan
 from lading.sync.state import Entry, SyncState
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
+from lading.transfer.types import TransferEvents
 from lading.transfer.files import temporaries_of
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 FETCH_BATCH = 8192
 
 #: ``fetcher(items, options, events) -> results``: how the bytes get there.
-Fetcher = Callable[[list[TransferItem], TransferOptions, "SyncEvents"], list[TransferResult]]
+Fetcher = Callable[[list[TransferItem], TransferOptions, TransferEvents], list[TransferResult]]
 
 
 class SyncEvents(Protocol):
@@ -124,7 +125,7 @@ class SyncSummary:
 def store_fetcher(store: Store) -> Fetcher:
     """The default fetcher: the transfer engine reading from ``store``."""
 
-    def fetch(items: list[TransferItem], options: TransferOptions, events: SyncEvents) -> list[TransferResult]:
+    def fetch(items: list[TransferItem], options: TransferOptions, events: TransferEvents) -> list[TransferResult]:
         return fetch_all(store, items, options, events)
 
     return fetch

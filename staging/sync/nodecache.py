@@ -52,6 +52,7 @@ from lading.sync.into import sync_into
 from lading.sync.plan import Selection, SyncRequest, plan_sync
 from lading.sync.state import Entry, SyncState
 from lading.transfer import TransferItem, TransferOptions, TransferResult
+from lading.transfer.types import TransferEvents
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ def link_fetcher(entry: Path) -> Fetcher:
     filesystems), checking each against the entry's index, read alongside (batches come in key order)."""
     cache_index = _IndexCursor(SyncState.load(entry))
 
-    def fetch(items: list[TransferItem], options: TransferOptions, events: SyncEvents) -> list[TransferResult]:
+    def fetch(items: list[TransferItem], options: TransferOptions, events: TransferEvents) -> list[TransferResult]:
         results = []
         for item in items:
             result = _place(entry, cache_index.get(item.info.key), item)

@@ -28,7 +28,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import IO, Iterable, Iterator, NamedTuple
+from typing import IO, Generator, Iterable, Iterator, NamedTuple, cast
 
 from lading.core.atomic import write_atomically
 from lading.core.errors import AccessDenied, LadingError, UnsafeKey
@@ -82,7 +82,7 @@ class SyncState:
         state.source = str(header.get("source", "")) if header else ""
         return state
 
-    def rows(self) -> Iterator[Entry]:
+    def rows(self) -> Generator[Entry, None, None]:
         """Every entry in ascending key order: the index with the journal replayed over it."""
         journal = _journal_runs(self.dest / JOURNAL_NAME)
         if journal is None:
@@ -96,7 +96,7 @@ class SyncState:
                 if pending is not None and pending.key != key:
                     yield pending
                 if origin == 0:
-                    pending = row
+                    pending = cast(Entry, row)
                 else:
                     pending = None if row[1] is None else Entry(*row)
                     if pending is None:  # deleted: keep nothing for this key
@@ -194,7 +194,7 @@ def _index_rows(path: Path) -> Iterator[Entry]:
         if not isinstance(header, dict):
             return
         if header.get("format") == 1:  # the whole legacy document was that one line
-            rows: Iterable[object] = sorted(filter(None, map(_entry, header.get("files") or [])))
+            rows: Iterable[Entry | None] = sorted(filter(None, map(_entry, header.get("files") or [])))
         elif header.get("format") == FORMAT:
             rows = map(_entry, _parsed_lines(handle))
         else:

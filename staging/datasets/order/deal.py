@@ -67,12 +67,14 @@ def layout_for(rank: int, world_size: int, local_world_size: int | None, env_top
     """The layout from explicit values, then the launcher's topology (when it describes this rank
     of this world), else one rank per node."""
     topo = env_topology
-    same_job = topo is not None and topo.world_size == world_size and topo.rank == rank
+    if topo is not None and (topo.world_size != world_size or topo.rank != rank):
+        topo = None  # the launcher describes another job
     if local_world_size is None:
-        local_world_size = topo.local_world_size if same_job else 1
+        local_world_size = topo.local_world_size if topo is not None else 1
     if local_world_size < 1 or world_size % local_world_size:
         raise UsageError(f"local_world_size={local_world_size} does not divide world_size={world_size}")
-    if same_job and topo.local_world_size == local_world_size and topo.node_rank < world_size // local_world_size:
+    if (topo is not None and topo.local_world_size == local_world_size
+            and topo.node_rank < world_size // local_world_size):
         return Layout(rank, world_size, topo.node_rank, topo.local_rank, local_world_size)
     return Layout(rank, world_size, rank // local_world_size, rank % local_world_size, local_world_size)
 
@@ -122,11 +124,11 @@ def node_sequences(remaining: Remaining, layout: Layout, homes: int, seed: int, 
                    remainder: str) -> tuple[NodeSequences, bool]:
     """The epoch's (remaining) samples dealt to nodes; second: whether locality holds."""
     lanes = len(remaining.ranges)
-    owners = lane_owners(lanes, layout.nodes, homes) if layout.nodes > 1 else np.zeros(lanes, dtype=np.int64)
-    local = owners is not None
-    if not local:
+    found = lane_owners(lanes, layout.nodes, homes) if layout.nodes > 1 else np.zeros(lanes, dtype=np.int64)
+    local = found is not None
+    if found is None:
         _warn_lost(lanes, layout.nodes, epoch)
-        owners = np.zeros(lanes, dtype=np.int64)
+    owners = found if found is not None else np.zeros(lanes, dtype=np.int64)
     groups = layout.nodes if local else 1
     ranks = layout.per_node if local else layout.world_size
     visit = _rng("lading-lanes", seed, epoch).permutation(lanes) if shuffle else np.arange(lanes)

@@ -69,7 +69,7 @@ class EpochOrder:
     ``counts``: samples per shard (index order); ``shard_bytes``: their sizes, when known. Every
     rank computes the same lanes and node sequences from the same settings (no communication)."""
 
-    def __init__(self, counts: Sequence[int], *, seed: int, shuffle_buffer: int, randomize_shard_order: bool,
+    def __init__(self, counts: Sequence[int] | np.ndarray, *, seed: int, shuffle_buffer: int, randomize_shard_order: bool,
                  layout: Layout, remainder: str, block: int, lanes: int | None = None) -> None:
         if shuffle_buffer < 0:
             raise UsageError(f"shuffle_buffer={shuffle_buffer} must not be negative")

@@ -242,6 +242,7 @@ class ShardSink(Datasink):
             current: _ShardFile | None = None
             try:
                 for block in blocks:
+                    row: Any
                     for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
                         if current is None:
                             current = _ShardFile(folder, f"{self.folder}{self.name}-{task:06d}-{len(done):04d}.tar")
