@@ -159,3 +159,20 @@ def test_damaged_shard_is_a_one_line_problem(tmp_path):
     bad.write_bytes(b"definitely not a tar archive" * 50)
     with pytest.raises(ProblemFound, match="bad-000000.tar is not a readable tar shard"):
         list(ShardDataset([str(bad)]))
+
+
+def test_iter_shard_refuses_a_shard_of_another_size_than_its_index_says(packed, tmp_path):
+    import shutil
+
+    from lading.core.errors import ProblemFound
+    from lading.datasets import iter_shard, load_index
+    from lading.stores.config import StoreConfig
+
+    copy = tmp_path / "copy"
+    shutil.copytree(packed.parent, copy)
+    ref = load_index(str(copy / packed.name), StoreConfig()).shards[0]
+    assert len(list(iter_shard(ref, StoreConfig()))) == ref.nsamples  # intact: read whole
+    shard = copy / ref.uri.rpartition("/")[2]
+    shard.write_bytes(shard.read_bytes()[:-1024])  # truncated after the index was written
+    with pytest.raises(ProblemFound, match=f"{shard.name} is {shard.stat().st_size} bytes, but its index says"):
+        list(iter_shard(ref, StoreConfig()))

@@ -89,11 +89,23 @@ def _open_stream(ref: ShardRef, config: StoreConfig) -> IO[bytes] | _RangeReader
     uri = parse_uri(ref.uri)
     if uri.scheme == "file":
         try:
-            return open(uri.prefix, "rb", buffering=1 << 20)
+            handle = open(uri.prefix, "rb", buffering=1 << 20)
         except FileNotFoundError:
             raise NotFound(f"shard not found: {uri.prefix}") from None
+        _check_size(ref, os.fstat(handle.fileno()).st_size, handle.close)
+        return handle
     store, name = store_for(uri, config)
-    return _RangeReader(store, store.stat(name))
+    info = store.stat(name)
+    _check_size(ref, info.size, lambda: None)
+    return _RangeReader(store, info)
+
+
+def _check_size(ref: ShardRef, size: int, release: Callable[[], None]) -> None:
+    """Refuse a shard whose size is not the one its index recorded (replaced or truncated)."""
+    if ref.filesize is not None and size != ref.filesize:
+        release()
+        raise ProblemFound(f"{ref.uri} is {size} bytes, but its index says {ref.filesize}",
+                           "the shard changed after the index was written; pack the dataset again")
 
 
 def grouped(files: Iterator[tuple[str, bytes]]) -> Iterator[Sample]:
