@@ -9,8 +9,8 @@ from typing import Any
 import click
 from lading.cli.cmd_sync import _resolve_topology, _topology_options
 from lading.cli.option_rules import needs
+from lading.cli.params import size
 from lading.cli.store_options import pop_store_config, store_options
-from lading.core.errors import UsageError
 
 CAT_HELP = """Stream the objects of SOURCE, in order, to stdout or a named pipe.
 
@@ -47,17 +47,6 @@ SOURCE, unless --allow-empty), 4 access denied, 5 transient failure after retrie
 130 interrupted."""
 
 
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    from lading.core.sizes import parse_size
-
-    try:
-        return parse_size(value)
-    except UsageError as err:
-        raise click.BadParameter(err.message + (f" ({err.hint})" if err.hint else "")) from None
-
-
 @click.command(help=CAT_HELP, short_help="Stream objects in order to stdout or a named pipe (Pipe mode).")
 @click.argument("source")
 @click.option("--fifo", metavar="PATH", default=None, help="Write into this named pipe (created if missing).")
@@ -74,9 +63,9 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --shuffle.")
 @click.option("--workers", type=click.IntRange(1, 256), default=16, show_default=True,
               help="GETs in flight ahead of the reader.")
-@click.option("--part-size", callback=_size, metavar="SIZE", default="8MiB", show_default=True,
+@click.option("--part-size", callback=size, metavar="SIZE", default="8MiB", show_default=True,
               help="Bytes per ranged GET.")
-@click.option("--max-memory", callback=_size, metavar="SIZE", default="256MiB", show_default=True,
+@click.option("--max-memory", callback=size, metavar="SIZE", default="256MiB", show_default=True,
               help="Bound on bytes fetched but not yet written.")
 @click.option("--snapshot", metavar="FILE", default=None,
               help="Take the objects and versions from a snapshot (lading snapshot) instead of listing SOURCE.")

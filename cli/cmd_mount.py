@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import click
 from lading.cli.context import AppState
 from lading.cli.option_rules import needs
+from lading.cli.params import size
 from lading.cli.store_options import pop_store_config, store_options
-from lading.core.errors import UsageError
 
 if TYPE_CHECKING:
     from lading.mounts.lifecycle import MountReady
@@ -54,17 +54,6 @@ Examples:
 Exit codes: 0 unmounted, 1 busy (files open; --lazy) or no fusermount, 3 not a mount point."""
 
 
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    from lading.core.sizes import parse_size
-
-    try:
-        return parse_size(value)
-    except UsageError as err:
-        raise click.BadParameter(err.message + (f" ({err.hint})" if err.hint else "")) from None
-
-
 @click.command(help=MOUNT_HELP, short_help="Mount a bucket read-only with lazy, prefetched reads.")
 @click.argument("uri")
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
@@ -77,12 +66,12 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
               help="Sharding rule: every n-th key, or balanced bytes.")
 @click.option("--rank", type=int, help="This rank (default: from the launcher's environment).")
 @click.option("--world-size", type=int, help="Number of ranks (default: from the launcher's environment).")
-@click.option("--max-memory", callback=_size, metavar="SIZE",
+@click.option("--max-memory", callback=size, metavar="SIZE",
               help="The daemon's memory budget (RSS): readahead and cached data get what the listed "
                    "tree leaves of it, at least 16MiB [default: 128MiB].")
 @click.option("--cache-dir", type=click.Path(file_okay=False, readable=False, path_type=Path),
               help="Keep fetched data on local disk so later epochs skip the store.")
-@click.option("--cache-size", callback=_size, metavar="SIZE",
+@click.option("--cache-size", callback=size, metavar="SIZE",
               help="Disk cache limit, least recently used data evicted first [default: 10GiB].")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
               help="Seconds a read may wait for the store before failing with EIO.")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from lading import stores as errors
+from lading.core.locks import process_alive
 from lading.mounts.options import MountOptions, MountReady
 
 log = logging.getLogger("lading.mount")
@@ -61,33 +62,25 @@ def spawn_daemon(options: MountOptions, run: Callable[[Callable[[], None]], None
 
 def _stop_daemon(pid: int, mountpoint: Path) -> None:
     """Stop a daemon that has not finished mounting (SIGTERM unmounts if it got that far)."""
-    if pid and _alive(pid):
+    if pid and process_alive(pid):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
+        while process_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        if _alive(pid):
+        if process_alive(pid):
             os.kill(pid, signal.SIGKILL)  # auto_unmount then removes any mount it left
 
 
 def _wait_mounted(path: Path, pid: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not os.path.ismount(path):
-        if not _alive(pid):
+        if not process_alive(pid):
             raise errors.ProblemFound(f"the mount daemon exited while mounting {path}")
         if time.monotonic() > deadline:
             raise errors.ProblemFound(f"{path} did not appear as a mount point within {timeout:g}s")
         time.sleep(0.01)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _error_for_code(code: int) -> type[errors.LadingError]:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from lading.core.errors import LadingError, UsageError, local_error
+from lading.core.locks import process_alive
 from lading.pack.index import PublishedShard
 from lading.pack.plan import PackPlan, ShardPlan
 from lading.stores.base import ObjectInfo, Store
@@ -127,18 +128,10 @@ def _remove_stale_staging(directory: Path, name: str) -> None:
     """Remove staging directories left by packs that were killed (their process is gone)."""
     for leftover in directory.glob(f".{name}.lading-pack-*-*"):
         pid = leftover.name.rsplit("-", 2)[-2]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class StorePublisher:
