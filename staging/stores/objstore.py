@@ -41,9 +41,9 @@ from lading.stores.base import Fetched, ObjectInfo, Outcomes, ProgressCallback, 
 from lading.stores.config import StoreConfig
 from lading.stores.listing import ListingMixin
 from lading.stores.obstore_errors import FromResponse, status_and_code, translate
-from lading.stores.obstore_reads import ObstoreReader
+from lading.stores.obstore_reads import ObstoreReader, ObstoreTarget
 from lading.stores.process import ProcessLocal, note_obstore_start, obstore_allowed, use_obstore, warn_fallback
-from lading.stores.sdk_reads import SdkReader
+from lading.stores.sdk_reads import SdkReader, SdkTarget
 from lading.stores.uri import StoreURI, root_prefix
 
 log = logging.getLogger(__name__)
@@ -85,9 +85,10 @@ def _read_pem(path: str) -> bytes:
 class ObstoreReads(ListingMixin, Store):
     """list / stat / read_range / download / stream over an obstore store.
 
-    A backend provides :meth:`_build` (the obstore store for this process), how a version pins
-    a GET (:meth:`_pin`), how to read the version out of obstore's metadata (:meth:`_version_of`)
-    and how an error response maps to a project error (``from_response``).
+    A backend provides :meth:`_build` (the obstore store for this process), :meth:`_target`
+    (what its obstore reader needs, handed over once per client: how a version pins a GET, how
+    to read the version and the ObjectInfo out of obstore's metadata, how an error response maps
+    to a project error) and :meth:`_info` (an ObjectInfo from obstore's metadata, for listings).
     """
 
     def __init__(self, uri: StoreURI, config: StoreConfig, from_response: FromResponse) -> None:
@@ -98,21 +99,20 @@ class ObstoreReads(ListingMixin, Store):
         self.root = root_prefix(uri.prefix)
         self._from_response = from_response
         self._store: ProcessLocal[Any] = ProcessLocal(self._build)
-        self._ranges_ignored = False  # set once a server answers a ranged GET with a whole object
-        self._fast = ObstoreReader(self)
-        self._sdk = SdkReader(self)
+        self._fast: ProcessLocal[ObstoreReader] = ProcessLocal(self._new_reader)
+        self._sdk = SdkReader(SdkTarget(self._where(), self.config.retry, self._sdk_stat, self._sdk_stream))
 
     # -- what a backend provides ------------------------------------------------------------------
 
     def _build(self) -> Any:
         raise NotImplementedError
 
-    def _pin(self, version: str) -> dict[str, Any]:
-        """GetOptions that ask the server for exactly ``version``."""
+    def _target(self, client: Any) -> ObstoreTarget:
+        """What this backend's obstore reader needs, over ``client`` (this process's obstore store)."""
         raise NotImplementedError
 
-    def _version_of(self, meta: Mapping[str, Any]) -> str:
-        """The version (as :class:`ObjectInfo` spells it) of obstore's ObjectMeta."""
+    def _info(self, key: str, meta: Mapping[str, Any]) -> ObjectInfo:
+        """The ObjectInfo of ``key`` from obstore's ObjectMeta."""
         raise NotImplementedError
 
     # -- shared machinery -------------------------------------------------------------------------
@@ -144,6 +144,14 @@ class ObstoreReads(ListingMixin, Store):
         note_obstore_start()
         return self._store.get()
 
+    def _new_reader(self) -> ObstoreReader:
+        return ObstoreReader(self._target(self._obstore_store()))
+
+    def _reset_client(self) -> None:
+        """Forget this process's obstore store and its reader (rebuilt on next use)."""
+        self._store.reset()
+        self._fast.reset()
+
     def _translate(self, err: BaseException, what: str) -> BaseException:
         """An obstore exception as a project error (anything else unchanged)."""
         return translate(err, what, self._from_response)
@@ -162,16 +170,6 @@ class ObstoreReads(ListingMixin, Store):
         """``operation(store)`` with translation and our retries of transient failures."""
         return with_retries(lambda: self._translated(what, operation), self.config.retry)
 
-    def _retrying(self, operation: Callable[[], Any]) -> Any:
-        """``operation()`` under this store's retry policy."""
-        return with_retries(operation, self.config.retry)
-
-    def _check_version(self, meta: Mapping[str, Any], version: str | None, key: str) -> str:
-        got = self._version_of(meta)
-        if version and got and got != version:
-            raise ObjectChanged(f"{self._where(key)} changed while lading read it (asked for version "
-                                f"{version}, the server sent {got})", "the object was replaced; run again")
-        return got
 
     def _reads(self, key: str = "") -> ObstoreReader | SdkReader:
         """Which reader serves this read: obstore on the I/O core, or the SDK where obstore cannot
@@ -180,8 +178,7 @@ class ObstoreReads(ListingMixin, Store):
         if use_obstore() and not _CONTROL.search(key):
             # Built here, in the caller's thread: the client, credentials and (S3) the bucket's
             # region are blocking work that must never run on the I/O core's loop.
-            self._obstore_store()
-            return self._fast
+            return self._fast.get()
         if not obstore_allowed():
             warn_fallback(self.url)
         return self._sdk
@@ -195,11 +192,6 @@ class ObstoreReads(ListingMixin, Store):
     def stat(self, key: str) -> ObjectInfo:
         """HEAD one object."""
         return self._reads(key).stat(key)
-
-    def _info(self, key: str, meta: Mapping[str, Any]) -> ObjectInfo:
-        modified = meta.get("last_modified")
-        return ObjectInfo(key, int(meta["size"]), self._version_of(meta),
-                          modified.timestamp() if modified else 0.0)
 
     def read_range(self, key: str, start: int, end: int, version: str | None = None) -> bytes:
         """Bytes ``[start, end)`` (fewer at the end of the object) of ``version``."""
@@ -257,10 +249,10 @@ class ObstoreReads(ListingMixin, Store):
         already written. Through obstore, an object of known ``size`` larger than a part comes in
         parallel ranged parts pinned to one version."""
         reads = self._reads(key)
-        if reads is self._fast:
-            self._fast.download(key, dest, version, progress, size)
+        if isinstance(reads, ObstoreReader):
+            reads.download(key, dest, version, progress, size)
         else:
-            self._sdk.download(key, dest, version, progress)
+            reads.download(key, dest, version, progress)
 
     # -- conditional writes (the claims protocol) -------------------------------------------------
 

@@ -11,36 +11,43 @@ or downloaded by the one ranged downloader (:func:`lading.stores.download.downlo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from lading.core.errors import TransientError
-from lading.core.retry import RetryPolicy, note_answer, with_retries_async
+from lading.core.errors import LadingError, ObjectChanged, TransientError
+from lading.core.keys import key_parts
+from lading.core.retry import RetryPolicy, note_answer, with_retries, with_retries_async
 from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, RangeRequest
-from lading.stores.config import StoreConfig
 from lading.stores.download import PART_SIZE, SLICE, download_file
 from lading.stores.iocore import io_core
-from lading.stores.obstore_errors import status_and_code
+from lading.stores.obstore_errors import FromResponse, status_and_code, translate
 
 
+@dataclass(frozen=True)
+class ObstoreTarget:
+    """What a store hands its obstore reader, once per process: the client and how the backend
+    names, pins and describes its objects. Everything here is a value or a pure function of the
+    backend's module; the reader calls nothing of the store's per GET.
 
-class ReadsOwner(Protocol):
-    """What a reader needs from the store it reads for (:class:`lading.stores.objstore.ObstoreReads`)."""
+    ``relocate`` (S3) is called, in a pool thread and at most once per reader, when the server
+    says the bucket lives elsewhere (another region): it resolves the new place and returns the
+    client for it, or None when nothing changed."""
 
-    url: str
-    config: StoreConfig
-    _ranges_ignored: bool
+    client: Any
+    where: str  # "s3://bucket/root/": a key's location in messages is this plus the key
+    root: str  # the object path of a key is this plus the key
+    retry: RetryPolicy
+    pin: Callable[[str], dict[str, Any]]  # GetOptions asking for exactly that version
+    version_of: Callable[[Mapping[str, Any]], str]  # the version in obstore's ObjectMeta
+    info_of: Callable[[str, Mapping[str, Any]], ObjectInfo]  # ObjectInfo of a key from its ObjectMeta
+    from_response: FromResponse
+    url: str = ""
+    moved: Callable[[BaseException], bool] | None = None  # whether an error says "the bucket is elsewhere"
+    relocate: Callable[[], Any] | None = None
 
-    def _where(self, key: str = "") -> str: ...
-    def _path(self, key: str) -> str: ...
-    def _pin(self, version: str) -> dict[str, Any]: ...
-    def _obstore_store(self) -> Any: ...
-    def _translate(self, err: BaseException, what: str) -> BaseException: ...
-    def _check_version(self, meta: Mapping[str, Any], version: str | None, key: str) -> str: ...
-    def _info(self, key: str, meta: Mapping[str, Any]) -> ObjectInfo: ...
-    def _retrying(self, operation: Callable[[], Any]) -> Any: ...
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +79,44 @@ class _Answer:
 
 
 class ObstoreReader:
-    """The obstore half of a store's reads (the owner supplies paths, pins and translation)."""
+    """The obstore half of a store's reads, over what the store handed it once (:class:`ObstoreTarget`)."""
 
-    def __init__(self, owner: ReadsOwner) -> None:
-        self.owner = owner
+    def __init__(self, target: ObstoreTarget) -> None:
+        self.target = target
+        self.client = target.client
+        self._ranges_ignored = False  # set once a server answers a ranged GET with a whole object
+        self._relocated = False
+
+    def _where(self, key: str) -> str:
+        return self.target.where + key
+
+    def _path(self, key: str) -> str:
+        """The object path of ``key``; UnsafeKey for a key that could escape or alias the root."""
+        key_parts(key)
+        return self.target.root + key
+
+    async def _mapped(self, err: BaseException, where: str) -> BaseException:
+        """An obstore exception as a project error (anything else unchanged). An answer that the
+        bucket lives elsewhere moves this reader there once (resolved in a pool thread, never on
+        the loop) and comes out as a transient error, so the request is tried again there."""
+        target = self.target
+        mapped = translate(err, where, target.from_response)
+        if (self._relocated or target.moved is None or target.relocate is None
+                or not isinstance(mapped, LadingError) or not target.moved(err)):
+            return mapped
+        self._relocated = True
+        client = await asyncio.to_thread(target.relocate)
+        if client is None:
+            return mapped
+        self.client = client
+        return TransientError(f"{where}: the bucket is elsewhere; asking there")
+
+    def _check_version(self, meta: Mapping[str, Any], version: str | None, key: str) -> str:
+        got = self.target.version_of(meta)
+        if version and got and got != version:
+            raise ObjectChanged(f"{self._where(key)} changed while lading read it (asked for version "
+                                f"{version}, the server sent {got})", "the object was replaced; run again")
+        return got
 
     # -- coroutines (run on the I/O core) ---------------------------------------------------------
 
@@ -84,48 +125,48 @@ class ObstoreReader:
         left open to stream."""
         import obstore
 
-        owner = self.owner
-        where = owner._where(request.key)
-        path = owner._path(request.key)
+        target = self.target
+        path = self._path(request.key)
         ranged = bool(request.start) or request.end is not None
-        if ranged and owner._ranges_ignored:
+        if ranged and self._ranges_ignored:
             return await self._attempt_sliced(request)
-        options: dict[str, Any] = owner._pin(request.version) if request.version else {}
+        options: dict[str, Any] = target.pin(request.version) if request.version else {}
         if ranged:
             options["range"] = ((request.start, request.end) if request.end is not None
                                 else {"offset": request.start})
         try:
-            result = await obstore.get_async(owner._obstore_store(), path, options=options)  # type: ignore[arg-type]
+            result = await obstore.get_async(self.client, path, options=options)  # type: ignore[arg-type]
         except Exception as err:
-            mapped = owner._translate(err, where)
+            where = self._where(request.key)
+            mapped = await self._mapped(err, where)
             if _status(err):
-                note_answer(owner.config.retry.endpoint)
+                note_answer(target.retry.endpoint)
             if _status(err) == 416:
                 return _Answer(request.version or "", request.start, empty=True)
             if ranged and "non-partial response" in str(err):
                 log.warning("%s answers range requests with whole objects; reading whole objects and "
-                            "keeping the ranges asked for (slower)", owner.url)
-                owner._ranges_ignored = True
+                            "keeping the ranges asked for (slower)", target.url)
+                self._ranges_ignored = True
                 return await self._attempt_sliced(request)
             raise mapped from err
-        note_answer(owner.config.retry.endpoint)
+        note_answer(target.retry.endpoint)
         meta = result.meta
-        got = owner._check_version(meta, request.version, request.key)
+        got = self._check_version(meta, request.version, request.key)
         first, last = result.range
         answer = _Answer(got, int(meta["size"]), length=last - first)
         if collect or (collect is None and last - first <= WHOLE_LIMIT):
-            answer.data = await self._collect(result, where, last - first)
+            answer.data = await self._collect(result, request.key, last - first)
         else:
             answer.result = result
         return answer
 
-    async def _collect(self, result: Any, where: str, length: int) -> Any:
+    async def _collect(self, result: Any, key: str, length: int) -> Any:
         try:
             data = await result.bytes_async()
         except Exception as err:
-            raise self.owner._translate(err, where) from err
+            raise await self._mapped(err, self._where(key)) from err
         if len(data) != length:
-            raise TransientError(f"{where}: the body ended after {len(data)} of {length} bytes")
+            raise TransientError(f"{self._where(key)}: the body ended after {len(data)} of {length} bytes")
         return data
 
     async def _attempt_sliced(self, request: RangeRequest) -> _Answer:
@@ -139,7 +180,7 @@ class ObstoreReader:
 
     async def read(self, request: RangeRequest, policy: RetryPolicy | None = None) -> memoryview:
         """One range, collected whole (a zero-copy view), retried under ``policy`` (the store's)."""
-        answer = await with_retries_async(lambda: self._attempt(request, True), policy or self.owner.config.retry)
+        answer = await with_retries_async(lambda: self._attempt(request, True), policy or self.target.retry)
         return memoryview(b"") if answer.empty else memoryview(answer.data)
 
     async def attempt(self, key: str, start: int, end: int | None, version: str | None,
@@ -149,7 +190,6 @@ class ObstoreReader:
         is delivered, so the caller resumes after it)."""
         if end is not None and end <= start:
             return Fetched(0, start, version or "")
-        where = self.owner._where(key)
         answer = await self._attempt(RangeRequest(key, start, end, version), False)
         if answer.empty:
             return Fetched(0, start, version or "")
@@ -163,12 +203,12 @@ class ObstoreReader:
                 sink(memoryview(piece))
                 delivered += len(piece)
         except Exception as err:
-            mapped = self.owner._translate(err, where)
+            mapped = await self._mapped(err, self._where(key))
             if mapped is err:
                 raise
             raise mapped from err
         if delivered != answer.length:
-            raise TransientError(f"{where}: the body ended after {delivered} of {answer.length} bytes")
+            raise TransientError(f"{self._where(key)}: the body ended after {delivered} of {answer.length} bytes")
         return Fetched(delivered, answer.size, answer.version)
 
     # -- the caller's side ------------------------------------------------------------------------
@@ -177,16 +217,15 @@ class ObstoreReader:
         """HEAD one object."""
         import obstore
 
-        owner = self.owner
-        where, path = owner._where(key), owner._path(key)
+        where, path = self._where(key), self._path(key)
 
         async def head() -> Any:
             try:
-                return await obstore.head_async(owner._obstore_store(), path)
+                return await obstore.head_async(self.client, path)
             except Exception as err:
-                raise owner._translate(err, where) from err
+                raise await self._mapped(err, where) from err
 
-        return owner._info(key, owner._retrying(lambda: io_core().run(head())))
+        return self.target.info_of(key, with_retries(lambda: io_core().run(head()), self.target.retry))
 
     def read_many(self, requests: Sequence[RangeRequest]) -> list[memoryview]:
         """Each request's bytes (zero-copy views), fetched concurrently in one hop; retried per
@@ -206,7 +245,7 @@ class ObstoreReader:
         if end is not None and end <= start:
             return Fetched(0, start, version or "")
         core = io_core()
-        where = self.owner._where(key)
+        where = self._where(key)
         answer, pieces, cut = core.run(self._open_and_gather(RangeRequest(key, start, end, version), where))
         if answer.empty:
             return Fetched(0, start, version or "")
@@ -242,7 +281,7 @@ class ObstoreReader:
             async for piece in result.stream(min_chunk_size=piece_size(answer.length)):
                 pieces.append(piece)
         except Exception as err:
-            return answer, pieces, self.owner._translate(err, where)
+            return answer, pieces, await self._mapped(err, where)
         return answer, pieces, None
 
     async def _next_piece(self, pieces: Any, where: str) -> Any:
@@ -251,13 +290,13 @@ class ObstoreReader:
         except StopAsyncIteration:
             return None
         except Exception as err:
-            raise self.owner._translate(err, where) from err
+            raise await self._mapped(err, where) from err
 
     def download(self, key: str, dest: Path, version: str | None = None,
                  progress: ProgressCallback | None = None, size: int | None = None) -> None:
         """The object into ``dest`` through the one downloader: ranged parts when its ``size`` is
         known and larger than a part, else one stream; a cut body resumes from the bytes received."""
-        io_core().run(download_file(self.attempt, self.owner.config.retry, self.owner._where(key), key, dest,
+        io_core().run(download_file(self.attempt, self.target.retry, self._where(key), key, dest,
                                     version, size, progress, PART_SIZE))
 
 
@@ -274,4 +313,4 @@ def _status(err: BaseException) -> int:
     return status_and_code(err)[0]
 
 
-__all__ = ["ObstoreReader", "PART_SIZE", "RangeRequest", "ReadsOwner", "WHOLE_LIMIT"]
+__all__ = ["ObstoreReader", "ObstoreTarget", "PART_SIZE", "RangeRequest", "WHOLE_LIMIT"]

@@ -9,6 +9,7 @@ transient failures per request, and a cut body resumed from the bytes received.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
@@ -16,32 +17,43 @@ from lading.core.retry import RetryPolicy
 from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, RangeRequest
 from lading.stores.download import download_file, fetch_range
 from lading.stores.iocore import io_core
-from lading.stores.obstore_reads import ReadsOwner, _outcome
+from lading.stores.obstore_reads import _outcome
 
 
-class SdkOwner(ReadsOwner, Protocol):
-    """A store with SDK reads (the S3 and GCS backends)."""
+class SdkStream(Protocol):
+    """One GET through a backend's SDK, as :meth:`lading.stores.base.Store.stream` (no retry)."""
 
-    def _sdk_stat(self, key: str) -> ObjectInfo: ...
-    def _sdk_stream(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int,
-                    end: int | None, on_version: Callable[[str], None] | None) -> Fetched: ...
+    def __call__(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int,
+                 end: int | None, on_version: Callable[[str], None] | None) -> Fetched: ...
+
+
+@dataclass(frozen=True)
+class SdkTarget:
+    """What a store hands its SDK reader, once: where its keys live, its retry policy, and its
+    two SDK requests (a HEAD, retried; one GET, not retried)."""
+
+    where: str  # a key's location in messages is this plus the key
+    retry: RetryPolicy
+    stat: Callable[[str], ObjectInfo]
+    stream: SdkStream
+
 
 class SdkReader:
-    """The SDK half of a store's reads; the owning store supplies ``_sdk_stat`` and ``_sdk_stream``.
+    """The SDK half of a store's reads, over what the store handed it (:class:`SdkTarget`).
     Each blocking SDK request runs in the I/O core's thread pool; retries and resumes are the
     same coroutines as obstore's (:mod:`lading.stores.download`)."""
 
-    def __init__(self, owner: SdkOwner) -> None:
-        self.owner = owner
+    def __init__(self, target: SdkTarget) -> None:
+        self.target = target
 
     def stat(self, key: str) -> ObjectInfo:
         """HEAD through the SDK (retried)."""
-        return self.owner._sdk_stat(key)
+        return self.target.stat(key)
 
     def stream(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int = 0,
                end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
         """One GET through the SDK (no retry; the caller resumes)."""
-        return self.owner._sdk_stream(key, sink, version, start, end, on_version)
+        return self.target.stream(key, sink, version, start, end, on_version)
 
     async def attempt(self, key: str, start: int, end: int | None, version: str | None,
                       sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Fetched:
@@ -53,7 +65,7 @@ class SdkReader:
         if request.end is not None and request.end <= request.start:
             return memoryview(b"")
         out = bytearray()
-        await fetch_range(self.attempt, policy or self.owner.config.retry, self.owner._where(request.key), request.key,
+        await fetch_range(self.attempt, policy or self.target.retry, self.target.where + request.key, request.key,
                           request.start, request.end, request.version, lambda piece, _offset: out.extend(piece))
         return memoryview(out)
 
@@ -68,8 +80,8 @@ class SdkReader:
     def download(self, key: str, dest: Path, version: str | None = None,
                  progress: ProgressCallback | None = None) -> None:
         """The whole object into ``dest`` as one stream, resumed from the bytes written."""
-        io_core().run(download_file(self.attempt, self.owner.config.retry, self.owner._where(key), key, dest,
+        io_core().run(download_file(self.attempt, self.target.retry, self.target.where + key, key, dest,
                                     version, None, progress))
 
 
-__all__ = ["SdkReader"]
+__all__ = ["SdkReader", "SdkStream", "SdkTarget"]

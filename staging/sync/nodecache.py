@@ -39,12 +39,12 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lading.core.errors import AccessDenied, LadingError, UsageError, local_error
 from lading.core.keys import safe_join
 from lading.core.locks import exclusive_lock
 from lading.core.names import hidden_sibling
-from lading.pack.reuse import PackedDataset
 from lading.stores.base import Store
 from lading.sync.cache import NodeCache, check_root, default_cache_root
 from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
@@ -53,6 +53,9 @@ from lading.sync.plan import Selection, SyncRequest, plan_sync
 from lading.sync.state import Entry, SyncState
 from lading.transfer import TransferItem, TransferOptions, TransferResult
 from lading.transfer.types import TransferEvents
+
+if TYPE_CHECKING:  # lading.pack is imported only by a sync that goes through the cache
+    from lading.pack.reuse import PackedDataset
 
 log = logging.getLogger(__name__)
 

@@ -47,6 +47,7 @@ from lading.stores.gcs.errors import from_response, status_of, translate
 from lading.stores.gcs.upload import ResumableUpload
 from lading.stores.lazy import translated
 from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options
+from lading.stores.obstore_reads import ObstoreTarget
 from lading.stores.iocore import io_core
 from lading.stores.process import ProcessLocal, use_obstore
 from lading.stores.uri import StoreURI
@@ -70,6 +71,22 @@ async def _head(store: Any, path: str) -> Any:
     import obstore
 
     return await obstore.head_async(store, path)
+
+
+def generation_pin(version: str) -> dict[str, Any]:
+    """GetOptions that ask for exactly generation ``version``."""
+    return {"version": version}
+
+
+def generation_of(meta: Mapping[str, Any]) -> str:
+    """The version (generation) in obstore's ObjectMeta."""
+    return str(meta.get("version") or "")
+
+
+def info_of(key: str, meta: Mapping[str, Any]) -> ObjectInfo:
+    """The ObjectInfo of ``key`` from obstore's ObjectMeta."""
+    modified = meta.get("last_modified")
+    return ObjectInfo(key, int(meta["size"]), generation_of(meta), modified.timestamp() if modified else 0.0)
 
 
 def md5_hex(md5_base64: str | None) -> str | None:
@@ -128,11 +145,12 @@ class GCSStore(ObstoreReads):
             options["credential_provider"] = GoogleTokens()
         return ObstoreGCS(self.bucket, **options)
 
-    def _pin(self, version: str) -> dict[str, Any]:
-        return {"version": version}
+    def _target(self, client: Any) -> ObstoreTarget:
+        return ObstoreTarget(client, self._where(), self.root, self.config.retry, pin=generation_pin,
+                             version_of=generation_of, info_of=info_of, from_response=from_response, url=self.url)
 
-    def _version_of(self, meta: Mapping[str, Any]) -> str:
-        return str(meta.get("version") or "")
+    def _info(self, key: str, meta: Mapping[str, Any]) -> ObjectInfo:
+        return info_of(key, meta)
 
     def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
                end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
@@ -234,7 +252,7 @@ class GCSStore(ObstoreReads):
                          "without -public-host); reading with that Host header", self.url,
                          self.config.gcs_endpoint, EMULATOR_PUBLIC_HOST)
                 self._host_header = EMULATOR_PUBLIC_HOST
-                self._store.reset()  # rebuilt with the Host header on next use
+                self._reset_client()  # rebuilt with the Host header on next use
                 self.route = XML_PUBLIC_HOST
             else:
                 log.warning("%s: the endpoint %s does not serve object paths (/bucket/object) for the objects "
@@ -254,7 +272,7 @@ class GCSStore(ObstoreReads):
             raise
         except LadingError:
             return False
-        got, size = self._version_of(meta), int(meta["size"])
+        got, size = generation_of(meta), int(meta["size"])
         if (got, size) == (info.version, info.size):
             return True
         try:  # replaced between the two requests? Then the HEAD answered for it after all.

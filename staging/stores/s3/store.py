@@ -36,6 +36,7 @@ from lading.stores.lazy import translated
 from lading.stores.listing import Infos
 from lading.stores.process import ProcessLocal
 from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options, status_and_code
+from lading.stores.obstore_reads import ObstoreTarget
 from lading.stores.s3.errors import CREDENTIALS_HINT, client_error_code, from_response, translate
 from lading.stores.s3.upload import MultipartUpload
 from lading.stores.uri import StoreURI
@@ -59,6 +60,23 @@ def md5_of_etag(etag: str) -> str | None:
 def plain_etag(raw: str | None) -> str:
     """An ETag without its quotes."""
     return (raw or "").strip('"')
+
+
+def if_match(version: str) -> dict[str, Any]:
+    """GetOptions that ask for exactly the object with ETag ``version``."""
+    return {"if_match": f'"{version}"'}
+
+
+def etag_of(meta: Mapping[str, Any]) -> str:
+    """The version (plain ETag) in obstore's ObjectMeta."""
+    return plain_etag(meta.get("e_tag"))
+
+
+def info_of(key: str, meta: Mapping[str, Any]) -> ObjectInfo:
+    """The ObjectInfo of ``key`` from obstore's ObjectMeta (a single-part ETag is the MD5)."""
+    etag = plain_etag(meta.get("e_tag"))
+    modified = meta.get("last_modified")
+    return ObjectInfo(key, int(meta["size"]), etag, modified.timestamp() if modified else 0.0, md5_of_etag(etag))
 
 
 class S3Store(ObstoreReads):
@@ -111,17 +129,13 @@ class S3Store(ObstoreReads):
             options["credential_provider"] = Boto3CredentialProvider(session)
         return ObstoreS3(self.bucket, **options)
 
-    def _pin(self, version: str) -> dict[str, Any]:
-        return {"if_match": f'"{version}"'}
-
-    def _version_of(self, meta: Mapping[str, Any]) -> str:
-        return plain_etag(meta.get("e_tag"))
+    def _target(self, client: Any) -> ObstoreTarget:
+        return ObstoreTarget(client, self._where(), self.root, self.config.retry, pin=if_match, version_of=etag_of,
+                             info_of=info_of, from_response=from_response, url=self.url, moved=_is_redirect,
+                             relocate=self._relocate)
 
     def _info(self, key: str, meta: Mapping[str, Any]) -> ObjectInfo:
-        etag = plain_etag(meta.get("e_tag"))
-        modified = meta.get("last_modified")
-        return ObjectInfo(key, int(meta["size"]), etag, modified.timestamp() if modified else 0.0,
-                          md5_of_etag(etag))
+        return info_of(key, meta)
 
     has_exact_listing = True
 
@@ -166,13 +180,25 @@ class S3Store(ObstoreReads):
         mapped = super()._translate(err, what)
         if self._redirected or not isinstance(mapped, LadingError) or not _is_redirect(err):
             return mapped
+        self._move_to_bucket_region()
+        return TransientError(f"{what}: the bucket is in {self.region}; asking there")
+
+    def _move_to_bucket_region(self) -> None:
+        """Ask S3 where the bucket is (once per store and process) and rebuild the clients for it."""
         self._redirected = True
         region = self._discover_region()
         _regions.get()[(self.config.endpoint_url, self.bucket)] = region
         log.info("%s: the bucket is in %s, not %s; using %s", self.url, region, self.region, region)
         self.region = region
-        self._store.reset()
-        return TransientError(f"{what}: the bucket is in {region}; asking there")
+        self._reset_client()
+
+    def _relocate(self) -> Any:
+        """For the obstore reader, in a pool thread: the client for the bucket's own region (None
+        when the store moved already)."""
+        if self._redirected:
+            return None
+        self._move_to_bucket_region()
+        return self._obstore_store()
 
     # -- boto3: credentials, region, uploads, SSE ------------------------------------------------
 
