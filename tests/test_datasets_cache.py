@@ -325,3 +325,29 @@ def test_a_reader_holding_a_shard_never_blocks_its_download(s3_env, tmp_path):
         os.close(reader)
         for shard in opened:
             shard.close()
+
+
+def test_a_prefetched_shard_stays_until_read_and_a_warm_epoch_prefetches_nothing(s3_env, tmp_path):
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        config = StoreConfig.from_env(endpoint_url=proxy.url)
+        index, shards = pack_into(make_bucket("s3", config), tmp_path, config)
+        cache = tmp_path / "cache"
+        dataset = ShardDataset(index, config=config, cache_dir=cache, prefetch=2)
+        reader = dataset.reader()
+        reader.upcoming([0, 1, 2])
+        reader.open(0)  # prefetches shards 1 and 2 on the reader's threads
+        for warming in list(reader._warming.values()):
+            warming.result()
+        NodeCache(cache, limit=1).make_room(10)  # another process wants everything gone
+        left = {entry.path.name for entry in iter_entries(cache / "datasets")}
+        assert left == {shards[0], shards[1], shards[2]}, "a prefetched shard was evicted before it was read"
+        proxy.reset_counts()
+        assert reader.sample(1, 0)["__key__"] and reader.sample(2, 0)["__key__"]
+        assert not shard_gets(proxy), "a prefetched shard was downloaded again"
+        reader.close()
+        assert sorted(s["__key__"] for s in dataset) == sorted(expected())  # the rest, into the cache
+        warm = ShardDataset(index, config=config, cache_dir=cache, prefetch=2)
+        proxy.reset_counts()
+        assert sorted(s["__key__"] for s in warm) == sorted(expected())
+        assert not shard_gets(proxy)
+        assert warm.reader()._pool is None, "a warm epoch started prefetch threads"

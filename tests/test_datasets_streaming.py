@@ -153,6 +153,19 @@ def test_four_ranks_resumed_on_three_deliver_408_samples_exactly_once():
     assert Counter(after) + before == Counter(range(408)), "every sample exactly once"
 
 
+def test_an_epochs_node_sequences_are_computed_once_until_a_resume():
+    counts = [4] * 102
+    sampler = NodeLocalSampler(counts, shuffle_buffer=64, seed=2, rank=1, world_size=4)
+    order = sampler.order
+    first = order.sequences(0)
+    assert len(sampler) == 102 and order.sequences(0) is first, "len() built the node sequences again"
+    assert order.sequences(1) is not first and order.sequences(1) is order.sequences(1)
+    state = NodeLocalSampler(counts, shuffle_buffer=64, seed=2, rank=0, world_size=4).state_dict(0)
+    sampler.set_epoch(1)
+    sampler.load_state_dict({**state, "epoch": 1})
+    assert order.sequences(1) is not first and len(sampler) == 102
+
+
 def test_a_resume_of_a_resume_onto_other_node_counts_is_exact():
     counts = [7, 13, 9, 11] * 30
     total = sum(counts)

@@ -1,10 +1,12 @@
 """Reading samples out of whole shards: local files in place, remote shards through the node cache.
 
 One :class:`ShardReader` per dataset and process. It keeps a few shards mapped (least recently
-used beyond ``keep_open`` are released, so eviction may take them), prefetches the next shards
-of the epoch on background threads (into the node cache), and finds a sample's bytes through
-the offsets file when the pack wrote one, else through the shard's tar headers (read once per
-shard and process, from the mapped file).
+used beyond ``keep_open`` are released, so eviction may take them), downloads the next shards of
+the epoch that the node cache does not hold on background threads (a prefetched shard stays
+mapped and locked until it is read, so eviction cannot take it in between; shards already cached
+are opened when first read, with no thread involved), and finds a sample's bytes through the
+offsets file when the pack wrote one, else through the shard's tar headers (read once per shard
+and process, from the mapped file).
 """
 
 from __future__ import annotations
@@ -129,7 +131,8 @@ class ShardReader:
         self._open: OrderedDict[int, OpenShard] = OrderedDict()
         self._upcoming: dict[int, int] = {}
         self._order: list[int] = []
-        self._warming: dict[int, Future[None]] = {}
+        self._warming: dict[int, Future[CachedShard]] = {}
+        self._sources: dict[int, ShardSource] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._stated: dict[str, tuple[str, int]] = {}
@@ -144,7 +147,10 @@ class ShardReader:
 
     def source(self, number: int) -> ShardSource:
         """Where shard ``number`` comes from, with the version and size the index recorded."""
-        return self.source_of(self.shards[number])
+        source = self._sources.get(number)
+        if source is None:
+            source = self._sources[number] = self.source_of(self.shards[number])
+        return source
 
     def source_of(self, ref: ShardRef) -> ShardSource:
         """Where ``ref`` comes from, with the version and size the index recorded. A shard given
@@ -191,6 +197,13 @@ class ShardReader:
         ref = self.shards[number]
         if ref.local:
             return map_local(ref), None
+        warming = self._warming.pop(number, None)
+        if warming is not None:
+            try:
+                cached = warming.result()
+                return cached.buffer, cached
+            except Exception:  # noqa: BLE001 - the prefetch failed: open again, and raise from here
+                pass
         cached = self.cache().open(self.source(number))
         return cached.buffer, cached
 
@@ -203,12 +216,6 @@ class ShardReader:
             self._open.move_to_end(number)
             return shard
         self._warm_after(number)
-        warming = self._warming.pop(number, None)
-        if warming is not None:
-            try:
-                warming.result()
-            except Exception:
-                pass
         buffer, closer = self._map(number)
         table = self.table()
         ref = self.shards[number]
@@ -245,6 +252,8 @@ class ShardReader:
         """The shards the iteration will need, in order: the next ones are fetched ahead."""
         self._order = list(order)
         self._upcoming = {number: slot for slot, number in enumerate(self._order)}
+        for number in [number for number in self._warming if number not in self._upcoming]:
+            self._warming.pop(number).add_done_callback(_close_prefetched)  # no longer on the way
 
     def _warm_after(self, number: int) -> None:
         if self.prefetch <= 0 or not self._order:
@@ -255,15 +264,18 @@ class ShardReader:
         for ahead in self._order[slot + 1:slot + 1 + self.prefetch]:
             if ahead in self._open or ahead in self._warming or self.shards[ahead].local:
                 continue
+            source = self.source(ahead)
+            if self.cache().holds(source.uri):
+                continue  # opened when first read: a thread would only open it twice
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self.prefetch, thread_name_prefix="lading-prefetch")
-            self._warming[ahead] = self._pool.submit(self._warm, ahead)
+            self._warming[ahead] = self._pool.submit(self._warm, source)
 
-    def _warm(self, number: int) -> None:
+    def _warm(self, source: ShardSource) -> CachedShard:
         try:
-            self.cache().open(self.source(number)).close()
+            return self.cache().open(source)
         except Exception as err:
-            log.debug("prefetching %s failed: %s", self.shards[number].uri, err)
+            log.debug("prefetching %s failed: %s", source.uri, err)
             raise
 
     def close(self) -> None:
@@ -274,4 +286,12 @@ class ShardReader:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+        for warming in self._warming.values():
+            warming.add_done_callback(_close_prefetched)
         self._warming.clear()
+
+
+def _close_prefetched(warming: Future[CachedShard]) -> None:
+    """Release a prefetched shard nobody read (its download finished after :meth:`ShardReader.close`)."""
+    if not warming.cancelled() and warming.exception() is None:
+        warming.result().close()

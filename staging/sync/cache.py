@@ -257,6 +257,7 @@ class NodeCache:
         except OSError as err:
             raise local_error(err, f"use the cache directory {self.root}", _OWN_DIRECTORY) from err
         self._known: set[Path] = set()
+        self._folders: dict[str, Path] = {}
         self._lock = threading.Lock()
         self.index = EntryIndex(self.folder)
 
@@ -265,7 +266,9 @@ class NodeCache:
         parent, _, name = uri.rstrip("/").rpartition("/")
         if not name or name in (".", "..") or name.endswith((META, LOCK, FETCH)) or _TMP in name:
             raise UsageError(f"cannot cache {uri!r}: not a usable file name")
-        folder = self.folder / location_folder(parent + "/")
+        folder = self._folders.get(parent)
+        if folder is None:
+            folder = self._folders[parent] = self.folder / location_folder(parent + "/")
         if folder not in self._known:
             folder.mkdir(exist_ok=True, mode=0o700)
             record = folder / "dataset.json"
@@ -275,6 +278,11 @@ class NodeCache:
             with self._lock:
                 self._known.add(folder)
         return folder / name, folder / (name + META), folder / (name + LOCK)
+
+    def holds(self, uri: str) -> bool:
+        """Whether the cache has a copy of ``uri`` (one stat, no lock: its version is checked
+        when it is opened). Readers use it to skip prefetching what is already here."""
+        return os.path.exists(self.paths(uri)[1])
 
     def find(self, uri: str, version: str | None, size: int | None) -> CachedShard | None:
         """The shard when the cache holds it at ``version`` (no download), else None."""
@@ -476,8 +484,9 @@ class EntryIndex:
 def _current(path: Path, record: Path, version: str | None, size: int | None) -> bool:
     """Whether the cached shard is the one wanted: the record's version and size, and the file's size."""
     try:
-        meta = json.loads(record.read_text())
-        actual = os.path.getsize(path)
+        with open(record, "rb") as handle:  # not Path.read_text: this runs once per shard opened
+            meta = json.loads(handle.read())
+        actual = os.stat(path).st_size
     except (OSError, ValueError):
         return False
     if not isinstance(meta, dict) or meta.get("size") != actual:

@@ -86,6 +86,9 @@ class EpochOrder:
         self.epoch = 0
         self._resume: tuple[int, Remaining] | None = None
         self._lanes: Lanes | None = None
+        #: the node sequences last computed on this dataset's own layout (count, state and the walk
+        #: share them): the settings they came from, the resume point, the sequences
+        self._sequences: tuple[tuple[Any, ...], Any, tuple[NodeSequences, bool]] | None = None
 
     def lanes(self) -> Lanes:
         """The run's lanes."""
@@ -107,8 +110,17 @@ class EpochOrder:
                   remainder: str | None = None) -> tuple[NodeSequences, bool]:
         """Every node's sequence of epoch ``epoch`` (the same on every rank), and whether locality
         holds; by default from what is left of it, on this dataset's layout and remainder rule."""
-        return node_sequences(self.remaining(epoch) if remaining is None else remaining, layout or self.layout,
+        mine = remaining is None and layout in (None, self.layout) and remainder in (None, self.remainder)
+        key = (epoch, self.lane_count, self.homes, self.layout, self.remainder, self.seed,
+               self.shuffle(epoch).shuffle)
+        cached = self._sequences
+        if mine and cached is not None and cached[0] == key and cached[1] is self._resume:
+            return cached[2]
+        found = node_sequences(self.remaining(epoch) if remaining is None else remaining, layout or self.layout,
                               self.homes, self.seed, epoch, self.shuffle(epoch).shuffle, remainder or self.remainder)
+        if mine:
+            self._sequences = (key, self._resume, found)
+        return found
 
     def rank_order(self, epoch: int, remaining: Remaining | None = None, layout: Layout | None = None,
                    remainder: str | None = None) -> RankOrder:

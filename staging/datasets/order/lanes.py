@@ -17,6 +17,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
+from numpy.random import default_rng  # imported here, not lazily inside an epoch's first iteration
 
 #: Lane counts are divisors of this (2^8 * 3^2 * 5 * 7): every node count up to 10, and
 #: 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 96, 128, 192, 256 among others, divide some of them.
@@ -44,7 +45,7 @@ def choose_lanes(total: int, block_samples: int, nodes: int) -> int:
 
 def _rng(*words: int | str) -> np.random.Generator:
     text = ":".join(str(word) for word in words)
-    return np.random.default_rng(np.frombuffer(text.encode(), dtype=np.uint8).astype(np.uint32))
+    return default_rng(np.frombuffer(text.encode(), dtype=np.uint8).astype(np.uint32))
 
 
 class Lanes:
