@@ -122,7 +122,8 @@ def read_sample(path: str) -> dict:
     return {"bin": data, "cls": int(Path(path).stem) % 10}
 
 
-def make_data(root: Path, samples: int, size: int, endpoint: str, shard_size: int, tools: list[str]) -> dict:
+def make_data(root: Path, samples: int, size: int, endpoint: str, shard_size: int, tools: list[str],
+              bucket_prefix: str = "loc-bench") -> dict:
     """The samples once on local disk, then each library's copy in one bucket; returns the spec."""
     import boto3
     from lading.pack import PackOptions, plan_pack, run_pack
@@ -134,7 +135,7 @@ def make_data(root: Path, samples: int, size: int, endpoint: str, shard_size: in
     for i in range(samples):
         (source / f"{i:06d}.bin").write_bytes(rng.randbytes(size))
         (source / f"{i:06d}.cls").write_text(str(i % 10))
-    bucket = f"loc-bench-{uuid.uuid4().hex[:8]}"
+    bucket = f"{bucket_prefix}-{uuid.uuid4().hex[:8]}"
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     client.create_bucket(Bucket=bucket)
     spec: dict = {"bucket": bucket, "sizes": {}}
@@ -386,6 +387,7 @@ def main() -> None:
     parser.add_argument("--endpoint", default=None, help="S3 endpoint (default: a moto server started here)")
     parser.add_argument("--out", type=Path, help="results.json here")
     parser.add_argument("--profile", type=Path, help="py-spy profiles (collapsed stacks) of rank 0's warm epoch here")
+    parser.add_argument("--bucket-prefix", default="loc-bench", help="the run's bucket is PREFIX-<random>")
     parser.add_argument("--rank-job", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_job:
@@ -407,7 +409,8 @@ def main() -> None:
     tools = [t for t in args.tools.split(",") if t]
     root = Path(tempfile.mkdtemp(prefix="lading-locality-"))
     print(f"load average at start: {os.getloadavg()}", flush=True)
-    spec = make_data(root, args.samples, args.sample_bytes, args.endpoint, args.shard_size, tools)
+    spec = make_data(root, args.samples, args.sample_bytes, args.endpoint, args.shard_size, tools,
+                     args.bucket_prefix)
     host, _, port = args.endpoint.rpartition("//")[2].partition(":")
     proxy = CountingProxy((host, int(port or 80)), NODES)
     rows: list[dict] = []

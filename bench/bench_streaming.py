@@ -322,7 +322,7 @@ def stream_main(args: argparse.Namespace) -> None:
           f"shards of {args.shard_bytes / 1e6:.0f} MB, cache limit {args.cache_fraction:.0%}, "
           f"block {args.block_samples} samples", flush=True)
     files = make_source(root, samples, args.sample_bytes)
-    bucket = f"bench-loader-streaming-{uuid.uuid4().hex[:8]}"
+    bucket = f"{args.bucket_prefix}-{uuid.uuid4().hex[:8]}"
     client = s3_client(args.endpoint)
     client.create_bucket(Bucket=bucket)
     host, _, port = args.endpoint.rpartition("//")[2].partition(":")
@@ -548,6 +548,7 @@ def main() -> None:
     stream.add_argument("--epoch-timeout", type=float, default=1200, help="give up on a tool's epoch after this")
     stream.add_argument("--tools", default=",".join(TOOLS))
     stream.add_argument("--tmp", default=None)
+    stream.add_argument("--bucket-prefix", default="bench-loader-streaming", help="the run's bucket is PREFIX-<random>")
     stream.add_argument("--out", type=Path)
     shuffle = sub.add_parser("shuffle")
     shuffle.add_argument("--tmp", default=None)
