@@ -54,7 +54,16 @@ def new_lading(root: Path | None = None, python: Path | None = None) -> Lading:
     if not python.exists():
         raise SystemExit(f"no {python}; create it with python3 -m venv {root}/.venv && "
                          f"{root}/.venv/bin/pip install -e {root}")
+    byte_compile(root, python)
     return Lading("new", "lading (new)", root, python, "lading")
+
+
+def byte_compile(root: Path, python: Path) -> None:
+    """Byte-compile a checkout's code, as ``pip install`` does for a wheel: this machine sets
+    PYTHONDONTWRITEBYTECODE, so an uncompiled checkout would compile every module it imports on
+    every run (about 0.15 CPU-s per ``lading`` command here), a cost no installed copy has."""
+    dirs = [str(root / name) for name in ("staging", "cli", "mounts") if (root / name).is_dir()]
+    subprocess.run([str(python), "-m", "compileall", "-q", *dirs], check=True, stdout=subprocess.DEVNULL)
 
 
 def baseline_lading(root: Path, python: Path | None = None) -> Lading:
@@ -66,6 +75,7 @@ def baseline_lading(root: Path, python: Path | None = None) -> Lading:
         raise SystemExit(f"--baseline {root}: no {python}; create it with "
                          f"python3 -m venv {root}/.venv && {root}/.venv/bin/pip install -e {root}")
     module = "cli" if (root / "cli" / "__main__.py").exists() else "lading"
+    byte_compile(root, python)
     return Lading("baseline", "lading (baseline)", root, python, module)
 
 

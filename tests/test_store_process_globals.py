@@ -21,7 +21,8 @@ import pytest
 
 from lading.core.retry import RetryPolicy
 from lading.stores import StoreConfig, open_store
-from lading.stores.base import RangeRequest
+from lading.stores.base import ObjectInfo, RangeRequest
+from lading.transfer import TransferItem, fetch_all
 from proxies import FaultProxy
 
 
@@ -37,6 +38,22 @@ def test_the_region_is_discovered_once_per_process_and_off_the_loop(s3_env, capl
             store.read_many([RangeRequest("x")]) if prefix.startswith("a") else list(store.list())
         heads = proxy.count("HEAD", where=lambda seen: seen.path.rstrip("/") == "/regions")
     assert heads == 1
+    found = [record for record in caplog.records if "the bucket is in" in record.getMessage()]
+    assert len(found) == 1 and found[0].threadName != "lading-io"
+
+
+def test_a_transfer_that_builds_the_client_finds_the_region_off_the_loop(s3_env, caplog, tmp_path):
+    # No listing first (a snapshot's objects, say): the engine's first read builds the client.
+    s3 = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"])
+    s3.create_bucket(Bucket="regions-engine")
+    s3.put_object(Bucket="regions-engine", Key="a/x", Body=b"x")
+    caplog.set_level(logging.DEBUG, logger="lading.stores.s3.store")
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        config = dataclasses.replace(StoreConfig.from_env(), endpoint_url=proxy.url, region=None)
+        store = open_store("s3://regions-engine/a", config)
+        info = ObjectInfo("x", 1, s3.head_object(Bucket="regions-engine", Key="a/x")["ETag"].strip('"'))
+        results = fetch_all(store, [TransferItem(info, tmp_path / "x")])
+    assert [result.ok for result in results] == [True] and (tmp_path / "x").read_bytes() == b"x"
     found = [record for record in caplog.records if "the bucket is in" in record.getMessage()]
     assert len(found) == 1 and found[0].threadName != "lading-io"
 

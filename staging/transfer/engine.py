@@ -200,7 +200,7 @@ class _Engine:
         try:
             todo = [index for index in range(layout.count) if index not in record.done]
             await advance_hash()
-            await download_parts(self.source.attempt_for(info.key), self.source.policy, info.key, info.key,
+            await download_parts(await self.source.attempt_for(info.key), self.source.policy, info.key, info.key,
                                  fd, layout, version_of(info), todo, self.events.on_bytes, landed,
                                  self.options.part_concurrency, self._parts)
             await advance_hash()

@@ -16,7 +16,7 @@ from typing import Callable, Protocol
 
 from lading.core.errors import TransientError
 from lading.core.retry import RetryPolicy
-from lading.stores.base import Fetched, ObjectInfo, RangeRequest, Store
+from lading.stores.base import CoroutineReads, Fetched, ObjectInfo, RangeRequest, Store
 from lading.stores.download import RangeAttempt, fetch_range, pwrite_all
 from lading.transfer.verify import Verifier
 
@@ -29,7 +29,7 @@ class Source(Protocol):
 
     policy: RetryPolicy
 
-    def attempt_for(self, key: str) -> RangeAttempt:
+    async def attempt_for(self, key: str) -> RangeAttempt:
         """One ranged GET of ``key``, no retry (for :func:`lading.stores.download.fetch_range`)."""
         ...
 
@@ -55,15 +55,25 @@ def version_of(info: ObjectInfo) -> str | None:
 class NativeSource:
     """An object store: its coroutine reads (:meth:`~lading.stores.base.Store.coroutine_reads`),
     directly on the loop. A key the store cannot read that way yet (it first decides something
-    with a blocking request) is read with its blocking ``stream`` in a pool thread."""
+    with a blocking request) is read with its blocking ``stream`` in a pool thread. Until the store
+    has handed out its coroutine reads once, it is asked in a pool thread: its first answer may
+    build the client, its credentials and (S3) find the bucket's region, never on the loop."""
 
     def __init__(self, store: Store, policy: RetryPolicy) -> None:
         self.store = store
         self.policy = policy
+        self._settled = False  # the store handed out its coroutine reads once: asking no longer blocks
 
-    def attempt_for(self, key: str) -> RangeAttempt:
+    async def _reads(self, key: str) -> CoroutineReads | None:
+        if self._settled:
+            return self.store.coroutine_reads(key)
+        reads = await asyncio.to_thread(self.store.coroutine_reads, key)
+        self._settled = reads is not None
+        return reads
+
+    async def attempt_for(self, key: str) -> RangeAttempt:
         """One ranged GET of ``key``: a coroutine of the store's, else its ``stream`` in a thread."""
-        reads = self.store.coroutine_reads(key)
+        reads = await self._reads(key)
         if reads is not None:
             return reads.attempt
         store = self.store
@@ -77,7 +87,7 @@ class NativeSource:
     async def read_small(self, info: ObjectInfo) -> memoryview | None:
         """One GET collected whole (zero-copy), retried; None when the store has no coroutine read
         for this key yet (then :meth:`fetch_whole` streams it)."""
-        reads = self.store.coroutine_reads(info.key)
+        reads = await self._reads(info.key)
         if reads is None:
             return None
         return await reads.read(RangeRequest(info.key, 0, None, version_of(info)), self.policy)
@@ -95,7 +105,7 @@ class NativeSource:
             progress(len(piece))
 
         try:
-            fetched = await fetch_range(self.attempt_for(info.key), self.policy, f"{self.store.url}{info.key}",
+            fetched = await fetch_range(await self.attempt_for(info.key), self.policy, f"{self.store.url}{info.key}",
                                         info.key, 0, None, version_of(info), write)
         except BaseException:
             progress(-written)
@@ -116,7 +126,7 @@ class StoreSource:
         self.store = store
         self.policy = policy
 
-    def attempt_for(self, key: str) -> RangeAttempt:
+    async def attempt_for(self, key: str) -> RangeAttempt:
         """``read_range`` of a bounded range in a pool thread."""
         async def attempt(key: str, start: int, end: int | None, version: str | None,
                           sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Fetched:
