@@ -12,9 +12,8 @@ Public API (also used by ``lading hook``):
 """
 
 from lading.sync.apply import FailedKey, NoSyncEvents, SyncEvents, SyncSummary
-from lading.sync.nodecache import DEFAULT_CACHE_ROOT, use_node_cache
 from lading.sync.plan import SyncPlan, SyncRequest
-from lading.sync.run import plan_only, run_sync
+from lading.sync.run import DEFAULT_CACHE_ROOT, plan_only, run_sync, use_node_cache
 
 __all__ = ["DEFAULT_CACHE_ROOT", "FailedKey", "NoSyncEvents", "SyncEvents", "SyncPlan", "SyncRequest",
            "SyncSummary", "plan_only", "run_sync", "use_node_cache"]

@@ -46,7 +46,7 @@ from lading.core.keys import safe_join
 from lading.core.locks import exclusive_lock
 from lading.core.names import hidden_sibling
 from lading.stores.base import Store
-from lading.sync.cache import NodeCache, check_root, default_cache_root
+from lading.sync.cache import NodeCache, check_root
 from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
 from lading.sync.into import sync_into
 from lading.sync.plan import Selection, SyncRequest, plan_sync
@@ -58,12 +58,6 @@ if TYPE_CHECKING:  # lading.pack is imported only by a sync that goes through th
     from lading.pack.reuse import PackedDataset
 
 log = logging.getLogger(__name__)
-
-#: Per user, so another user on the node cannot plant files that this user's jobs then link into
-#: their data: the one rule of :func:`lading.sync.cache.default_cache_root` (``/tmp/lading-cache-<uid>``
-#: unless ``$LADING_CACHE_DIR`` says otherwise; on /tmp, like the default DESTs, so files are
-#: hard-linked rather than copied), read when lading is imported.
-DEFAULT_CACHE_ROOT = default_cache_root()
 
 
 def ensure_private_root(root: Path) -> None:
@@ -87,15 +81,6 @@ def ensure_private_root(root: Path) -> None:
 
 #: How to use another node cache directory (the hint of a refused one).
 _ELSEWHERE = "use another directory: --cache-dir DIR"
-
-
-def use_node_cache(local_world_size: int, cache_dir_given: bool, no_cache: bool, source_is_local: bool) -> bool:
-    """The rule for ``lading sync``: use the node cache when more than one rank runs on this node
-    (or ``--cache-dir`` was given), unless ``--no-cache`` or the source is a local directory
-    (nothing to save there)."""
-    if no_cache or source_is_local:
-        return False
-    return local_world_size > 1 or cache_dir_given
 
 
 def cache_entry_name(request: SyncRequest) -> str:

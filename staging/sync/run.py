@@ -9,14 +9,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lading.core.cacheroot import default_cache_root
 from lading.selection.manifest import write_local_manifest
 from lading.stores.base import Store
 from lading.sync.apply import NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
 from lading.sync.into import sync_into
-from lading.sync.nodecache import sync_through_cache
 from lading.sync.plan import SyncPlan, SyncRequest, plan_sync, select_objects
 from lading.sync.state import SyncState
 from lading.transfer import TransferOptions
+
+
+#: The node cache's root unless ``--cache-dir`` says otherwise. Per user, so another user on the
+#: node cannot plant files that this user's jobs then link into their data: the one rule of
+#: :func:`lading.core.cacheroot.default_cache_root` (``/tmp/lading-cache-<uid>`` unless
+#: ``$LADING_CACHE_DIR`` says otherwise; on /tmp, like the default DESTs, so files are hard-linked
+#: rather than copied), read when lading is imported.
+DEFAULT_CACHE_ROOT = default_cache_root()
+
+
+def use_node_cache(local_world_size: int, cache_dir_given: bool, no_cache: bool, source_is_local: bool) -> bool:
+    """The rule for ``lading sync``: use the node cache when more than one rank runs on this node
+    (or ``--cache-dir`` was given), unless ``--no-cache`` or the source is a local directory
+    (nothing to save there)."""
+    if no_cache or source_is_local:
+        return False
+    return local_world_size > 1 or cache_dir_given
 
 
 def plan_only(store: Store, request: SyncRequest, workers: int = 32) -> SyncPlan:
@@ -36,6 +53,8 @@ def run_sync(
     """List, plan and apply; through the node cache in ``cache_root`` when given."""
     with select_objects(store, request, options.workers) as selection:
         if cache_root is not None:
+            from lading.sync.nodecache import sync_through_cache  # its modules load only when used
+
             summary = sync_through_cache(store, selection, request, Path(cache_root), options, events)
         else:
             summary = sync_into(store_fetcher(store), selection, request, options, events)
@@ -47,4 +66,4 @@ def run_sync(
     return summary
 
 
-__all__ = ["plan_only", "run_sync"]
+__all__ = ["DEFAULT_CACHE_ROOT", "plan_only", "run_sync", "use_node_cache"]
