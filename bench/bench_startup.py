@@ -96,23 +96,28 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, required=True, help="an older checkout")
     parser.add_argument("--endpoint", default="127.0.0.1:7480")
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--bucket", default=BUCKET)
     options = parser.parse_args()
+    bucket = options.bucket
     host, port = options.endpoint.split(":")
     keys = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
     s3 = boto3.client("s3", endpoint_url=f"http://{options.endpoint}", region_name="us-east-1",
                       aws_access_key_id="test", aws_secret_access_key="test")
     try:
-        s3.create_bucket(Bucket=BUCKET)
+        s3.create_bucket(Bucket=bucket)
     except s3.exceptions.BucketAlreadyOwnedByYou:
         pass
     for i in range(20):
-        s3.put_object(Bucket=BUCKET, Key=f"data/{i:02d}.bin", Body=os.urandom(64 << 10))
+        s3.put_object(Bucket=bucket, Key=f"data/{i:02d}.bin", Body=os.urandom(64 << 10))
     proxy = FirstConnection((host, int(port)))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **keys,
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
+    for root in (options.baseline, REPO):  # as pip installs a wheel (this machine sets PYTHONDONTWRITEBYTECODE)
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "staging"), str(root / "cli"),
+                        str(root / "mounts")], check=True, stdout=subprocess.DEVNULL)
     views = {"baseline": layout(options.baseline), "new": layout(REPO)}
     dest = Path(tempfile.mkdtemp(prefix="lading-startup-dest-"))
-    commands = {"cat": ["cat", f"s3://{BUCKET}/data/00.bin"], "sync": ["sync", f"s3://{BUCKET}/data", str(dest)]}
+    commands = {"cat": ["cat", f"s3://{bucket}/data/00.bin"], "sync": ["sync", f"s3://{bucket}/data", str(dest)]}
     results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for _ in range(options.rounds):  # alternating: both checkouts see the same machine load
         for command, args in commands.items():
@@ -125,7 +130,7 @@ def main() -> None:
         first, wall, cpu = (statistics.median(column) for column in zip(*rows))
         print(f"lading {command:4} {name:8}: first request {first * 1000:6.0f} ms, wall {wall * 1000:6.0f} ms, "
               f"CPU {cpu * 1000:6.0f} ms (medians of {len(rows)})")
-    s3.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": f"data/{i:02d}.bin"} for i in range(20)]})
+    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": f"data/{i:02d}.bin"} for i in range(20)]})
 
 
 if __name__ == "__main__":

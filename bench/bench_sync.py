@@ -9,6 +9,8 @@ alternating rounds, against a local Ceph RGW (bench/rgw.sh start).
 
 Tools (--tools, default all that are available):
   obstore   bench/bare_obstore.py: a bare obstore asyncio loop with no lading code (the floor)
+  obstore-verified  the same loop with sync's per-file guarantees, bare: the MD5 of each body checked
+            against its single-part ETag, written to a temporary name and renamed into place
   new       this checkout: .venv/bin/python -m lading sync ... --no-cache --json (CLI defaults)
   baseline  --baseline DIR: DIR/.venv/bin/python -m cli (or -m lading) sync ..., run from DIR
   aws       `aws s3 sync` (`aws s3 cp` for the big object), defaults
@@ -61,7 +63,7 @@ from benchtools import (DEFAULT_PEERS_VENV, Lading, Log, baseline_lading, defaul
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BUCKET = os.environ.get("LADING_BENCH_BUCKET", "lading-bench")  # one per engineer on a shared RGW
-ALL_TOOLS = ("new", "baseline", "aws", "rclone", "s5cmd", "obstore")
+ALL_TOOLS = ("new", "baseline", "aws", "rclone", "s5cmd", "obstore", "obstore-verified")
 PEERS = ("aws", "rclone", "s5cmd")
 WORKLOADS = ("small", "noop", "big", "latency", "plan")
 UNITS = {"small": "objects/s", "noop": "s", "big": "MB/s", "latency": "objects/s", "plan": "MiB peak RSS"}
@@ -207,11 +209,12 @@ class Tools:
             return lading.argv("sync", source, str(dest), "--endpoint-url", endpoint, "--no-cache", "--json"), \
                 lading.root
         exe = self.peers[name]
-        if name == "obstore":  # the floor: a bare obstore asyncio loop (bare_obstore.py), no lading code
-            if mode == "big":
+        if name in ("obstore", "obstore-verified"):  # the floor: a bare obstore loop (bare_obstore.py), no lading code
+            if mode == "big":  # (a multipart ETag is no MD5: nothing more to verify)
                 return [sys.executable, str(HERE / "bare_obstore.py"), "big", endpoint, BUCKET, f"{prefix}blob.bin",
                         str(dest / "blob.bin")], None
-            return [sys.executable, str(HERE / "bare_obstore.py"), "copy", endpoint, BUCKET, prefix, str(dest)], None
+            copy = "copy-verified" if name == "obstore-verified" else "copy"
+            return [sys.executable, str(HERE / "bare_obstore.py"), copy, endpoint, BUCKET, prefix, str(dest)], None
         if name == "aws":
             if mode == "big":
                 return [exe, "--endpoint-url", endpoint, "s3", "cp", f"{source}blob.bin", str(dest / "blob.bin"),
@@ -623,9 +626,10 @@ def main() -> None:
         save_code_diff(lading.root, out, f"{lading.key}-uncommitted.diff")
     for line in versions(peers):
         log(line)
-    if "obstore" in names:
-        peers["obstore"] = str(HERE / "bare_obstore.py")
-        log(f"obstore: {peers['obstore']} (a bare asyncio loop; obstore as in lading's venv)")
+    for floor in ("obstore", "obstore-verified"):
+        if floor in names:
+            peers[floor] = str(HERE / "bare_obstore.py")
+            log(f"{floor}: {peers[floor]} (a bare asyncio loop; obstore as in lading's venv)")
     log(f"rounds: {args.rounds}; workloads: {args.only}; tool order rotates each round: {', '.join(names)}; "
         f"output: {out or '-'}")
 
