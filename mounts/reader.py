@@ -10,8 +10,10 @@ What is fetched depends on the access pattern, per open file:
 - **Sequential** (each read starts near where the previous one ended, twice in a row): a readahead
   window that starts at :data:`INITIAL_WINDOW` and doubles up to :data:`MAX_WINDOW` (and to the
   reader's share of the memory budget), as parts of up to :data:`MAX_PART` in flight at once.
-- **Random**: what was asked for, rounded out to :data:`BLOCK`, with no readahead; misses that
-  touch each other (several readers, or one read spanning blocks) become one GET.
+- **Random**: what was asked for, rounded out to :data:`BLOCK`, with no readahead; misses of one
+  file at most :data:`GAP` apart become one GET (the bytes between come along): those of one read,
+  and those several readers queued before the I/O core started them (FUSE's threads queue GETs,
+  and the loop, woken once, starts all that are queued).
 - **Small files** (up to :data:`SMALL_FILE`) are fetched whole, in one GET, when opened; when files
   are opened in listing order (a directory being walked), the next few small files are fetched too.
 
@@ -45,6 +47,8 @@ from lading.stores.ranged import RangeRequest, async_range_reader
 log = logging.getLogger("lading.mount")
 
 BLOCK = 16 << 10
+#: Misses of one file at most this far apart are fetched as one GET, the bytes between included.
+GAP = BLOCK
 SMALL_FILE = 1 << 20
 INITIAL_WINDOW = 1 << 20
 MAX_WINDOW = 64 << 20
@@ -196,6 +200,7 @@ class Reader:
         self._streams: set[OpenFile] = set()
         self._slots: object = None  # the readahead semaphore, made on the loop
         self._tasks: set[object] = set()  # GETs running (the loop keeps only weak references)
+        self._pending: list[_Fetch] = []  # GETs planned by readers, not yet started on the loop
         self._entry_at = entry_at
         self._file_count = file_count
         self._walk_next = -1
@@ -227,7 +232,9 @@ class Reader:
                 self._whole_file(entry, fetches)
                 handle.prefetched_to = entry.size
             self._walk(entry.index, fetches)
-        self._submit(fetches)
+            wake = self._queue(fetches)
+        if wake:
+            self._wake()
         return handle
 
     def release(self, handle: OpenFile) -> None:
@@ -261,8 +268,9 @@ class Reader:
             needed.sort(key=lambda extent: extent.start)
             if handle.streaming:
                 self._readahead(handle, files, end, fetches)
-            self._coalesce(fetches)
-        self._submit(fetches)
+            wake = self._queue(fetches)
+        if wake:
+            self._wake()
         copied = self._copy(handle, needed, offset, end, dest)
         self.stats.add(reads=1, bytes_served=copied)
         if not handle.answered:
@@ -376,21 +384,35 @@ class Reader:
         self._held += end - start
         return _Fetch(entry, start, end, [extent], demand)
 
-    @staticmethod
-    def _coalesce(fetches: list[_Fetch]) -> None:
-        """Merge GETs of one file that touch each other (at most :data:`MAX_PART` each)."""
+    def _coalesce(self, fetches: list[_Fetch]) -> None:
+        """Merge GETs of one file at most :data:`GAP` apart (at most :data:`MAX_PART` each); the
+        bytes between that nobody holds become extents too."""
         fetches.sort(key=lambda f: (f.entry.index, f.start))
         merged: list[_Fetch] = []
         for fetch in fetches:
             last = merged[-1] if merged else None
-            if (last is not None and last.entry.index == fetch.entry.index and last.end == fetch.start
+            if (last is not None and last.entry.index == fetch.entry.index and fetch.start - last.end <= GAP
                     and fetch.end - last.start <= MAX_PART):
+                if fetch.start > last.end:
+                    self._fill_gap(last, fetch.start)
                 last.end = fetch.end
                 last.extents.extend(fetch.extents)
                 last.demand = last.demand or fetch.demand
             else:
                 merged.append(fetch)
         fetches[:] = merged
+
+    def _fill_gap(self, fetch: _Fetch, stop: int) -> None:
+        """Extend ``fetch`` to ``stop``: the holes in between get extents (the rest is discarded)."""
+        files = self._files.get(fetch.entry.index)
+        if files is not None:
+            for start, end in files.holes(fetch.end, stop):
+                self._make_room(end - start, demand=False)
+                extent = Extent(fetch.entry.index, start, end)
+                files.add(extent)
+                self._held += end - start
+                fetch.extents.append(extent)
+        fetch.end = stop
 
     def _make_room(self, nbytes: int, demand: bool) -> None:
         """Evict arrived extents, least recently used first, until ``nbytes`` more fit the budget:
@@ -416,19 +438,34 @@ class Reader:
                 del self._files[extent.index]
 
     # -- the I/O core ----------------------------------------------------------------------------
-    def _submit(self, fetches: list[_Fetch]) -> None:
+    def _queue(self, fetches: list[_Fetch]) -> bool:
+        """Queue GETs for the loop (under the lock); whether the loop must be woken for them."""
+        if not fetches:
+            return False
+        wake = not self._pending
+        self._pending.extend(fetches)
+        return wake
+
+    def _wake(self) -> None:
+        """Have the loop start what is queued (one wake-up for whatever readers queue meanwhile)."""
+        try:
+            self._core.call_soon(self._start)
+        except RuntimeError as err:  # the I/O core is shutting down with the process
+            with self._lock:
+                pending, self._pending = self._pending, []
+            for fetch in pending:
+                self._failed(fetch, TransientError(f"unmounting: {err}"))
+
+    def _start(self) -> None:
+        """On the loop: start every queued GET, neighbouring misses merged."""
+        import asyncio
+
+        with self._lock:
+            fetches, self._pending = self._pending, []
+            self._coalesce(fetches)
         if not fetches:
             return
         self.stats.add(requests=len(fetches))
-        try:
-            self._core.spawn(self._run(fetches))
-        except RuntimeError as err:  # the I/O core is shutting down with the process
-            for fetch in fetches:
-                self._failed(fetch, TransientError(f"unmounting: {err}"))
-
-    async def _run(self, fetches: list[_Fetch]) -> None:
-        import asyncio
-
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.config.concurrency)
         loop = asyncio.get_running_loop()

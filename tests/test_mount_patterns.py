@@ -1,5 +1,5 @@
 """What the mount fetches for each way of reading, counted at a proxy in front of the store: random
-reads cost a small multiple of what they read, sequential reads run ahead in parallel, a small
+reads cost a small multiple of what they read, neighbouring misses are one GET, sequential reads run ahead in parallel, a small
 file is one GET, and the daemon's memory stays within its budget however many files are read."""
 
 from __future__ import annotations
@@ -66,6 +66,22 @@ def test_random_reads_fetch_at_most_four_times_what_they_read(proxy, bucket, tmp
             os.close(fd)
         fetched = proxy.body_bytes[f"/{BUCKET}/big.bin"]
         assert 0 < fetched <= 4 * 4096 * len(offsets), fetched
+
+
+def test_misses_a_small_gap_apart_are_one_get(proxy, bucket, tmp_path: Path) -> None:
+    body, at = OBJECTS["big.bin"], 4 * MiB
+    with _mount(proxy, tmp_path, bucket) as mnt:
+        fd = os.open(mnt.path / "big.bin", os.O_RDONLY)
+        try:
+            # The daemon fetches the 16 KiB block around this 4 KiB and keeps the rest of it ...
+            assert os.pread(fd, 4096, at + 16384) == body[at + 16384:at + 20480]
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # ... which the kernel no longer has
+            proxy.reset_counts()
+            # Two misses with that block between them: one GET, not two.
+            assert os.pread(fd, 49152, at) == body[at:at + 49152]
+        finally:
+            os.close(fd)
+        assert _gets(proxy, "big.bin") == 1
 
 
 def test_a_sequential_reader_runs_ahead_in_parallel(proxy, bucket, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import concurrent.futures
 import os
 import threading
 import time
-from typing import Any, Awaitable, Coroutine, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Coroutine, Sequence, TypeVar
 
 from lading.stores.process import ProcessLocal
 
@@ -74,6 +74,14 @@ class IOCore:
             work.close()
             raise RuntimeError("the I/O core is shut down: the interpreter is exiting")
         return asyncio.run_coroutine_threadsafe(work, self._loop)
+
+    def call_soon(self, callback: Callable[..., object], *args: Any) -> None:
+        """Run a plain callback on the loop, from any other thread, and return at once: one wake-up
+        of the loop and no future (for callers that learn the outcome their own way, such as the
+        mount's reader starting the GETs its readers queued)."""
+        if self._closing:
+            raise RuntimeError("the I/O core is shut down: the interpreter is exiting")
+        self._loop.call_soon_threadsafe(callback, *args)
 
     def run_all(self, works: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
         """Run a batch concurrently (at most ``max_requests`` at a time); results in order. The
