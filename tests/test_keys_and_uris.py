@@ -1,10 +1,11 @@
 """Untrusted keys and malformed URIs are refused with project errors."""
 
+import itertools
 from pathlib import Path
 
 import pytest
 from lading.core.errors import UnsafeKey, UsageError
-from lading.core.keys import find_collisions, safe_join
+from lading.core.keys import find_collisions, is_safe_key, key_parts, safe_join
 from lading.stores.uri import parse_uri
 
 
@@ -12,6 +13,18 @@ from lading.stores.uri import parse_uri
 def test_escaping_keys_refused(key, tmp_path):
     with pytest.raises(UnsafeKey):
         safe_join(tmp_path, key)
+
+
+def test_the_fast_check_agrees_with_key_parts():
+    # every key of up to 5 pieces from these (the newline: where a "$" would wrongly end)
+    pieces = ["a", ".", "..", "/", "\\", "\x00", "\n"]
+    for length in range(6):
+        for key in map("".join, itertools.product(pieces, repeat=length)):
+            try:
+                accepted = bool(key_parts(key))
+            except UnsafeKey:
+                accepted = False
+            assert is_safe_key(key) == accepted, repr(key)
 
 
 def test_safe_join_stays_inside(tmp_path):

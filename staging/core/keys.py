@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -28,6 +29,17 @@ def key_parts(key: str) -> tuple[str, ...]:
             raise UnsafeKey(f"refusing key {key!r}: it has an empty, '.' or '..' segment",
                             "such a key would escape or alias the destination")
     return parts
+
+
+#: What :func:`key_parts` refuses, as one pattern: an empty key or segment (also a leading or
+#: trailing ``/``), a ``.`` or ``..`` segment, a NUL byte or a backslash.
+_UNSAFE = re.compile(r"(?:\A|/)\.{0,2}(?:/|\Z)|[\\\x00]")
+
+
+def is_safe_key(key: str) -> bool:
+    """True when :func:`key_parts` accepts ``key`` (one regular-expression search, for the
+    per-key paths that only need the answer)."""
+    return _UNSAFE.search(key) is None
 
 
 def safe_join(root: Path, key: str) -> Path:

@@ -16,6 +16,7 @@ import os
 import shutil
 import stat as stat_mode
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -30,6 +31,53 @@ _CHUNK = 1 << 20
 
 def _version(st: os.stat_result) -> str:
     return f"{st.st_mtime_ns}-{st.st_size}"
+
+
+#: Threads reading directories for :meth:`LocalStore.list`, and how many directories they may
+#: read ahead of the one being yielded.
+_SCAN_THREADS = 4
+_SCAN_AHEAD = 16
+
+#: A directory's entry in key order: ``(key, info, path)``; ``info`` is None for a directory.
+_Item = tuple[str, ObjectInfo | None, str]
+_Items = list[_Item]
+
+
+def _scan(directory: str, rel: str, prefix: str) -> _Items:
+    """The entries of ``directory`` (keys under ``rel``) in key order: its regular files (and
+    symlinks to them) stat'ed, its subdirectories that can hold keys under ``prefix``."""
+    try:
+        with os.scandir(directory) as listing:
+            entries = list(listing)
+    except OSError as err:
+        raise _translate(err, directory) from err
+    # Key order: "a/b" must sort as the string "a/b", not as a directory visited first.
+    items: list[tuple[str, os.DirEntry[str], bool]] = []
+    for entry in entries:
+        try:
+            is_dir = entry.is_dir(follow_symlinks=False)
+        except OSError:
+            continue
+        key = f"{rel}{entry.name}"
+        items.append((key + "/" if is_dir else key, entry, is_dir))
+    items.sort(key=lambda item: item[0])
+    found: _Items = []
+    for sort_key, entry, is_dir in items:
+        if is_dir:
+            key = sort_key[:-1]
+            if prefix.startswith(sort_key) or key.startswith(prefix) or not prefix:
+                found.append((key, None, entry.path))
+            continue
+        if not sort_key.startswith(prefix):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=True)
+        except OSError:
+            continue  # broken symlink
+        if not stat_mode.S_ISREG(st.st_mode):  # (st followed the link, as isfile would: no second stat)
+            continue
+        found.append((sort_key, ObjectInfo(sort_key, st.st_size, _version(st), st.st_mtime), entry.path))
+    return found
 
 
 def _translate(err: OSError, what: str) -> LadingError:
@@ -55,44 +103,33 @@ class LocalStore(Store):
         return safe_join(self.root, key)
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Walk the tree in key order; symlinks to files count, directory links are not followed."""
+        """Walk the tree in key order; symlinks to files count, directory links are not followed.
+
+        Directories are read (``scandir`` and a ``stat`` per file) by a few threads up to
+        :data:`_SCAN_AHEAD` directories ahead of the one being yielded, so the system calls
+        overlap the caller's work; memory holds those directories' entries only.
+        """
         if not self.root.is_dir():
             if self.root.exists():
                 raise UsageError(f"{self.root} is a file, not a directory",
                                  "name the directory that holds it instead")
             raise NotFound(f"no such directory: {self.root}")
-        yield from self._walk(self.root, "", prefix)
+        with ThreadPoolExecutor(max_workers=_SCAN_THREADS, thread_name_prefix="lading-list") as pool:
+            yield from self._walk(pool, _scan(str(self.root), "", prefix), prefix)
 
-    def _walk(self, directory: Path, rel: str, prefix: str) -> Iterator[ObjectInfo]:
-        try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name)
-        except OSError as err:
-            raise _translate(err, str(directory)) from err
-        # Key order: "a/b" must sort as the string "a/b", not as a directory visited first.
-        items: list[tuple[str, os.DirEntry[str], bool]] = []
-        for entry in entries:
-            try:
-                is_dir = entry.is_dir(follow_symlinks=False)
-            except OSError:
+    def _walk(self, pool: ThreadPoolExecutor, items: _Items, prefix: str) -> Iterator[ObjectInfo]:
+        ahead: dict[int, Future[_Items]] = {}
+        directories = [index for index, item in enumerate(items) if item[1] is None]
+        submitted = 0
+        for index, (key, info, path) in enumerate(items):
+            if info is not None:
+                yield info
                 continue
-            key = f"{rel}{entry.name}"
-            items.append((key + "/" if is_dir else key, entry, is_dir))
-        items.sort(key=lambda item: item[0])
-        for sort_key, entry, is_dir in items:
-            key = sort_key.rstrip("/") if is_dir else sort_key
-            if is_dir:
-                if prefix.startswith(key + "/") or key.startswith(prefix) or not prefix:
-                    yield from self._walk(Path(entry.path), key + "/", prefix)
-                continue
-            if not key.startswith(prefix):
-                continue
-            try:
-                st = entry.stat(follow_symlinks=True)
-            except OSError:
-                continue  # broken symlink
-            if not stat_mode.S_ISREG(st.st_mode):  # (st followed the link, as isfile would: no second stat)
-                continue
-            yield ObjectInfo(key, st.st_size, _version(st), st.st_mtime)
+            while submitted < len(directories) and len(ahead) < _SCAN_AHEAD:
+                target = directories[submitted]
+                ahead[target] = pool.submit(_scan, items[target][2], items[target][0] + "/", prefix)
+                submitted += 1
+            yield from self._walk(pool, ahead.pop(index).result(), prefix)
 
     def stat(self, key: str) -> ObjectInfo:
         """Metadata of one file."""

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import IO, Iterable, Iterator
 
 from lading.core.errors import NotFound, UnsafeKey, UsageError
-from lading.core.keys import key_parts
+from lading.core.keys import is_safe_key, key_parts
 from lading.selection.manifest import Manifest, keys_under, share_records
 from lading.selection.runs import SortedRuns
 from lading.selection.sharding import BALANCES, DISTRIBUTIONS, owners_by_bytes, select_for_rank
@@ -248,6 +248,8 @@ def source_objects(store: Store, manifest: Manifest | None, source: str, workers
 
 def unsafe_reason(key: str, raise_it: bool = False) -> str | None:
     """Why ``key`` can't be written under DEST (None if it can)."""
+    if is_safe_key(key) and key.partition("/")[0] not in RESERVED_NAMES:
+        return None
     try:
         parts = key_parts(key)
     except UnsafeKey as err:
@@ -267,19 +269,22 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
     sorted runs on disk. Raises before anything is written anywhere."""
     kept = SortedRuns()
     try:
-        listed, markers, unsafe = _filtered(store, request, workers, kept)
+        filtered = _filtered(store, request, workers, kept)
+        listed, markers, unsafe = filtered.listed, filtered.markers, filtered.unsafe
         if markers:
             log.debug("%s: skipped %d directory marker(s) (zero-byte keys ending in /)", request.source, markers)
         if not kept.count and not unsafe.total and not request.allow_empty:
             _refuse_empty(request, listed - markers)
-        sizes = _clashes_and_sizes(kept, unsafe, request)
+        sizes = filtered.sizes
+        if not filtered.ascending:  # the clashes and sizes need the keys in order: read the runs
+            sizes = _clashes_and_sizes(kept, unsafe, request)
         if unsafe.total:  # unsafe keys and clashes in one report, not one kind per run
             _refuse(unsafe, request.source)
         selection = Selection(kept, listed=listed, matched=kept.count, markers=markers)
         if request.manifest is not None and request.manifest.augmented:  # a line's objects stay together
             return _share_augmented(selection, request)
         if request.distribution == "replicated" or request.world_size == 1:
-            selection.selected_bytes = sum(row[1] for row in kept)
+            selection.selected_bytes = filtered.total_bytes
             return selection
         mine = _shard(kept, request, sizes)
         selection.runs, selection.selected_bytes = mine, sum(row[1] for row in mine)
@@ -304,11 +309,36 @@ class _Refusals:
             reasons.append(reason)
 
 
-def _filtered(store: Store, request: SyncRequest, workers: int, kept: SortedRuns) -> tuple[int, int, _Refusals]:
-    """Listing -> filters -> ``kept`` (rows of ObjectInfo fields); returns listed, markers, unsafe."""
-    unsafe = _Refusals()
-    listed = markers = 0
+@dataclass
+class _Filtered:
+    """What the pass over the listing found besides the kept rows. When the listing came in
+    ascending key order (every store lists so), the clash check and the sizes for the ``bytes``
+    balance were done on the way (``ascending``); otherwise they need a pass over the runs."""
+
+    unsafe: _Refusals
+    listed: int = 0
+    markers: int = 0
+    total_bytes: int = 0
+    ascending: bool = True
+    sizes: array | None = None
+
+
+def _wants_sizes(request: SyncRequest) -> bool:
+    return request.distribution == "sharded" and request.world_size > 1 and request.balance == "bytes"
+
+
+def _filtered(store: Store, request: SyncRequest, workers: int, kept: SortedRuns) -> _Filtered:
+    """Listing -> filters -> ``kept`` (rows of ObjectInfo fields), with the clash check and the
+    sizes while the keys come in ascending order."""
+    found = _Filtered(_Refusals(), sizes=array("q") if _wants_sizes(request) else None)  # 8 bytes an object
     include, exclude = request.include, request.exclude
+    clash_refusals = _Refusals()
+    clashes = _Clashes(clash_refusals)
+    last = ""
+    listed = markers = total = 0
+    ascending = True
+    sizes = found.sizes
+    add = kept.add
     for info in source_objects(store, request.manifest, request.source, workers):
         listed += 1
         key = info.key
@@ -319,18 +349,30 @@ def _filtered(store: Store, request: SyncRequest, workers: int, kept: SortedRuns
             continue
         reason = unsafe_reason(key)
         if reason is not None:
-            unsafe.add(unsafe.unsafe, reason)
+            found.unsafe.add(found.unsafe.unsafe, reason)
             continue
-        kept.add((key, info.size, info.version, info.mtime, info.md5, info.crc32c))
+        if ascending:
+            if key > last:
+                clashes.see(key)
+                if sizes is not None:
+                    sizes.append(info.size)
+                last = key
+            else:
+                ascending = False
+        add((key, info.size, info.version, info.mtime, info.md5, info.crc32c))
+        total += info.size
     kept.finish()
-    return listed, markers, unsafe
+    if ascending:  # else the pass over the runs finds them
+        found.unsafe.clashes.extend(clash_refusals.clashes)
+        found.unsafe.total += clash_refusals.total
+    found.listed, found.markers, found.total_bytes, found.ascending = listed, markers, total, ascending
+    return found
 
 
 def _clashes_and_sizes(kept: SortedRuns, refusals: _Refusals, request: SyncRequest) -> array | None:
     """One pass over the sorted keys: file/directory clashes (a key that is also the directory
     of another), and the sizes in key order when the ``bytes`` balance needs them."""
-    want_sizes = request.distribution == "sharded" and request.world_size > 1 and request.balance == "bytes"
-    sizes = array("q") if want_sizes else None  # 8 bytes an object
+    sizes = array("q") if _wants_sizes(request) else None  # 8 bytes an object
     clashes = _Clashes(refusals)
     for row in kept:
         clashes.see(row[0])

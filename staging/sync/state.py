@@ -6,10 +6,12 @@ Two files in DEST, both reserved names a source key may not use:
   lines: a header ``{"format": 2, "source": ...}``, then one row per file,
   ``[key, size, version, mtime_ns, local_size]``, in ascending key order, so a sync reads it as
   a stream beside the (sorted) listing and never holds it whole;
-- ``.lading-sync.journal``: JSON lines appended as files complete, so a sync killed with -9
-  loses at most the line being written. Reading replays it over the index (a torn last line is
-  ignored; the journal is sorted in bounded memory, :mod:`lading.selection.runs`);
-  :meth:`SyncState.save` folds it into a new index and removes it.
+- ``.lading-sync.journal``: JSON lines appended as files complete (``[key, size, version,
+  mtime_ns, local_size]``, or ``{"key": ..., "deleted": true}``), written in batches: at most
+  :data:`JOURNAL_BATCH` lines or :data:`JOURNAL_SECONDS` seconds wait in memory, so a sync
+  killed with -9 fetches again only the files of that last batch. Reading replays it over the
+  index (a torn last line is ignored; the journal is sorted in bounded memory,
+  :mod:`lading.selection.runs`); :meth:`SyncState.save` folds it into a new index and removes it.
 
 An entry says: key ``key`` was fetched at source ``version`` (ETag / generation) with ``size``
 bytes, and the local file then had ``mtime_ns``/``local_size``. A file counts as up to date only
@@ -27,12 +29,14 @@ import json
 import logging
 import os
 import threading
+import time
+from itertools import islice
 from pathlib import Path
 from typing import IO, Generator, Iterable, Iterator, NamedTuple, cast
 
 from lading.core.atomic import write_atomically
 from lading.core.errors import AccessDenied, LadingError, UnsafeKey
-from lading.core.keys import key_parts
+from lading.core.keys import is_safe_key, key_parts
 from lading.core.names import SYNC_JOURNAL_NAME, SYNC_LOCK_NAME, SYNC_STATE_NAME
 from lading.selection.runs import SortedRuns
 
@@ -41,6 +45,12 @@ log = logging.getLogger(__name__)
 STATE_NAME, JOURNAL_NAME, LOCK_NAME = SYNC_STATE_NAME, SYNC_JOURNAL_NAME, SYNC_LOCK_NAME
 RESERVED_NAMES = frozenset({STATE_NAME, JOURNAL_NAME, LOCK_NAME})
 FORMAT = 2
+#: Journal lines held in memory before they are written out (one ``write`` for the batch) ...
+JOURNAL_BATCH = 256
+#: ... or seconds since the last write, whichever comes first.
+JOURNAL_SECONDS = 0.2
+#: Lines parsed per ``json.loads`` call when reading the index or the journal.
+_PARSE_BATCH = 2048
 
 
 class Entry(NamedTuple):
@@ -52,10 +62,6 @@ class Entry(NamedTuple):
     mtime_ns: int
     local_size: int
 
-    def to_row(self) -> dict[str, object]:
-        """The journal's JSON row."""
-        return {"key": self.key, "size": self.size, "version": self.version,
-                "mtime_ns": self.mtime_ns, "local_size": self.local_size}
 
     def matches_local(self, st: os.stat_result) -> bool:
         """True when the local file is still exactly what lading wrote."""
@@ -71,6 +77,8 @@ class SyncState:
         self.source = source
         self._lock = threading.Lock()
         self._journal: IO[str] | None = None
+        self._pending: list[str] = []
+        self._written = time.monotonic()
         self._dirty = False
 
     @classmethod
@@ -117,22 +125,30 @@ class SyncState:
             self._dirty = True
 
     def record(self, entry: Entry) -> None:
-        """Remember a completed file, durably against a kill (journal line, flushed)."""
-        self._append(entry.to_row())
+        """Remember a completed file (a journal line, written with its batch)."""
+        self._append(_dumps(entry) + "\n")
 
     def forget(self, keys: Iterable[str]) -> None:
         """Drop entries (files deleted locally by ``--delete``)."""
         for key in keys:
-            self._append({"key": key, "deleted": True})
+            self._append(f'{{"key":{_string(key)},"deleted":true}}\n')
 
-    def _append(self, row: dict[str, object]) -> None:
-        line = json.dumps(row, separators=(",", ":")) + "\n"
+    def _append(self, line: str) -> None:
         with self._lock:
-            if self._journal is None:
-                self._journal = open(self.dest / JOURNAL_NAME, "a", encoding="utf-8")
-            self._journal.write(line)
-            self._journal.flush()
+            self._pending.append(line)
             self._dirty = True
+            if len(self._pending) >= JOURNAL_BATCH or time.monotonic() - self._written >= JOURNAL_SECONDS:
+                self._write_pending()
+
+    def _write_pending(self) -> None:
+        """Append the pending lines to the journal in one write (the caller holds the lock)."""
+        if self._journal is None:
+            self._journal = open(self.dest / JOURNAL_NAME, "a", encoding="utf-8")
+        if self._pending:
+            self._journal.write("".join(self._pending))
+            self._pending = []
+        self._journal.flush()
+        self._written = time.monotonic()
 
     def save(self) -> None:
         """Write the index atomically, streaming, then drop the journal it now contains.
@@ -143,8 +159,8 @@ class SyncState:
             journal = self.dest / JOURNAL_NAME
             if not self._dirty and (self.dest / STATE_NAME).exists() and not journal.exists():
                 return
-            if self._journal is not None:
-                self._journal.flush()
+            if self._journal is not None or self._pending:
+                self._write_pending()
             try:
                 write_atomically(self.dest / STATE_NAME, self._index_lines(), durable=True)
             except OSError as err:  # the journal still holds every entry: nothing is lost
@@ -158,16 +174,26 @@ class SyncState:
 
     def _index_lines(self) -> Iterator[str]:
         yield json.dumps({"format": FORMAT, "source": self.source}, separators=(",", ":")) + "\n"
-        dumps = json.JSONEncoder(separators=(",", ":")).encode
         for entry in self.rows():
-            yield dumps(entry) + "\n"
+            yield _dumps(entry) + "\n"
 
     def close(self) -> None:
-        """Close the journal without writing a snapshot (the journal stays valid)."""
+        """Write the pending journal lines and close the journal without writing a snapshot
+        (the journal stays valid)."""
         with self._lock:
+            if self._pending:
+                self._write_pending()
             if self._journal is not None:
                 self._journal.close()
                 self._journal = None
+
+
+_string = json.encoder.encode_basestring_ascii
+
+
+def _dumps(entry: Entry) -> str:
+    """``[key, size, version, mtime_ns, local_size]`` as compact JSON."""
+    return f"[{_string(entry.key)},{entry.size:d},{_string(entry.version)},{entry.mtime_ns:d},{entry.local_size:d}]"
 
 
 def _read_header(path: Path) -> dict[str, object] | None:
@@ -196,7 +222,7 @@ def _index_rows(path: Path) -> Iterator[Entry]:
         if header.get("format") == 1:  # the whole legacy document was that one line
             rows: Iterable[Entry | None] = sorted(filter(None, map(_entry, header.get("files") or [])))
         elif header.get("format") == FORMAT:
-            rows = map(_entry, _parsed_lines(handle))
+            rows = _entries(_parsed_lines(handle))
         else:
             return
         last: str | None = None
@@ -211,12 +237,33 @@ def _index_rows(path: Path) -> Iterator[Entry]:
 
 
 def _parsed_lines(handle: IO[str]) -> Iterator[object]:
+    """Each line's JSON value, parsed :data:`_PARSE_BATCH` lines per ``json.loads`` call (a
+    damaged line is dropped: its batch is parsed again line by line)."""
     loads = json.loads
-    for line in handle:
+    while lines := list(islice(handle, _PARSE_BATCH)):
         try:
-            yield loads(line)
+            values = loads(f"[{','.join(lines)}]")
         except ValueError:
-            continue  # a line damaged by hand
+            values = None
+        if values is None or len(values) != len(lines):  # a damaged line, or lines that only parse together
+            values = []
+            for line in lines:
+                try:
+                    values.append(loads(line))
+                except ValueError:
+                    continue  # a line damaged by hand
+        yield from values
+
+
+def _entries(rows: Iterable[object]) -> Iterator[Entry | None]:
+    """:func:`_entry` of each row, with a fast path for well-formed array rows."""
+    make = Entry._make
+    for row in rows:
+        if (type(row) is list and len(row) == 5 and type(row[0]) is str and type(row[1]) is int
+                and type(row[2]) is str and type(row[3]) is int and type(row[4]) is int):
+            yield make(row) if is_safe_key(row[0]) else None
+        else:
+            yield _entry(row)
 
 
 def _journal_runs(path: Path) -> SortedRuns | None:
@@ -232,7 +279,7 @@ def _journal_runs(path: Path) -> SortedRuns | None:
             if isinstance(row, dict) and row.get("deleted"):
                 runs.add((str(row.get("key")), None))
                 continue
-            entry = _entry(row)
+            entry = next(_entries((row,)))
             if entry is not None:
                 runs.add(tuple(entry))
     return runs.finish()
