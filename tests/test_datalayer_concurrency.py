@@ -235,13 +235,16 @@ def test_a_killed_builder_leaves_no_index_and_its_claim_expires(scheme, mode, re
     trial.start("next")
     assert trial.finish("next") == 0, trial.log("next")
     result = trial.result("next")
-    assert result["built"] is True and result["waited"] > 0
+    # It took the dead claim over; whether it waited first depends on how long its own start took
+    # (a heartbeat more than two TTLs old is expired at once: lading.datalayer.claim), so only the
+    # takeover is asserted (the log line below), not a wait.
+    assert result["built"] is True
     assert_samples(result["samples"])
     assert len(trial.runs()) == 2  # the killed run and this one
     after = objects(f"{uri}/trial/v1", config)
     assert not any(key.startswith(dead_build + "/") for key in after)  # the dead build's shards are gone
     assert "_lading_claim.json" not in after and "trial.index.json" in after
-    assert "expired" in trial.log("next")
+    assert "expired (no heartbeat for 1.5s); building it here" in trial.log("next")
 
 
 def test_a_stalled_builder_that_lost_its_claim_publishes_nothing(s3_env, trials, tmp_path):
