@@ -177,6 +177,7 @@ class _Fetch:
     end: int
     extents: list[Extent]
     demand: bool
+    random: bool = False  # a random reader's miss: may be merged with another across a gap
 
 
 class Reader:
@@ -316,6 +317,7 @@ class Reader:
                     continue  # rounding only: fetch it only with a hole the read needs
             self._make_room(stop - start, demand=True)
             fetches.append(self._fetch(handle.entry, files, start, stop, demand=True))
+            fetches[-1].random = not handle.streaming
         handle.prefetched_to = max(handle.prefetched_to, hi)
 
     def _readahead(self, handle: OpenFile, files: FileCache, end: int, fetches: list[_Fetch]) -> None:
@@ -385,19 +387,22 @@ class Reader:
         return _Fetch(entry, start, end, [extent], demand)
 
     def _coalesce(self, fetches: list[_Fetch]) -> None:
-        """Merge GETs of one file at most :data:`GAP` apart (at most :data:`MAX_PART` each); the
-        bytes between that nobody holds become extents too."""
+        """Merge GETs of one file that touch, and random readers' misses at most :data:`GAP` apart
+        (at most :data:`MAX_PART` each); the bytes between that nobody holds become extents too
+        (a sequential reader's GETs are never bridged: no byte of its file is fetched twice)."""
         fetches.sort(key=lambda f: (f.entry.index, f.start))
         merged: list[_Fetch] = []
         for fetch in fetches:
             last = merged[-1] if merged else None
-            if (last is not None and last.entry.index == fetch.entry.index and fetch.start - last.end <= GAP
+            gap = GAP if last is not None and last.random and fetch.random else 0
+            if (last is not None and last.entry.index == fetch.entry.index and fetch.start - last.end <= gap
                     and fetch.end - last.start <= MAX_PART):
                 if fetch.start > last.end:
                     self._fill_gap(last, fetch.start)
                 last.end = fetch.end
                 last.extents.extend(fetch.extents)
                 last.demand = last.demand or fetch.demand
+                last.random = last.random and fetch.random
             else:
                 merged.append(fetch)
         fetches[:] = merged
