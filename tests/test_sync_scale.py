@@ -176,11 +176,12 @@ def test_a_format_1_record_is_read_and_rewritten_as_format_2(tmp_path):
 
 def test_the_documented_windows_are_the_code():
     from lading.selection import runs
-    from lading.sync import apply
+    from lading.sync import apply, state
 
     text = (Path(__file__).parent.parent / "docs" / "commands" / "sync.md").read_text()
     assert f"at most {runs.CHUNK_ROWS:,} keys in memory" in text
     assert f"transfer engine {apply.FETCH_BATCH:,} at a time" in text
+    assert f"batches of at most {state.JOURNAL_BATCH}\nlines or {state.JOURNAL_SECONDS} seconds" in text
 
 
 def test_cat_walks_a_listing_without_holding_it():

@@ -5,7 +5,7 @@ user or the training job put into DEST are never touched), then the fetches thro
 :func:`lading.transfer.fetch_all` (or another fetcher with the same signature, e.g. the node
 cache's hard-linker), fed from the plan's sorted runs :data:`FETCH_BATCH` objects at a time,
 so memory stays bounded however many objects the plan holds. Each completed file is journaled
-at once (:mod:`lading.sync.state`), so a sync killed mid-way resumes where it stopped. Nothing is written outside DEST: parent
+(:mod:`lading.sync.state`, in batches), so a sync killed mid-way resumes where it stopped. Nothing is written outside DEST: parent
 directories are created one level at a time and an existing symlink or file in their place
 fails that key.
 """
