@@ -13,8 +13,10 @@ nodes 0 and 1 keep their caches).
 Without ``--endpoint`` a moto server is started here. Every rank is its own process, with the
 environment a launcher would give it (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 NODE_RANK), its node's cache folder and its node's proxy as the S3 endpoint. No DataLoader
-workers (num_workers=0 everywhere). The ranks of a phase are started one after the other, each
-building its dataset and saying so, then all iterate at once: samples/s is the phase's samples
+workers (num_workers=0 everywhere). The ranks of a phase start together; on each node the local
+ranks build their datasets one after the other (litdata's local ranks otherwise race for the
+node's index.json: it waits 1 s for the file lock, then fails with "doesn't contain any
+index.json" when the other rank's download takes longer), each saying so, then all iterate at once: samples/s is the phase's samples
 over the wall time from that start to the last rank's end. Per library:
 
   lading   ShardDataset(index, rank, world_size, local_world_size, shuffle_buffer=256, seed=1,
@@ -198,6 +200,8 @@ def rank_main(job: dict) -> None:
     tool, epoch, stop = job["tool"], job["epoch"], job.get("stop")
     rank, world, nodes = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), job["nodes"]
     state = job.get("state")
+    while job.get("after") and not Path(job["after"]).exists():  # the node's previous local rank is built
+        time.sleep(0.01)
     if tool == "lading":
         from lading.datasets import ShardDataset
         from lading.stores import StoreConfig
@@ -299,26 +303,30 @@ def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], n
             rank = node * PER_NODE + local
             job = {"tool": tool, "spec": spec, "epoch": epoch, "stop": stop, "state": state, "nodes": nodes,
                    "cache": str(caches[node]), "ready": str(phase / f"ready-{rank}"), "go": str(go),
-                   "out": str(phase / f"out-{rank}.json"), "profile": profile if rank == 0 else None}
+                   "out": str(phase / f"out-{rank}.json"), "profile": profile if rank == 0 else None,
+                   "after": str(phase / f"ready-{rank - 1}") if local else None}
             (phase / f"job-{rank}.json").write_text(json.dumps(job))
             env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local, "LOCAL_WORLD_SIZE": PER_NODE,
                    "GROUP_RANK": node, "NODE_RANK": node, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master}
             assignments = " ".join(f"{k}={v}" for k, v in env.items())
-            commands.append(f"env {assignments} {sys.executable} {__file__} --rank-job {phase}/job-{rank}.json "
-                            f"2>{phase}/err-{rank}.txt &")
+            commands.append(f"(env {assignments} {sys.executable} {__file__} --rank-job {phase}/job-{rank}.json "
+                            f"2>{phase}/err-{rank}.txt || touch {phase}/failed-{rank}) &")
         script = "mount -t tmpfs -o size=512m tmpfs /dev/shm && " + " ".join(commands) + " wait"
         env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url(node), S3_ENDPOINT_URL=proxy.url(node),
                    AWS_ALLOW_HTTP="true", LADING_CACHE_DIR=str(caches[node]), TQDM_DISABLE="1")
         shells.append(subprocess.Popen(["unshare", "--mount", "sh", "-c", script], env=env, start_new_session=True))
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + float(os.environ.get("BENCH_START_TIMEOUT", 300))
     while not all((phase / f"ready-{rank}").exists() for rank in range(world)):
         failed = [r for r in range(world) if not (phase / f"ready-{r}").exists()
-                  and (phase / f"err-{r}.txt").exists() and any(s.poll() is not None for s in shells)]
+                  and (phase / f"failed-{r}").exists()]
         if failed or time.monotonic() > deadline:
             for shell in shells:
                 os.killpg(shell.pid, signal.SIGKILL)  # the node's ranks too, not only its shell
-            why = (phase / f"err-{failed[0]}.txt").read_text()[-3000:] if failed else "timeout"
-            raise RuntimeError(f"{tool}: rank {failed[:1]} did not start: {why}")
+            late = [r for r in range(world) if not (phase / f"ready-{r}").exists()]
+            why = (phase / f"err-{failed[0]}.txt").read_text()[-3000:] if failed else (
+                f"timeout; not ready: {late}; their stderr: "
+                + " || ".join(f"{r}: {read_tail(phase / f'err-{r}.txt')}" for r in late))
+            raise RuntimeError(f"{tool}: rank {(failed or late)[:1]} did not start: {why}")
         time.sleep(0.01)
     began = time.time()
     go.write_text("")
@@ -337,6 +345,14 @@ def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], n
             "cpu": sum(out["cpu"] for out in outs),
             "state": next((out.get("state") for out in outs if "state" in out), None),
             "per_rank": [out["samples"] for out in outs]}
+
+
+def read_tail(path: Path, size: int = 600) -> str:
+    """The last ``size`` characters of a rank's stderr (empty when it wrote none)."""
+    try:
+        return path.read_text(errors="replace")[-size:]
+    except FileNotFoundError:
+        return ""
 
 
 def run_tool(tool: str, spec: dict, proxy: CountingProxy, root: Path, samples: int,
