@@ -4,6 +4,8 @@ elastic resume, lanes that keep locality on 64 nodes, and bad settings refused."
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import uuid
 from collections import Counter
@@ -164,6 +166,32 @@ def test_an_epochs_node_sequences_are_computed_once_until_a_resume():
     sampler.set_epoch(1)
     sampler.load_state_dict({**state, "epoch": 1})
     assert order.sequences(1) is not first and len(sampler) == 102
+
+
+def test_a_cache_of_a_few_shards_reads_each_shard_about_once_per_epoch():
+    from collections import OrderedDict
+
+    counts = [200 + 7 * (i % 5) for i in range(102)]  # bench (a)'s layout: ~100 shards, an 8-shard cache
+    sampler = NodeLocalSampler(counts, shuffle_buffer=1000, seed=1, randomize_shard_order=True, shuffle_block=4)
+    lanes = sampler.order.lanes()
+    split = sum(len(lanes.pieces(lane)[0]) for lane in range(lanes.count)) - len(counts)
+    assert split > 10, "the case: many shards split between lanes"
+    first = [0, *itertools.accumulate(counts)]
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        cache: OrderedDict[int, None] = OrderedDict()  # least recently used
+        downloads = 0
+        for index in sampler:
+            shard = bisect.bisect_right(first, index) - 1
+            if shard in cache:
+                cache.move_to_end(shard)
+                continue
+            downloads += 1
+            cache[shard] = None
+            if len(cache) > 8:
+                cache.popitem(last=False)
+        # the lane visited last may end with a piece of the shard the first one started with
+        assert downloads <= len(counts) + 1, f"epoch {epoch}: {downloads} downloads of {len(counts)} shards"
 
 
 def test_a_resume_of_a_resume_onto_other_node_counts_is_exact():

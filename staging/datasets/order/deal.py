@@ -5,7 +5,8 @@
    with ``N`` dividing ``N0``, the lanes whose home ``h`` has ``h % N == n`` (every surviving node
    keeps what its cache holds); else, when ``N`` divides ``L``, the block ``[n*L/N, (n+1)*L/N)``.
    Otherwise locality is lost: one group of all ranks (logged). A node's sequence is its lanes'
-   remaining ranges, lanes in an order permuted per ``(seed, epoch)``.
+   remaining ranges, lanes in run order from a start drawn per ``(seed, epoch)`` (so the two halves
+   of a shard split between neighbouring lanes are read one right after the other).
 2. **Balance.** With ``remainder="pad"`` or ``"drop"`` every rank gets the same count ``q``
    (``ceil`` or ``floor`` of remaining / ranks). A node longer than ``q * ranks`` hands its last
    samples to nodes that are short (in node order), so only those few leave their node; what is
@@ -131,7 +132,10 @@ def node_sequences(remaining: Remaining, layout: Layout, homes: int, seed: int, 
     owners = found if found is not None else np.zeros(lanes, dtype=np.int64)
     groups = layout.nodes if local else 1
     ranks = layout.per_node if local else layout.world_size
-    visit = _rng("lading-lanes", seed, epoch).permutation(lanes) if shuffle else np.arange(lanes)
+    # lanes in run order from a start drawn per epoch: a shard split between lanes l and l + 1 is
+    # then read at the end of one and the start of the next (once), not at two far-apart times
+    start = int(_rng("lading-lanes", seed, epoch).integers(lanes)) if shuffle else 0
+    visit = (np.arange(lanes) + start) % lanes
     pieces: list[list[Piece]] = [[] for _ in range(groups)]
     for lane in visit.tolist():
         pieces[int(owners[lane])].extend(remaining.pieces(lane))

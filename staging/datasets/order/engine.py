@@ -14,10 +14,10 @@ from lading.datasets.order.state import Remaining
 from lading.datasets.order.walk import RankOrder, Shuffle
 from lading.datasets.slots import distributed_slot
 
-STATE_FORMAT = "lading-order-2"
+STATE_FORMAT = "lading-order-3"
 #: Shards a node walks together when neither ``shuffle_block`` nor ``cache_limit`` says otherwise.
 DEFAULT_BLOCK_SHARDS = 16
-_OLDER_FORMATS = ("lading-partitioned-1", "lading-elastic-1", "lading-shards-1")
+_OLDER_FORMATS = ("lading-order-2", "lading-partitioned-1", "lading-elastic-1", "lading-shards-1")
 
 
 def env_topology() -> Any | None:

@@ -5,7 +5,9 @@
   ``[l*T//L, (l+1)*T//L)`` of it. Only shards at lane edges are split. ``L`` is chosen from the
   data (:func:`choose_lanes`) and recorded in the resume state, so it is fixed for the run.
 - **A lane's order in an epoch** (:class:`LaneOrder`): its shard pieces in an order permuted per
-  ``(seed, epoch, lane)``, their samples concatenated, and each sample moved by a random offset of
+  ``(seed, epoch, lane)`` (a piece of a shard split with the previous or next lane stays first or
+  last, next to its other part: lanes are visited in run order from a start drawn per epoch, so a
+  split shard is read once per epoch however small the node cache), their samples concatenated, and each sample moved by a random offset of
   about half the shuffle window (MosaicML's ``py1e``: a piece of ``n`` samples spreads over about
   one window, ``(w - n) / 2`` each way and at least ``w / 4``, bounded by the lane's ends; keys sorted).
   A sample therefore stays within about ``w/2`` positions of its shard's place, so reading a lane needs
@@ -82,6 +84,14 @@ class Lanes:
         return self.order[slots], low - self.starts[slots], high - low
 
 
+def _pinned_permutation(rng: np.random.Generator, count: int, keep_first: bool, keep_last: bool) -> np.ndarray:
+    """A permutation of ``count`` pieces that leaves a lane's edge pieces at its edges when they are
+    parts of a shard split with the neighbouring lane (read next to that lane's part, so once)."""
+    low, high = int(keep_first), count - int(keep_last)
+    middle = low + rng.permutation(max(0, high - low))
+    return np.concatenate((np.arange(low), middle, np.arange(high, count))).astype(np.int64)
+
+
 def _spread(starts: np.ndarray, length: np.ndarray, size: int, window: int) -> tuple[np.ndarray, np.ndarray]:
     """How far each piece's samples may move, ``[low, high]``: a piece of ``n`` samples spreads
     over about one window (``(window - n) / 2`` each way, at least a quarter window), shifted at
@@ -101,7 +111,8 @@ class LaneOrder:
         shards, first, length = lanes.pieces(lane)
         rng = _rng("lading-lane", seed, epoch, lane)
         if shuffle and len(shards) > 1:
-            perm = rng.permutation(len(shards))
+            perm = _pinned_permutation(rng, len(shards), first[0] > 0,
+                                       first[-1] + length[-1] < lanes.counts[shards[-1]])
             shards, first, length = shards[perm], first[perm], length[perm]
         size = int(length.sum())
         piece = np.repeat(np.arange(len(shards)), length)
