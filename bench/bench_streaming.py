@@ -200,7 +200,9 @@ def stream_child(job: dict) -> None:
         dataset = litdata.StreamingDataset(Dir(path=cache, url=job["uri"]), shuffle=True, seed=1,
                                            max_cache_size=limit,
                                            storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
-        loader = litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch)
+        context = {"multiprocessing_context": job["litdata_context"]} if job.get("litdata_context") else {}
+        loader = litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch,
+                                             **context)
     built = time.monotonic() - began
     work = Path(job["work"])
     for epoch in range(job["epochs"]):
@@ -266,6 +268,7 @@ def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Pa
     limit = int(spec["bytes"] * args.cache_fraction)
     job = {"tool": tool, "uri": spec["uri"], "cache": str(cache), "limit": limit, "workers": args.workers,
            "epochs": args.epochs, "block_samples": args.block_samples, "lading_block": args.lading_block,
+           "litdata_context": args.litdata_context,
            "work": str(work)}
     (work / "job.json").write_text(json.dumps(job))
     env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url(0), S3_ENDPOINT_URL=proxy.url(0), AWS_ALLOW_HTTP="true",
@@ -548,6 +551,8 @@ def main() -> None:
     stream.add_argument("--epoch-timeout", type=float, default=1200, help="give up on a tool's epoch after this")
     stream.add_argument("--tools", default=",".join(TOOLS))
     stream.add_argument("--tmp", default=None)
+    stream.add_argument("--litdata-context", default=None,
+                        help="litdata's DataLoader multiprocessing_context (e.g. spawn; default: torch's, fork)")
     stream.add_argument("--bucket-prefix", default="bench-loader-streaming", help="the run's bucket is PREFIX-<random>")
     stream.add_argument("--out", type=Path)
     shuffle = sub.add_parser("shuffle")
