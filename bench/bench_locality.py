@@ -13,10 +13,11 @@ nodes 0 and 1 keep their caches).
 Without ``--endpoint`` a moto server is started here. Every rank is its own process, with the
 environment a launcher would give it (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 NODE_RANK), its node's cache folder and its node's proxy as the S3 endpoint. No DataLoader
-workers (num_workers=0 everywhere). The ranks of a phase start together; on each node the local
-ranks build their datasets one after the other (litdata's local ranks otherwise race for the
-node's index.json: it waits 1 s for the file lock, then fails with "doesn't contain any
-index.json" when the other rank's download takes longer), each saying so, then all iterate at once: samples/s is the phase's samples
+workers (num_workers=0 everywhere). The ranks of a phase start together; litdata's local ranks
+build their datasets one after the other (they otherwise race for the node's index.json: litdata
+waits 1 s for the file lock, then fails with "doesn't contain any index.json" when the other
+rank's download takes longer; MosaicML's local ranks must be built together, they meet at a
+barrier); each says so, then all iterate at once: samples/s is the phase's samples
 over the wall time from that start to the last rank's end. Per library:
 
   lading   ShardDataset(index, rank, world_size, local_world_size, shuffle_buffer=256, seed=1,
@@ -25,7 +26,7 @@ over the wall time from that start to the last rank's end. Per library:
   mosaic   streaming.StreamingDataset(remote=s3://.../mds, local=node cache, shuffle=True,
            shuffle_seed=1, num_canonical_nodes=4, batch_size=16), S3_ENDPOINT_URL = the node's
            proxy; ranks from the env vars above (no process group: mosaic's local barriers are in
-           shared memory, which is why the ranks are built one after the other). Epoch e: a
+           shared memory, so a node's ranks are built together). Epoch e: a
            load_state_dict at sample 0 of epoch e; resume: state_dict(8 * samples, True) of rank 0.
   litdata  litdata.StreamingDataset(Dir(node cache, s3://.../litdata), shuffle=True, seed=1,
            storage_options endpoint = the node's proxy). litdata detects ranks only through
@@ -304,7 +305,8 @@ def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], n
             job = {"tool": tool, "spec": spec, "epoch": epoch, "stop": stop, "state": state, "nodes": nodes,
                    "cache": str(caches[node]), "ready": str(phase / f"ready-{rank}"), "go": str(go),
                    "out": str(phase / f"out-{rank}.json"), "profile": profile if rank == 0 else None,
-                   "after": str(phase / f"ready-{rank - 1}") if local else None}
+                   # litdata only: MosaicML's local ranks meet at a shared-memory barrier while built
+                   "after": str(phase / f"ready-{rank - 1}") if local and tool == "litdata" else None}
             (phase / f"job-{rank}.json").write_text(json.dumps(job))
             env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local, "LOCAL_WORLD_SIZE": PER_NODE,
                    "GROUP_RANK": node, "NODE_RANK": node, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master}
