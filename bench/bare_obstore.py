@@ -32,9 +32,15 @@ SLICE = 256 << 10
 
 
 def _store(endpoint: str, bucket: str) -> S3Store:
-    return S3Store(bucket, endpoint=endpoint, region="us-east-1", access_key_id="test", secret_access_key="test",
-                   virtual_hosted_style_request=False,
-                   client_options={"allow_http": True, "timeout": timedelta(minutes=10)})
+    return S3Store(
+        bucket,
+        endpoint=endpoint,
+        region="us-east-1",
+        access_key_id="test",
+        secret_access_key="test",
+        virtual_hosted_style_request=False,
+        client_options={"allow_http": True, "timeout": timedelta(minutes=10)},
+    )
 
 
 async def copy(store: S3Store, prefix: str, dest: str, verified: bool = False) -> None:
@@ -44,13 +50,13 @@ async def copy(store: S3Store, prefix: str, dest: str, verified: bool = False) -
     slots = asyncio.Semaphore(CONCURRENCY)
 
     root = prefix.rstrip("/") + "/"
-    for directory in {os.path.dirname(key[len(root):]) for key in keys}:
+    for directory in {os.path.dirname(key[len(root) :]) for key in keys}:
         os.makedirs(os.path.join(dest, directory), exist_ok=True)
 
     async def one(key: str) -> None:
         async with slots:
             body = await (await obstore.get_async(store, key)).bytes_async()
-        final = os.path.join(dest, key[len(root):])
+        final = os.path.join(dest, key[len(root) :])
         path = os.path.join(os.path.dirname(final), "." + os.path.basename(final) + ".part") if verified else final
         if verified and hashlib.md5(memoryview(body), usedforsecurity=False).hexdigest() != etags[key]:
             raise SystemExit(f"{key}: MD5 mismatch")
@@ -77,7 +83,7 @@ async def big(store: S3Store, key: str, dest: str) -> None:
             end = min(size, start + PART)
             body = memoryview(await obstore.get_range_async(store, key, start=start, end=end))
             for offset in range(0, len(body), SLICE):
-                os.pwrite(fd, body[offset:offset + SLICE], start + offset)
+                os.pwrite(fd, body[offset : offset + SLICE], start + offset)
 
     try:
         await asyncio.gather(*(part(start) for start in range(0, size, PART)))

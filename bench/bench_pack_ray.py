@@ -93,6 +93,7 @@ def run(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, floa
 
 def in_ray(action) -> tuple[float, float, float]:
     """Wall, CPU (this process and every descendant) and this process's own CPU seconds of ``action()``."""
+
     def own() -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
@@ -116,8 +117,9 @@ def sample_rows(source: Path):
             out["cls"].append((source / f"{key}.cls").read_bytes())
         return out
 
-    return ray.data.from_items([{"key": key} for key in keys], override_num_blocks=max(2, len(keys) // 2000)) \
-        .map_batches(load, batch_size=500)
+    return ray.data.from_items(
+        [{"key": key} for key in keys], override_num_blocks=max(2, len(keys) // 2000)
+    ).map_batches(load, batch_size=500)
 
 
 def index_pass(folder: Path) -> None:
@@ -153,8 +155,9 @@ def main() -> None:
         return path
 
     subprocess.run(["sync"], check=True)
-    wall, cpu = run(lading + ["pack", str(source), str(fresh("local")), "--name", "ds", "--shard-size",
-                              str(shard_size), "--json"])
+    wall, cpu = run(
+        lading + ["pack", str(source), str(fresh("local")), "--name", "ds", "--shard-size", str(shard_size), "--json"]
+    )
     results.append(("lading pack --engine local (CLI)", wall, cpu, ""))
 
     import ray
@@ -187,15 +190,35 @@ def main() -> None:
         wall_i, cpu_i, _ = in_ray(lambda: index_pass(args.out / "wds"))
         results.append(("Ray write_webdataset", wall_w, cpu_w, f"{len(list((args.out / 'wds').glob('*.tar')))} tars"))
         results.append(("Ray write_webdataset + index pass", wall_w + wall_i, cpu_w + cpu_i, ""))
-        wall_k, cpu_k, _ = in_ray(lambda: sample_rows(source).write_datasink(
-            ShardSink(str(fresh("sink")), name="ds", shard_size=shard_size)))
-        results.append(("lading ShardSink (index + offsets)", wall_k, cpu_k,
-                        f"{len(list((args.out / 'sink').glob('*.tar')))} shards"))
+        wall_k, cpu_k, _ = in_ray(
+            lambda: sample_rows(source).write_datasink(ShardSink(str(fresh("sink")), name="ds", shard_size=shard_size))
+        )
+        results.append(
+            (
+                "lading ShardSink (index + offsets)",
+                wall_k,
+                cpu_k,
+                f"{len(list((args.out / 'sink').glob('*.tar')))} shards",
+            )
+        )
     ray.shutdown()
 
     if "cli-ray" not in args.skip:
-        wall, cpu = run(lading + ["pack", str(source), str(fresh("ray-cli")), "--name", "ds", "--shard-size",
-                                  str(shard_size), "--engine", "ray", "--json"])
+        wall, cpu = run(
+            lading
+            + [
+                "pack",
+                str(source),
+                str(fresh("ray-cli")),
+                "--name",
+                "ds",
+                "--shard-size",
+                str(shard_size),
+                "--engine",
+                "ray",
+                "--json",
+            ]
+        )
         results.append(("lading pack --engine ray (CLI, starts its own Ray)", wall, cpu, "CPU: driver + reaped only"))
 
     litdata = Path(LITDATA_VENV) / "bin" / "python"
@@ -207,21 +230,26 @@ def main() -> None:
             "def fn(key):\n"
             "    return {'jpg': open(os.path.join(src, key + '.jpg'), 'rb').read(), 'cls': open(os.path.join(src, key + '.cls'), 'rb').read()}\n"
             "if __name__ == '__main__':\n"
-            f"    optimize(fn=fn, inputs=keys, output_dir=out, chunk_bytes='{args.shard_size}', num_workers=os.cpu_count())\n")
+            f"    optimize(fn=fn, inputs=keys, output_dir=out, chunk_bytes='{args.shard_size}', num_workers=os.cpu_count())\n"
+        )
         path = args.out / "litdata_optimize.py"
         path.write_text(script)
         wall, cpu = run([str(litdata), str(path), str(source), str(fresh("litdata"))])
         results.append(("litdata optimize", wall, cpu, f"num_workers={os.cpu_count()}"))
 
     mb = sum(p.stat().st_size for p in source.glob("*/*")) / 1e6
-    print(f"{samples:,} samples ({2 * samples:,} files, {mb:.0f} MB), shards of {args.shard_size}, "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; Ray start-up {ray_start:.1f} s; "
-          f"ray shards byte-identical to local: {same}")
+    print(
+        f"{samples:,} samples ({2 * samples:,} files, {mb:.0f} MB), shards of {args.shard_size}, "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; Ray start-up {ray_start:.1f} s; "
+        f"ray shards byte-identical to local: {same}"
+    )
     print("| tool | wall s | rows/s | CPU s | note |\n| --- | --- | --- | --- | --- |")
     for name, wall, cpu, note in results:
         print(f"| {name} | {wall:.2f} | {samples / wall:,.0f} | {cpu:.1f} | {note} |")
-    print(f"driver CPU per shard: {1000 * per_shard_driver:.2f} ms ({args.small_shard_size} shards); "
-          f"wall per extra shard: {1000 * per_shard_wall:.1f} ms")
+    print(
+        f"driver CPU per shard: {1000 * per_shard_driver:.2f} ms ({args.small_shard_size} shards); "
+        f"wall per extra shard: {1000 * per_shard_wall:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -71,9 +71,14 @@ def s3(endpoint: str):
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test",
-                        aws_secret_access_key="test", config=Config(max_pool_connections=64,
-                                                                    s3={"addressing_style": "path"}))
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        config=Config(max_pool_connections=64, s3={"addressing_style": "path"}),
+    )
 
 
 def count_keys(client, bucket: str, prefix: str) -> tuple[int, int]:
@@ -108,35 +113,72 @@ def ensure_prefix(endpoint: str, name: str, work: Path, peers_venv: str) -> None
             path.write_bytes(bytes([i % 256]) * size)
         (local / ".done").write_text("")
     conf = work / "rclone.conf"
-    conf.write_text(f"[rgw]\ntype = s3\nprovider = Ceph\naccess_key_id = test\nsecret_access_key = test\n"
-                    f"endpoint = {endpoint}\nregion = us-east-1\n")
+    conf.write_text(
+        f"[rgw]\ntype = s3\nprovider = Ceph\naccess_key_id = test\nsecret_access_key = test\n"
+        f"endpoint = {endpoint}\nregion = us-east-1\n"
+    )
     log(f"seeding {KEYS:,} objects of {size} byte(s) under s3://{bucket}/{prefix} with rclone ...")
     began = time.monotonic()
-    subprocess.run([rclone, "--config", str(conf), "copy", str(local), f"rgw:{bucket}/{prefix}",
-                    "--exclude", ".done", "--transfers", "64", "--checkers", "64"], check=True,
-                   env=peer_env())
+    subprocess.run(
+        [
+            rclone,
+            "--config",
+            str(conf),
+            "copy",
+            str(local),
+            f"rgw:{bucket}/{prefix}",
+            "--exclude",
+            ".done",
+            "--transfers",
+            "64",
+            "--checkers",
+            "64",
+        ],
+        check=True,
+        env=peer_env(),
+    )
     log(f"seeded in {time.monotonic() - began:.0f} s: {count_keys(client, bucket, prefix)[0]:,} keys")
 
 
 # -- running one command --------------------------------------------------------------------------
 
+
 def timed(argv: list[str], env: dict[str, str], stdout=subprocess.DEVNULL) -> dict:
     """Run ``argv`` under GNU time -v: wall s, CPU s, peak RSS MiB, the exit code and stderr."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as report:
         began = time.monotonic()
-        proc = subprocess.run(["/usr/bin/time", "-v", "-o", report.name, *argv], stdout=stdout,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=REPO, check=False)
+        proc = subprocess.run(
+            ["/usr/bin/time", "-v", "-o", report.name, *argv],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+            check=False,
+        )
         wall = time.monotonic() - began
         text = report.read()
     fields = dict(re.findall(r"^\s*(.+?): (.+)$", text, re.MULTILINE))
     cpu = float(fields.get("User time (seconds)", 0)) + float(fields.get("System time (seconds)", 0))
-    return {"wall": wall, "cpu": cpu, "rss_mib": int(fields.get("Maximum resident set size (kbytes)", 0)) / 1024,
-            "rc": proc.returncode, "stderr": proc.stderr[-2000:], "stdout": proc.stdout if stdout is subprocess.PIPE else ""}
+    return {
+        "wall": wall,
+        "cpu": cpu,
+        "rss_mib": int(fields.get("Maximum resident set size (kbytes)", 0)) / 1024,
+        "rc": proc.returncode,
+        "stderr": proc.stderr[-2000:],
+        "stdout": proc.stdout if stdout is subprocess.PIPE else "",
+    }
 
 
 def record(prefix: str, what: str, source: str, round_: int, **values: float) -> None:
-    row = {"prefix": prefix, "what": what, "source": source, "round": round_, "load1": os.getloadavg()[0],
-           **{k: round(v, 4) if isinstance(v, float) else v for k, v in values.items()}}
+    row = {
+        "prefix": prefix,
+        "what": what,
+        "source": source,
+        "round": round_,
+        "load1": os.getloadavg()[0],
+        **{k: round(v, 4) if isinstance(v, float) else v for k, v in values.items()},
+    }
     results.append(row)
     shown = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in values.items())
     log(f"  {prefix:5} {what:9} {source:14} round {round_ + 1}: {shown} (load {row['load1']:.2f})")
@@ -152,12 +194,14 @@ def vm_hwm(pid: int) -> float:
 
 # -- the measurements -----------------------------------------------------------------------------
 
+
 class Bench:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
         self.python = str(args.python)
-        self.env = peer_env({"AWS_ENDPOINT_URL": args.endpoint, "AWS_ENDPOINT_URL_S3": args.endpoint,
-                             "PYTHONDONTWRITEBYTECODE": "1"})
+        self.env = peer_env(
+            {"AWS_ENDPOINT_URL": args.endpoint, "AWS_ENDPOINT_URL_S3": args.endpoint, "PYTHONDONTWRITEBYTECODE": "1"}
+        )
 
     def lading(self, *args: str) -> list[str]:
         return [self.python, "-m", "lading", *args]
@@ -174,8 +218,17 @@ class Bench:
             run = timed(self.lading("snapshot", f"s3://{bucket}/{prefix}", "-o", str(path)), self.env)
             if run["rc"]:
                 self.failed(f"lading snapshot ({label})", run)
-            record(name, "write", label, round_, wall=run["wall"], cpu=run["cpu"], rss_mib=run["rss_mib"],
-                   file_mib=path.stat().st_size / 2**20, bytes_per_key=path.stat().st_size / KEYS)
+            record(
+                name,
+                "write",
+                label,
+                round_,
+                wall=run["wall"],
+                cpu=run["cpu"],
+                rss_mib=run["rss_mib"],
+                file_mib=path.stat().st_size / 2**20,
+                bytes_per_key=path.stat().st_size / KEYS,
+            )
             made[label] = path
         return made
 
@@ -211,32 +264,54 @@ class Bench:
                     log(f"  WARNING: {count:,} files under the mount, expected {KEYS:,}")
             finally:
                 began = time.monotonic()
-                done = subprocess.run(self.lading("unmount", str(mnt)), env=self.env, cwd=REPO,
-                                      capture_output=True, text=True, check=False)
+                done = subprocess.run(
+                    self.lading("unmount", str(mnt)),
+                    env=self.env,
+                    cwd=REPO,
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
                 unmount = time.monotonic() - began
                 if done.returncode:
                     log(f"  unmount failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
-            record(name, "mount", label, round_, wall=run["wall"], cpu=run["cpu"], launcher_rss_mib=run["rss_mib"],
-                   daemon_peak_mib=hwm, unmount_s=unmount)
+            record(
+                name,
+                "mount",
+                label,
+                round_,
+                wall=run["wall"],
+                cpu=run["cpu"],
+                launcher_rss_mib=run["rss_mib"],
+                daemon_peak_mib=hwm,
+                unmount_s=unmount,
+            )
 
 
 # -- the report -----------------------------------------------------------------------------------
 
+
 def table() -> list[str]:
-    lines = ["| prefix | step | source | wall s | CPU s | peak RSS MiB | file MiB (bytes/key) | load 1-min |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        "| prefix | step | source | wall s | CPU s | peak RSS MiB | file MiB (bytes/key) | load 1-min |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
     groups: dict[tuple[str, str, str], list[dict]] = {}
     for row in results:
         groups.setdefault((row["prefix"], row["what"], row["source"]), []).append(row)
     for (prefix, what, source), rows in groups.items():
+
         def col(key: str, digits: int = 2, rows: list[dict] = rows) -> str:
             values = [r[key] for r in rows if key in r]
             return spread(values, digits) if values else ""
+
         rss = col("daemon_peak_mib", 0) + " (daemon)" if what == "mount" else col("rss_mib", 0)
         size = f"{col('file_mib', 2)} ({col('bytes_per_key', 1)})" if what == "write" else ""
         loads = [r["load1"] for r in rows]
-        lines.append(f"| {prefix} | {what} | {source} | {col('wall')} | {col('cpu')} | {rss} | {size} | "
-                     f"{min(loads):.1f}-{max(loads):.1f} |")
+        lines.append(
+            f"| {prefix} | {what} | {source} | {col('wall')} | {col('cpu')} | {rss} | {size} | "
+            f"{min(loads):.1f}-{max(loads):.1f} |"
+        )
     ratios = []
     for prefix in {r["prefix"] for r in results}:
         for what in ("sync", "mount"):
@@ -244,23 +319,33 @@ def table() -> list[str]:
             for source in ("snapshot", "snapshot.gz"):
                 pinned = [r["wall"] for r in results if (r["prefix"], r["what"], r["source"]) == (prefix, what, source)]
                 if listed and pinned:
-                    ratios.append(f"{prefix} {what}: listing / {source} = "
-                                  f"{statistics.median(listed) / statistics.median(pinned):.2f}x (medians of wall s)")
+                    ratios.append(
+                        f"{prefix} {what}: listing / {source} = "
+                        f"{statistics.median(listed) / statistics.median(pinned):.2f}x (medians of wall s)"
+                    )
     return lines + [""] + sorted(ratios)
 
 
 def main() -> None:
     global log
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--endpoint", default="http://127.0.0.1:7480")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", default="empty,byte", help="prefixes: empty, byte")
     parser.add_argument("--steps", default="sync,mount", help="after writing the snapshots (always)")
-    parser.add_argument("--python", type=Path, default=REPO / ".venv" / "bin" / "python",
-                        help="the Python that runs `-m lading` (default: this checkout's .venv)")
-    parser.add_argument("--peers-venv", default=os.environ.get("LADING_BENCH_VENV", "/work/benchenv"),
-                        help="where rclone is, for seeding (default %(default)s)")
+    parser.add_argument(
+        "--python",
+        type=Path,
+        default=REPO / ".venv" / "bin" / "python",
+        help="the Python that runs `-m lading` (default: this checkout's .venv)",
+    )
+    parser.add_argument(
+        "--peers-venv",
+        default=os.environ.get("LADING_BENCH_VENV", "/work/benchenv"),
+        help="where rclone is, for seeding (default %(default)s)",
+    )
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/lading-bench-snapshot"))
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()

@@ -80,8 +80,13 @@ def run(view: Path, args: list[str], proxy: FirstConnection, env: dict[str, str]
     proxy.first = None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "lading", *args], env=dict(env, PYTHONPATH=str(view)),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd="/")
+    done = subprocess.run(
+        [sys.executable, "-m", "lading", *args],
+        env=dict(env, PYTHONPATH=str(view)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd="/",
+    )
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -101,8 +106,13 @@ def main() -> None:
     bucket = options.bucket
     host, port = options.endpoint.split(":")
     keys = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}
-    s3 = boto3.client("s3", endpoint_url=f"http://{options.endpoint}", region_name="us-east-1",
-                      aws_access_key_id="test", aws_secret_access_key="test")
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=f"http://{options.endpoint}",
+        region_name="us-east-1",
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+    )
     try:
         s3.create_bucket(Bucket=bucket)
     except s3.exceptions.BucketAlreadyOwnedByYou:
@@ -110,11 +120,17 @@ def main() -> None:
     for i in range(20):
         s3.put_object(Bucket=bucket, Key=f"data/{i:02d}.bin", Body=os.urandom(64 << 10))
     proxy = FirstConnection((host, int(port)))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **keys,
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+        **keys,
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy.port}",
+    }
     for root in (options.baseline, REPO):  # as pip installs a wheel (this machine sets PYTHONDONTWRITEBYTECODE)
-        subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "staging"), str(root / "cli"),
-                        str(root / "mounts")], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", str(root / "staging"), str(root / "cli"), str(root / "mounts")],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     views = {"baseline": layout(options.baseline), "new": layout(REPO)}
     dest = Path(tempfile.mkdtemp(prefix="lading-startup-dest-"))
     commands = {"cat": ["cat", f"s3://{bucket}/data/00.bin"], "sync": ["sync", f"s3://{bucket}/data", str(dest)]}
@@ -128,8 +144,10 @@ def main() -> None:
     print(f"load average: {os.getloadavg()}")
     for (command, name), rows in results.items():
         first, wall, cpu = (statistics.median(column) for column in zip(*rows))
-        print(f"lading {command:4} {name:8}: first request {first * 1000:6.0f} ms, wall {wall * 1000:6.0f} ms, "
-              f"CPU {cpu * 1000:6.0f} ms (medians of {len(rows)})")
+        print(
+            f"lading {command:4} {name:8}: first request {first * 1000:6.0f} ms, wall {wall * 1000:6.0f} ms, "
+            f"CPU {cpu * 1000:6.0f} ms (medians of {len(rows)})"
+        )
     s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": f"data/{i:02d}.bin"} for i in range(20)]})
 
 

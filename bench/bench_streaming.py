@@ -67,8 +67,10 @@ BATCH = 64
 
 # -- (a) stream ---------------------------------------------------------------------------------------
 
+
 def s3_client(endpoint: str):
     import boto3
+
     return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
 
 
@@ -83,7 +85,7 @@ def make_source(root: Path, samples: int, size: int) -> list[str]:
         length = rng.randint(size * 4 // 5, size * 6 // 5)
         start = rng.randrange(0, len(block) - length)
         path = source / f"{i:07d}.bin"
-        path.write_bytes(block[start:start + length] + i.to_bytes(8, "little"))  # every sample distinct
+        path.write_bytes(block[start : start + length] + i.to_bytes(8, "little"))  # every sample distinct
         (source / f"{i:07d}.cls").write_text(str(i % 10))
         files.append(str(path))
     return files
@@ -96,8 +98,11 @@ def read_sample(path: str) -> dict:
 
 
 def prefix_bytes(client, bucket: str, prefix: str) -> int:
-    return sum(item["Size"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-               for item in page.get("Contents", []))
+    return sum(
+        item["Size"]
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+        for item in page.get("Contents", [])
+    )
 
 
 def delete_prefix(client, bucket: str, prefix: str) -> None:
@@ -109,6 +114,7 @@ def delete_prefix(client, bucket: str, prefix: str) -> None:
 
 def upload_tree(client, bucket: str, local: Path, prefix: str) -> None:
     from boto3.s3.transfer import TransferConfig
+
     single = TransferConfig(multipart_threshold=1 << 30)  # one PUT per file: plain MD5 ETags
     for path in sorted(local.rglob("*")):
         if path.is_file():
@@ -122,6 +128,7 @@ def publish(tool: str, root: Path, files: list[str], endpoint: str, bucket: str,
     if tool == "lading":
         from lading.pack import PackOptions, plan_pack, run_pack
         from lading.stores import StoreConfig
+
         config = StoreConfig.from_env(endpoint_url=endpoint)
         dest = f"s3://{bucket}/lading"
         plan = plan_pack(str(root / "src"), dest, PackOptions("ds", shard_size=shard_bytes), config)
@@ -129,8 +136,10 @@ def publish(tool: str, root: Path, files: list[str], endpoint: str, bucket: str,
         where = f"{dest}/ds.index.json"
     elif tool == "mosaic":
         from bench_locality import without_torchvision
+
         without_torchvision()
         from streaming import MDSWriter
+
         local = root / "mds"
         with MDSWriter(out=str(local), columns={"bin": "bytes", "cls": "int"}, size_limit=shard_bytes) as writer:
             for path in files:
@@ -140,15 +149,21 @@ def publish(tool: str, root: Path, files: list[str], endpoint: str, bucket: str,
         where = f"s3://{bucket}/mds"
     else:
         import litdata
+
         local = root / "litdata"
-        litdata.optimize(fn=read_sample, inputs=files, output_dir=str(local), chunk_bytes=shard_bytes,
-                         num_workers=2, verbose=False)
+        litdata.optimize(
+            fn=read_sample, inputs=files, output_dir=str(local), chunk_bytes=shard_bytes, num_workers=2, verbose=False
+        )
         upload_tree(client, bucket, local, "litdata")
         shutil.rmtree(local)
         where = f"s3://{bucket}/litdata"
     prefix = where.split("/", 3)[3].split("/")[0] + "/"
-    return {"uri": where, "bytes": prefix_bytes(client, bucket, prefix), "prefix": prefix,
-            "seconds": time.monotonic() - began}
+    return {
+        "uri": where,
+        "bytes": prefix_bytes(client, bucket, prefix),
+        "prefix": prefix,
+        "seconds": time.monotonic() - began,
+    }
 
 
 def touch(batch: list) -> int:
@@ -168,15 +183,25 @@ def cpu_seconds() -> float:
 def stream_child(job: dict) -> None:
     """One tool's epochs in this process; after each epoch, waits for the driver to read the proxy."""
     import torch.utils.data as tud
+
     tool, cache, limit, workers = job["tool"], job["cache"], job["limit"], job["workers"]
     info: dict = {}
     if tool == "lading":
         from lading.datasets import DataLoader, ShardDataset
         from lading.stores import StoreConfig
+
         began = time.monotonic()  # "built": from here (imports done) to a ready DataLoader
-        options = dict(rank=0, world_size=1, local_world_size=1, shuffle_buffer=job["block_samples"], seed=1,
-                       randomize_shard_order=True, cache_dir=cache, cache_limit=limit,
-                       config=StoreConfig.from_env())
+        options = dict(
+            rank=0,
+            world_size=1,
+            local_world_size=1,
+            shuffle_buffer=job["block_samples"],
+            seed=1,
+            randomize_shard_order=True,
+            cache_dir=cache,
+            cache_limit=limit,
+            config=StoreConfig.from_env(),
+        )
         if "shuffle_block" in inspect.signature(ShardDataset).parameters and job.get("lading_block"):
             options["shuffle_block"] = job["lading_block"]
         dataset = ShardDataset(job["uri"], **options)
@@ -184,25 +209,42 @@ def stream_child(job: dict) -> None:
         loader = DataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch)
     elif tool == "mosaic":
         from bench_locality import without_torchvision
+
         without_torchvision()
         from streaming import StreamingDataset
+
         began = time.monotonic()
-        dataset = StreamingDataset(remote=job["uri"], local=cache, shuffle=True, shuffle_algo="py1e",
-                                   shuffle_block_size=job["block_samples"], shuffle_seed=1, cache_limit=limit,
-                                   batch_size=BATCH, num_canonical_nodes=1)
+        dataset = StreamingDataset(
+            remote=job["uri"],
+            local=cache,
+            shuffle=True,
+            shuffle_algo="py1e",
+            shuffle_block_size=job["block_samples"],
+            shuffle_seed=1,
+            cache_limit=limit,
+            batch_size=BATCH,
+            num_canonical_nodes=1,
+        )
         loader = tud.DataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch)
     else:
         from litdata.streaming import downloader
+
         downloader._OBSTORE_CLIENT_OPTIONS = dict(downloader._OBSTORE_CLIENT_OPTIONS, allow_http=True)
         import litdata
         from litdata.streaming.resolver import Dir
+
         began = time.monotonic()
-        dataset = litdata.StreamingDataset(Dir(path=cache, url=job["uri"]), shuffle=True, seed=1,
-                                           max_cache_size=limit,
-                                           storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]})
+        dataset = litdata.StreamingDataset(
+            Dir(path=cache, url=job["uri"]),
+            shuffle=True,
+            seed=1,
+            max_cache_size=limit,
+            storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]},
+        )
         context = {"multiprocessing_context": job["litdata_context"]} if job.get("litdata_context") else {}
-        loader = litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch,
-                                             **context)
+        loader = litdata.StreamingDataLoader(
+            dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch, **context
+        )
     built = time.monotonic() - began
     work = Path(job["work"])
     for epoch in range(job["epochs"]):
@@ -218,8 +260,15 @@ def stream_child(job: dict) -> None:
                 first = time.monotonic() - start
             count += batch
         seconds = time.monotonic() - start
-        out = {"epoch": epoch, "samples": count, "seconds": seconds, "first_batch": first,
-               "cpu": cpu_seconds() - cpu0, "built": built if epoch == 0 else 0.0, **info}
+        out = {
+            "epoch": epoch,
+            "samples": count,
+            "seconds": seconds,
+            "first_batch": first,
+            "cpu": cpu_seconds() - cpu0,
+            "built": built if epoch == 0 else 0.0,
+            **info,
+        }
         (work / f"epoch-{epoch}.json").write_text(json.dumps(out))
         while not (work / f"ack-{epoch}").exists():  # the driver reads the proxy's count between epochs
             time.sleep(0.005)
@@ -266,17 +315,32 @@ def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Pa
     work.mkdir()
     cache.mkdir()
     limit = int(spec["bytes"] * args.cache_fraction)
-    job = {"tool": tool, "uri": spec["uri"], "cache": str(cache), "limit": limit, "workers": args.workers,
-           "epochs": args.epochs, "block_samples": args.block_samples, "lading_block": args.lading_block,
-           "litdata_context": args.litdata_context,
-           "work": str(work)}
+    job = {
+        "tool": tool,
+        "uri": spec["uri"],
+        "cache": str(cache),
+        "limit": limit,
+        "workers": args.workers,
+        "epochs": args.epochs,
+        "block_samples": args.block_samples,
+        "lading_block": args.lading_block,
+        "litdata_context": args.litdata_context,
+        "work": str(work),
+    }
     (work / "job.json").write_text(json.dumps(job))
-    env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url(0), S3_ENDPOINT_URL=proxy.url(0), AWS_ALLOW_HTTP="true",
-               TQDM_DISABLE="1", LADING_CACHE_DIR=str(cache))
+    env = dict(
+        os.environ,
+        AWS_ENDPOINT_URL=proxy.url(0),
+        S3_ENDPOINT_URL=proxy.url(0),
+        AWS_ALLOW_HTTP="true",
+        TQDM_DISABLE="1",
+        LADING_CACHE_DIR=str(cache),
+    )
     peak = PeakSampler(cache)
     before = proxy.counts[0]
-    child = subprocess.Popen([sys.executable, __file__, "child", str(work / "job.json")], env=env,
-                             stderr=open(work / "stderr.txt", "w"))
+    child = subprocess.Popen(
+        [sys.executable, __file__, "child", str(work / "job.json")], env=env, stderr=open(work / "stderr.txt", "w")
+    )
     rows = []
     for epoch in range(args.epochs):
         mark = work / f"epoch-{epoch}.json"
@@ -286,23 +350,34 @@ def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Pa
                 child.kill()
                 child.wait()
                 peak.stop()
-                raise RuntimeError(f"{tool}: epoch {epoch + 1} did not finish in {args.epoch_timeout:.0f} s "
-                                   f"({(proxy.counts[0] - before) / 1e6:.0f} MB downloaded by then)")
+                raise RuntimeError(
+                    f"{tool}: epoch {epoch + 1} did not finish in {args.epoch_timeout:.0f} s "
+                    f"({(proxy.counts[0] - before) / 1e6:.0f} MB downloaded by then)"
+                )
             if child.poll() is not None:
                 peak.stop()
                 raise RuntimeError(f"{tool} failed: {(work / 'stderr.txt').read_text()[-2000:]}")
             time.sleep(0.01)
         time.sleep(0.05)  # the file is written in one call; let it land
         row = json.loads(mark.read_text())
-        row.update(tool=tool, downloaded=proxy.counts[0] - before, cache_peak=peak.take(), limit=limit,
-                   data=spec["bytes"], load=os.getloadavg()[0])
+        row.update(
+            tool=tool,
+            downloaded=proxy.counts[0] - before,
+            cache_peak=peak.take(),
+            limit=limit,
+            data=spec["bytes"],
+            load=os.getloadavg()[0],
+        )
         before = proxy.counts[0]
         rows.append(row)
-        print(f"  {tool:8s} epoch {epoch}: {row['samples']} samples in {row['seconds']:.1f} s "
-              f"({row['samples'] / row['seconds']:.0f}/s, cpu {row['cpu']:.1f} s), first batch "
-              f"{row['first_batch']:.2f} s, {row['downloaded'] / 1e6:.0f} MB downloaded "
-              f"({row['downloaded'] / spec['bytes']:.2f}x data), cache peak {row['cache_peak'] / 1e6:.0f} MB "
-              f"(limit {limit / 1e6:.0f} MB), load {row['load']:.1f}", flush=True)
+        print(
+            f"  {tool:8s} epoch {epoch}: {row['samples']} samples in {row['seconds']:.1f} s "
+            f"({row['samples'] / row['seconds']:.0f}/s, cpu {row['cpu']:.1f} s), first batch "
+            f"{row['first_batch']:.2f} s, {row['downloaded'] / 1e6:.0f} MB downloaded "
+            f"({row['downloaded'] / spec['bytes']:.2f}x data), cache peak {row['cache_peak'] / 1e6:.0f} MB "
+            f"(limit {limit / 1e6:.0f} MB), load {row['load']:.1f}",
+            flush=True,
+        )
         (work / f"ack-{epoch}").write_text("")
     child.wait(timeout=600)
     peak.stop()
@@ -312,6 +387,7 @@ def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Pa
 
 def stream_main(args: argparse.Namespace) -> None:
     from bench_locality import CountingProxy
+
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "test")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "test")
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
@@ -321,9 +397,12 @@ def stream_main(args: argparse.Namespace) -> None:
     samples = int(args.gb * 1e9 // args.sample_bytes)
     if args.block_samples is None:
         args.block_samples = max(1, int(args.gb * 1e9 * args.cache_fraction / 2 // args.sample_bytes))
-    print(f"load average at start: {os.getloadavg()}; {samples} samples x ~{args.sample_bytes} B, "
-          f"shards of {args.shard_bytes / 1e6:.0f} MB, cache limit {args.cache_fraction:.0%}, "
-          f"block {args.block_samples} samples", flush=True)
+    print(
+        f"load average at start: {os.getloadavg()}; {samples} samples x ~{args.sample_bytes} B, "
+        f"shards of {args.shard_bytes / 1e6:.0f} MB, cache limit {args.cache_fraction:.0%}, "
+        f"block {args.block_samples} samples",
+        flush=True,
+    )
     files = make_source(root, samples, args.sample_bytes)
     bucket = f"{args.bucket_prefix}-{uuid.uuid4().hex[:8]}"
     client = s3_client(args.endpoint)
@@ -353,25 +432,33 @@ def stream_main(args: argparse.Namespace) -> None:
 
 
 def stream_table(rows: list[dict]) -> str:
-    lines = ["| tool | epoch | MB downloaded (x its data) | cache peak MB (limit) | built s | first batch s "
-             "| samples/s | CPU s | load |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| tool | epoch | MB downloaded (x its data) | cache peak MB (limit) | built s | first batch s "
+        "| samples/s | CPU s | load |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['tool']} | failed: {r['error'][-200:].replace('|', '/')} | | | | | | | |")
             continue
-        lines.append(f"| {r['tool']} | {r['epoch'] + 1} | {r['downloaded'] / 1e6:,.0f} ({r['downloaded'] / r['data']:.2f}x) "
-                     f"| {r['cache_peak'] / 1e6:,.0f} ({r['limit'] / 1e6:,.0f}) | {r['built']:.2f} | {r['first_batch']:.2f} "
-                     f"| {r['samples'] / r['seconds']:,.0f} | {r['cpu']:.1f} | {r['load']:.1f} |")
+        lines.append(
+            f"| {r['tool']} | {r['epoch'] + 1} | {r['downloaded'] / 1e6:,.0f} ({r['downloaded'] / r['data']:.2f}x) "
+            f"| {r['cache_peak'] / 1e6:,.0f} ({r['limit'] / 1e6:,.0f}) | {r['built']:.2f} | {r['first_batch']:.2f} "
+            f"| {r['samples'] / r['seconds']:,.0f} | {r['cpu']:.1f} | {r['load']:.1f} |"
+        )
     return "\n".join(lines)
 
 
 # -- (b) shuffle quality --------------------------------------------------------------------------------
 
+
 def lading_order(counts: list[int], block_samples: int, seed: int, epoch: int, block_shards: int) -> "list[int]":
     """Global sample ids (pack order) of one rank of one node, in lading's order for ``epoch``."""
     from lading.datasets import NodeLocalSampler
-    options = dict(shuffle_buffer=block_samples, seed=seed, randomize_shard_order=True, rank=0, world_size=1,
-                   local_world_size=1)
+
+    options = dict(
+        shuffle_buffer=block_samples, seed=seed, randomize_shard_order=True, rank=0, world_size=1, local_world_size=1
+    )
     if "shuffle_block" in inspect.signature(NodeLocalSampler).parameters:
         options["shuffle_block"] = block_shards
     sampler = NodeLocalSampler(counts, **options)
@@ -382,8 +469,10 @@ def lading_order(counts: list[int], block_samples: int, seed: int, epoch: int, b
 def mosaic_order(counts: list[int], block_samples: int, seed: int, epoch: int, algo: str):
     import numpy as np
     from bench_locality import without_torchvision
+
     without_torchvision()
     from streaming.base.shuffle import get_shuffle
+
     return get_shuffle(algo, np.array(counts, dtype=np.int64), 1, seed, epoch, block_samples)
 
 
@@ -391,44 +480,63 @@ def quality(order, counts: list[int], classes: int, window: int) -> dict:
     """Distinct shards per window of ``window`` consecutive samples (mean, min) and label run lengths
     (mean, max), with labels by shard (data packed class by class: shards of a class are contiguous)."""
     import numpy as np
+
     order = np.asarray(order, dtype=np.int64)
     starts = np.cumsum([0] + counts[:-1])
     shard = np.searchsorted(starts, order, side="right") - 1
     label = shard * classes // len(counts)
     window = min(window, len(order))
-    distinct = [len(np.unique(shard[i:i + window])) for i in range(0, len(order) - window + 1, window)]
+    distinct = [len(np.unique(shard[i : i + window])) for i in range(0, len(order) - window + 1, window)]
     change = np.flatnonzero(np.diff(label)) + 1
     runs = np.diff(np.concatenate([[0], change, [len(label)]]))
     assert sorted(order.tolist()) == list(range(sum(counts))), "not a permutation of the epoch"
-    return {"distinct_mean": float(np.mean(distinct)), "distinct_min": int(min(distinct)), "windows": len(distinct),
-            "run_mean": float(runs.mean()), "run_max": int(runs.max()), "first_labels": label[:10].tolist()}
+    return {
+        "distinct_mean": float(np.mean(distinct)),
+        "distinct_min": int(min(distinct)),
+        "windows": len(distinct),
+        "run_mean": float(runs.mean()),
+        "run_max": int(runs.max()),
+        "first_labels": label[:10].tolist(),
+    }
 
 
 def shuffle_main(args: argparse.Namespace) -> None:
-    cases = [("100 samples, 10 shards of 10, block 2 shards (20 samples)", [10] * 10, 2),
-             ("10^6 samples, 1,000 shards of 1,000, block 10 shards (10,000 samples)", [1000] * 1000, 10)]
-    print(f"load average at start: {os.getloadavg()}; 10 classes, packed class by class "
-          "(shard s holds class s*10//shards); ideal: 10 distinct shards of 10 per window on 100, "
-          "mean label run 1.11", flush=True)
-    lines = ["| case | order | distinct shards per 1,000 (mean / min) | label run (mean / max) | first labels | s |",
-             "| --- | --- | ---: | ---: | --- | ---: |"]
+    cases = [
+        ("100 samples, 10 shards of 10, block 2 shards (20 samples)", [10] * 10, 2),
+        ("10^6 samples, 1,000 shards of 1,000, block 10 shards (10,000 samples)", [1000] * 1000, 10),
+    ]
+    print(
+        f"load average at start: {os.getloadavg()}; 10 classes, packed class by class "
+        "(shard s holds class s*10//shards); ideal: 10 distinct shards of 10 per window on 100, "
+        "mean label run 1.11",
+        flush=True,
+    )
+    lines = [
+        "| case | order | distinct shards per 1,000 (mean / min) | label run (mean / max) | first labels | s |",
+        "| --- | --- | ---: | ---: | --- | ---: |",
+    ]
     for name, counts, block_shards in cases:
         block = block_shards * counts[0]
         makers = [("lading", lambda e: lading_order(counts, block, 1, e, block_shards))]
-        makers += [(f"MosaicML {algo}", lambda e, a=algo: mosaic_order(counts, block, 1, e, a))
-                   for algo in ("py1e", "py1br", "py1s")]
+        makers += [
+            (f"MosaicML {algo}", lambda e, a=algo: mosaic_order(counts, block, 1, e, a))
+            for algo in ("py1e", "py1br", "py1s")
+        ]
         for label, make in makers:
             began = time.monotonic()
             order = make(0)
             seconds = time.monotonic() - began
             q = quality(order, counts, 10, 1000)
-            lines.append(f"| {name} | {label} | {q['distinct_mean']:.1f} / {q['distinct_min']} "
-                         f"| {q['run_mean']:.2f} / {q['run_max']} | {q['first_labels']} | {seconds:.2f} |")
+            lines.append(
+                f"| {name} | {label} | {q['distinct_mean']:.1f} / {q['distinct_min']} "
+                f"| {q['run_mean']:.2f} / {q['run_max']} | {q['first_labels']} | {seconds:.2f} |"
+            )
             print(lines[-1], flush=True)
     print("\n".join(lines))
 
 
 # -- (c) the order at scale -------------------------------------------------------------------------------
+
 
 def rss_mb() -> float:
     with open("/proc/self/status") as f:
@@ -447,22 +555,32 @@ def scale_child(job: dict) -> None:
     is imported first, as in a training process (the datasets are torch IterableDatasets)."""
     import numpy as np
     import torch.utils.data  # noqa: F401
+
     if job["tool"] == "lading":
         from lading.datasets import ShardDataset
+
         base = rss_mb()
         began = time.monotonic()
-        dataset = ShardDataset(job["index"], rank=0, world_size=job["nodes"] * job["per_node"],
-                               local_world_size=job["per_node"], shuffle_buffer=job["buffer"], seed=1,
-                               randomize_shard_order=True)
+        dataset = ShardDataset(
+            job["index"],
+            rank=0,
+            world_size=job["nodes"] * job["per_node"],
+            local_world_size=job["per_node"],
+            shuffle_buffer=job["buffer"],
+            seed=1,
+            randomize_shard_order=True,
+        )
         built = time.monotonic() - began
         first = first_shard(dataset)
         seconds = time.monotonic() - began
         state = len(json.dumps(dataset.state_dict(0)))
     else:
         from bench_locality import without_torchvision
+
         without_torchvision()
         from streaming.base.partition import get_partitions
         from streaming.base.shuffle import get_shuffle
+
         counts = np.full(job["shards"], job["samples"] // job["shards"], dtype=np.int64)
         base = rss_mb()
         began = time.monotonic()
@@ -472,8 +590,19 @@ def scale_child(job: dict) -> None:
         first = int(np.searchsorted(np.cumsum(counts), shuffle[int(ids[0, 0].flat[0])], side="right"))
         seconds = time.monotonic() - began
         state = 0
-    print(json.dumps({"tool": job["tool"], "built": built, "seconds": seconds, "first_shard": first,
-                      "rss_base": base, "rss_peak": peak_mb(), "state_bytes": state}))
+    print(
+        json.dumps(
+            {
+                "tool": job["tool"],
+                "built": built,
+                "seconds": seconds,
+                "first_shard": first,
+                "rss_base": base,
+                "rss_peak": peak_mb(),
+                "state_bytes": state,
+            }
+        )
+    )
 
 
 def first_shard(dataset) -> int:
@@ -486,9 +615,12 @@ def first_shard(dataset) -> int:
 
 def synth_index(folder: Path, samples: int, shards: int) -> str:
     per = samples // shards
-    document = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "synthetic",
-                "shardlist": [{"url": f"shard-{i:06d}.tar", "nsamples": per, "filesize": per * 1024}
-                              for i in range(shards)]}
+    document = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "name": "synthetic",
+        "shardlist": [{"url": f"shard-{i:06d}.tar", "nsamples": per, "filesize": per * 1024} for i in range(shards)],
+    }
     path = folder / "synthetic.index.json"
     path.write_text(json.dumps(document))
     return str(path)
@@ -497,17 +629,33 @@ def synth_index(folder: Path, samples: int, shards: int) -> str:
 def scale_main(args: argparse.Namespace) -> None:
     folder = Path(tempfile.mkdtemp(prefix="lading-scale-", dir=args.tmp))
     index = synth_index(folder, args.samples, args.shards)
-    print(f"load average at start: {os.getloadavg()}; {args.samples:,} samples in {args.shards:,} shards, "
-          f"rank 0 of {args.nodes} nodes x {args.per_node} ranks", flush=True)
-    lines = ["| tool | build s | + first shard s | RSS after imports MB | peak RSS MB | state bytes | load |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    print(
+        f"load average at start: {os.getloadavg()}; {args.samples:,} samples in {args.shards:,} shards, "
+        f"rank 0 of {args.nodes} nodes x {args.per_node} ranks",
+        flush=True,
+    )
+    lines = [
+        "| tool | build s | + first shard s | RSS after imports MB | peak RSS MB | state bytes | load |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for tool in args.tools.split(","):
         for _ in range(args.rounds):
-            job = {"tool": tool, "index": index, "samples": args.samples, "shards": args.shards,
-                   "nodes": args.nodes, "per_node": args.per_node, "buffer": args.block_samples}
+            job = {
+                "tool": tool,
+                "index": index,
+                "samples": args.samples,
+                "shards": args.shards,
+                "nodes": args.nodes,
+                "per_node": args.per_node,
+                "buffer": args.block_samples,
+            }
             try:
-                done = subprocess.run([sys.executable, __file__, "scale-child", json.dumps(job)],
-                                      capture_output=True, text=True, timeout=args.timeout)
+                done = subprocess.run(
+                    [sys.executable, __file__, "scale-child", json.dumps(job)],
+                    capture_output=True,
+                    text=True,
+                    timeout=args.timeout,
+                )
             except subprocess.TimeoutExpired:
                 lines.append(f"| {tool} | did not finish in {args.timeout:.0f} s | | | | | {os.getloadavg()[0]:.1f} |")
                 print(lines[-1], flush=True)
@@ -517,14 +665,17 @@ def scale_main(args: argparse.Namespace) -> None:
                 print(lines[-1], flush=True)
                 continue
             r = json.loads(done.stdout.strip().splitlines()[-1])
-            lines.append(f"| {tool} | {r['built']:.2f} | {r['seconds']:.2f} | {r['rss_base']:.0f} | {r['rss_peak']:.0f} "
-                         f"| {r['state_bytes']} | {os.getloadavg()[0]:.1f} |")
+            lines.append(
+                f"| {tool} | {r['built']:.2f} | {r['seconds']:.2f} | {r['rss_base']:.0f} | {r['rss_peak']:.0f} "
+                f"| {r['state_bytes']} | {os.getloadavg()[0]:.1f} |"
+            )
             print(lines[-1], flush=True)
     shutil.rmtree(folder, ignore_errors=True)
     print("\n".join(lines))
 
 
 # -- command line ---------------------------------------------------------------------------------------
+
 
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "child":
@@ -533,8 +684,9 @@ def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "scale-child":
         scale_child(json.loads(sys.argv[2]))
         return
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     sub = parser.add_subparsers(dest="part", required=True)
     stream = sub.add_parser("stream")
     stream.add_argument("--endpoint", default="http://127.0.0.1:7480")
@@ -542,17 +694,24 @@ def main() -> None:
     stream.add_argument("--sample-bytes", type=int, default=100_000)
     stream.add_argument("--shard-bytes", type=int, default=20_000_000)
     stream.add_argument("--cache-fraction", type=float, default=0.1)
-    stream.add_argument("--block-samples", type=int, default=None,
-                        help="MosaicML's shuffle_block_size and lading's shuffle_buffer, in samples "
-                             "(default: the samples in half the cache limit)")
+    stream.add_argument(
+        "--block-samples",
+        type=int,
+        default=None,
+        help="MosaicML's shuffle_block_size and lading's shuffle_buffer, in samples "
+        "(default: the samples in half the cache limit)",
+    )
     stream.add_argument("--lading-block", default=None, help="lading's shuffle_block (default: its own)")
     stream.add_argument("--epochs", type=int, default=2)
     stream.add_argument("--workers", type=int, default=2)
     stream.add_argument("--epoch-timeout", type=float, default=1200, help="give up on a tool's epoch after this")
     stream.add_argument("--tools", default=",".join(TOOLS))
     stream.add_argument("--tmp", default=None)
-    stream.add_argument("--litdata-context", default=None,
-                        help="litdata's DataLoader multiprocessing_context (e.g. spawn; default: torch's, fork)")
+    stream.add_argument(
+        "--litdata-context",
+        default=None,
+        help="litdata's DataLoader multiprocessing_context (e.g. spawn; default: torch's, fork)",
+    )
     stream.add_argument("--bucket-prefix", default="bench-loader-streaming", help="the run's bucket is PREFIX-<random>")
     stream.add_argument("--out", type=Path)
     shuffle = sub.add_parser("shuffle")
@@ -562,8 +721,12 @@ def main() -> None:
     scale.add_argument("--shards", type=int, default=10**5)
     scale.add_argument("--nodes", type=int, default=64)
     scale.add_argument("--per-node", type=int, default=8)
-    scale.add_argument("--block-samples", type=int, default=1 << 18,
-                       help="shuffle window / block in samples (MosaicML's default for 64 nodes)")
+    scale.add_argument(
+        "--block-samples",
+        type=int,
+        default=1 << 18,
+        help="shuffle window / block in samples (MosaicML's default for 64 nodes)",
+    )
     scale.add_argument("--tools", default="lading,mosaic")
     scale.add_argument("--rounds", type=int, default=2)
     scale.add_argument("--timeout", type=float, default=900, help="give up on one build after this")

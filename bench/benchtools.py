@@ -31,12 +31,13 @@ DEFAULT_PEERS_VENV = os.environ.get("LADING_BENCH_VENV", "/work/benchenv")
 
 # -- which code runs ----------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Lading:
     """One checkout of lading and how to start its CLI: ``python -m MODULE`` from its folder."""
 
-    key: str          # "new" or "baseline"
-    label: str        # row label
+    key: str  # "new" or "baseline"
+    label: str  # row label
     root: Path
     python: Path
     module: str
@@ -52,8 +53,9 @@ def new_lading(root: Path | None = None, python: Path | None = None) -> Lading:
     root = (root or REPO).resolve()
     python = python or root / ".venv" / "bin" / "python"
     if not python.exists():
-        raise SystemExit(f"no {python}; create it with python3 -m venv {root}/.venv && "
-                         f"{root}/.venv/bin/pip install -e {root}")
+        raise SystemExit(
+            f"no {python}; create it with python3 -m venv {root}/.venv && {root}/.venv/bin/pip install -e {root}"
+        )
     byte_compile(root, python)
     return Lading("new", "lading (new)", root, python, "lading")
 
@@ -72,14 +74,17 @@ def baseline_lading(root: Path, python: Path | None = None) -> Lading:
     root = root.resolve()
     python = python or root / ".venv" / "bin" / "python"
     if not python.exists():
-        raise SystemExit(f"--baseline {root}: no {python}; create it with "
-                         f"python3 -m venv {root}/.venv && {root}/.venv/bin/pip install -e {root}")
+        raise SystemExit(
+            f"--baseline {root}: no {python}; create it with "
+            f"python3 -m venv {root}/.venv && {root}/.venv/bin/pip install -e {root}"
+        )
     module = "cli" if (root / "cli" / "__main__.py").exists() else "lading"
     byte_compile(root, python)
     return Lading("baseline", "lading (baseline)", root, python, module)
 
 
 # -- peers ----------------------------------------------------------------------------------------
+
 
 def peer_path(name: str, venv: str | None = DEFAULT_PEERS_VENV) -> str | None:
     """The executable of a peer tool: from the peers' venv first (PyPI builds), then PATH."""
@@ -98,8 +103,14 @@ def peer_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for every tool: AWS_* replaced by the bench credentials (AWS_CA_BUNDLE,
     set in this environment, breaks rclone), plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update({"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-                "AWS_REGION": "us-east-1"})
+    env.update(
+        {
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+        }
+    )
     env.update(extra or {})
     return env
 
@@ -120,11 +131,17 @@ CODE_PATHS = ("staging", "cli", "mounts", "pyproject.toml")
 def git_state(root: Path) -> str:
     """Commit, and which code files differ from it (other people edit the working tree)."""
     head = first_line(["git", "-C", str(root), "log", "-1", "--format=%h %cI %s"])
-    status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all", "--",
-                             *CODE_PATHS], capture_output=True, text=True).stdout.splitlines()
+    status = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS],
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
     changed = [line[3:] for line in status]
-    dirty = f"; {len(changed)} code files differ from it: {', '.join(changed[:12])}" + \
-        (" ..." if len(changed) > 12 else "") if changed else "; code clean"
+    dirty = (
+        f"; {len(changed)} code files differ from it: {', '.join(changed[:12])}" + (" ..." if len(changed) > 12 else "")
+        if changed
+        else "; code clean"
+    )
     return head[:100] + dirty
 
 
@@ -133,37 +150,51 @@ def save_code_diff(root: Path, out: Path | None, name: str) -> None:
     so the exact code can be rebuilt: ``git checkout COMMIT && git apply OUT/NAME``."""
     if out is None:
         return
-    diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--binary", "--", *CODE_PATHS],
-                          capture_output=True, text=True).stdout
-    untracked = subprocess.run(["git", "-C", str(root), "ls-files", "--others", "--exclude-standard", "--",
-                                *CODE_PATHS], capture_output=True, text=True).stdout.split()
+    diff = subprocess.run(
+        ["git", "-C", str(root), "diff", "HEAD", "--binary", "--", *CODE_PATHS], capture_output=True, text=True
+    ).stdout
+    untracked = subprocess.run(
+        ["git", "-C", str(root), "ls-files", "--others", "--exclude-standard", "--", *CODE_PATHS],
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     for path in untracked:  # new files, as a diff against nothing
-        diff += subprocess.run(["git", "-C", str(root), "diff", "--no-index", "--binary", "/dev/null", path],
-                               capture_output=True, text=True).stdout
+        diff += subprocess.run(
+            ["git", "-C", str(root), "diff", "--no-index", "--binary", "/dev/null", path],
+            capture_output=True,
+            text=True,
+        ).stdout
     (out / name).write_text(diff)
 
 
 def lading_state(lading: Lading) -> str:
     """Where a lading checkout stands and which S3 client libraries its venv holds."""
-    probe = ("import importlib.metadata as m, sys\n"
-             "out = [sys.version.split()[0]]\n"
-             "for name in ('obstore', 'boto3', 'mfusepy'):\n"
-             "    try: out.append(f'{name} {m.version(name)}')\n"
-             "    except m.PackageNotFoundError: out.append(f'{name} -')\n"
-             "print('python ' + ', '.join(out))")
-    return (f"{lading.root} @ {git_state(lading.root)}; `{' '.join(lading.argv())}` (cwd {lading.root}); "
-            f"{first_line([str(lading.python), '-c', probe])}")
+    probe = (
+        "import importlib.metadata as m, sys\n"
+        "out = [sys.version.split()[0]]\n"
+        "for name in ('obstore', 'boto3', 'mfusepy'):\n"
+        "    try: out.append(f'{name} {m.version(name)}')\n"
+        "    except m.PackageNotFoundError: out.append(f'{name} -')\n"
+        "print('python ' + ', '.join(out))"
+    )
+    return (
+        f"{lading.root} @ {git_state(lading.root)}; `{' '.join(lading.argv())}` (cwd {lading.root}); "
+        f"{first_line([str(lading.python), '-c', probe])}"
+    )
 
 
 def machine_lines() -> list[str]:
     """Date, host, load: what makes two runs comparable or not."""
-    mem = next((line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                if line.startswith("MemTotal")), "0")
-    return [f"date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
-            f"machine: {platform.node()}, {os.cpu_count()} cores, {int(mem) >> 20} GiB, "
-            f"Linux {platform.release()}, Python {platform.python_version()} ({sys.executable})",
-            f"load average at start: {load()}",
-            f"command: {' '.join([sys.executable, *sys.argv])} (cwd {os.getcwd()})"]
+    mem = next(
+        (line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines() if line.startswith("MemTotal")), "0"
+    )
+    return [
+        f"date: {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}",
+        f"machine: {platform.node()}, {os.cpu_count()} cores, {int(mem) >> 20} GiB, "
+        f"Linux {platform.release()}, Python {platform.python_version()} ({sys.executable})",
+        f"load average at start: {load()}",
+        f"command: {' '.join([sys.executable, *sys.argv])} (cwd {os.getcwd()})",
+    ]
 
 
 def load() -> str:
@@ -183,6 +214,7 @@ def versions(peers: dict[str, str]) -> list[str]:
 
 
 # -- output ---------------------------------------------------------------------------------------
+
 
 class Log:
     """Print and append to ``out/log.txt`` (the raw output of the run)."""

@@ -30,8 +30,9 @@ def main() -> None:
     started = time.perf_counter()
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            items = context.read_v1_context(pathlib.Path(args.context),
-                                            [pathlib.Path(p) for p in args.include], args.limit)
+            items = context.read_v1_context(
+                pathlib.Path(args.context), [pathlib.Path(p) for p in args.include], args.limit
+            )
     except ValueError as err:
         result["error"] = str(err)
         items = []

@@ -35,8 +35,9 @@ class Pacer:
             await asyncio.sleep(self.free_at - now)
 
 
-async def relay(src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay: float,
-                first_extra: float, pacer: Pacer | None) -> None:
+async def relay(
+    src: asyncio.StreamReader, dst: asyncio.StreamWriter, delay: float, first_extra: float, pacer: Pacer | None
+) -> None:
     """Copy src to dst, releasing each chunk ``delay`` seconds after it was read."""
     loop = asyncio.get_running_loop()
     queue: deque[tuple[float, bytes | None]] = deque()
@@ -111,8 +112,9 @@ async def serve(args: argparse.Namespace) -> None:
             return
         _nodelay(client_w)
         _nodelay(server_w)
-        await asyncio.gather(relay(client_r, server_w, delay, 2 * delay, pacers[0]),
-                             relay(server_r, client_w, delay, 0.0, pacers[1]))
+        await asyncio.gather(
+            relay(client_r, server_w, delay, 2 * delay, pacers[0]), relay(server_r, client_w, delay, 0.0, pacers[1])
+        )
         for writer in (client_w, server_w):
             writer.close()
 

@@ -27,7 +27,9 @@ skipped (and counted as busy); files the cache did not download are never remove
 
 \b
 Exit codes: 0 ok, 2 usage (bad option or duration), 3 nothing cached matches
---dataset (clear), 4 a cache root that is not yours or that others can write to.""".format(CACHE_ROOT_RULE=CACHE_ROOT_RULE)
+--dataset (clear), 4 a cache root that is not yours or that others can write to.""".format(
+    CACHE_ROOT_RULE=CACHE_ROOT_RULE
+)
 
 LIST_EPILOG = """\b
 Examples:
@@ -74,8 +76,12 @@ def _age(seconds: float) -> str:
     return "just now"
 
 
-cache_dir_option = click.option("--cache-dir", type=click.Path(file_okay=False, readable=False), default=None,
-                                help=f"Cache root (default: {CACHE_ROOT_RULE}).")
+cache_dir_option = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, readable=False),
+    default=None,
+    help=f"Cache root (default: {CACHE_ROOT_RULE}).",
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Only JSON on stdout.")
 
 
@@ -98,16 +104,27 @@ def list_cache(cache_dir: str | None, as_json: bool) -> None:
     datasets = node_cache.summarize(root)
     total = sum(dataset.bytes for dataset in datasets)
     if as_json:
-        click.echo(json.dumps({"root": str(root), "bytes": total, "files": sum(d.files for d in datasets),
-                               "datasets": [dataset.as_json() for dataset in datasets]}, indent=1))
+        click.echo(
+            json.dumps(
+                {
+                    "root": str(root),
+                    "bytes": total,
+                    "files": sum(d.files for d in datasets),
+                    "datasets": [dataset.as_json() for dataset in datasets],
+                },
+                indent=1,
+            )
+        )
         return
     now = time.time()
     click.echo(f"node cache {root}: {len(datasets)} datasets, {sum(d.files for d in datasets)} files, {human(total)}")
     if datasets:
         click.echo(f"{'size':>10}  {'files':>6}  {'last used':>10}  {'downloaded':>10}  {'kind':<8}  dataset")
     for dataset in datasets:
-        click.echo(f"{human(dataset.bytes):>10}  {dataset.files:>6}  {_age(now - dataset.last_used):>10}  "
-                   f"{_age(now - dataset.downloaded):>10}  {dataset.kind:<8}  {dataset.uri or dataset.folder.name}")
+        click.echo(
+            f"{human(dataset.bytes):>10}  {dataset.files:>6}  {_age(now - dataset.last_used):>10}  "
+            f"{_age(now - dataset.downloaded):>10}  {dataset.kind:<8}  {dataset.uri or dataset.folder.name}"
+        )
 
 
 @cache.command("clear", epilog=CLEAR_EPILOG)
@@ -119,8 +136,10 @@ def clear_cache(cache_dir: str | None, dataset: str | None, older_than: str | No
     """Remove cached shards (all, one dataset's, or those unused for a while)."""
     result = node_cache.clear(cache_dir, dataset=dataset, older_than=parse_age(older_than))
     if dataset is not None and result.matched == 0:
-        raise NotFound(f"nothing cached matches --dataset {dataset}",
-                       "`lading cache list` shows the cached datasets' URIs and folders")
+        raise NotFound(
+            f"nothing cached matches --dataset {dataset}",
+            "`lading cache list` shows the cached datasets' URIs and folders",
+        )
     if as_json:
         click.echo(json.dumps({"files": result.files, "bytes": result.bytes, "busy": result.busy}))
         return

@@ -50,32 +50,73 @@ SOURCE, unless --allow-empty), 4 access denied, 5 transient failure after retrie
 @click.command(help=CAT_HELP, short_help="Stream objects in order to stdout or a named pipe (Pipe mode).")
 @click.argument("source")
 @click.option("--fifo", metavar="PATH", default=None, help="Write into this named pipe (created if missing).")
-@click.option("--manifest", "manifest_file", type=click.Path(dir_okay=False), default=None,
-              help="Stream the objects FILE names, in its order (ManifestFile, augmented manifest, key list).")
+@click.option(
+    "--manifest",
+    "manifest_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Stream the objects FILE names, in its order (ManifestFile, augmented manifest, key list).",
+)
 @click.option("--include", multiple=True, metavar="GLOB", help="Only keys matching a glob (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out keys matching a glob (repeatable).")
-@click.option("--distribution", type=click.Choice(["replicated", "sharded"]), default="replicated",
-              show_default=True, help="Every rank streams everything, or its disjoint share (sync's rule).")
-@click.option("--balance", type=click.Choice(["count", "bytes"]), default="count", show_default=True,
-              help="Sharding rule: by key order (i mod world size) or by size (largest first).")
+@click.option(
+    "--distribution",
+    type=click.Choice(["replicated", "sharded"]),
+    default="replicated",
+    show_default=True,
+    help="Every rank streams everything, or its disjoint share (sync's rule).",
+)
+@click.option(
+    "--balance",
+    type=click.Choice(["count", "bytes"]),
+    default="count",
+    show_default=True,
+    help="Sharding rule: by key order (i mod world size) or by size (largest first).",
+)
 @_topology_options
 @click.option("--shuffle", is_flag=True, help="Stream this rank's objects in a seeded random order.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --shuffle.")
-@click.option("--workers", type=click.IntRange(1, 256), default=16, show_default=True,
-              help="GETs in flight ahead of the reader.")
-@click.option("--part-size", callback=size, metavar="SIZE", default="8MiB", show_default=True,
-              help="Bytes per ranged GET.")
-@click.option("--max-memory", callback=size, metavar="SIZE", default="256MiB", show_default=True,
-              help="Bound on bytes fetched but not yet written.")
-@click.option("--snapshot", metavar="FILE", default=None,
-              help="Take the objects and versions from a snapshot (lading snapshot) instead of listing SOURCE.")
+@click.option(
+    "--workers", type=click.IntRange(1, 256), default=16, show_default=True, help="GETs in flight ahead of the reader."
+)
+@click.option(
+    "--part-size", callback=size, metavar="SIZE", default="8MiB", show_default=True, help="Bytes per ranged GET."
+)
+@click.option(
+    "--max-memory",
+    callback=size,
+    metavar="SIZE",
+    default="256MiB",
+    show_default=True,
+    help="Bound on bytes fetched but not yet written.",
+)
+@click.option(
+    "--snapshot",
+    metavar="FILE",
+    default=None,
+    help="Take the objects and versions from a snapshot (lading snapshot) instead of listing SOURCE.",
+)
 @click.option("--allow-empty", is_flag=True, help="Stream nothing when SOURCE has no objects; default: exit 3.")
 @click.option("--dry-run", is_flag=True, help="List the objects in stream order (key, size, version); read none.")
 @store_options
-def cat(source: str, fifo: str | None, manifest_file: str | None, include: tuple[str, ...],
-        exclude: tuple[str, ...], distribution: str, balance: str, shuffle: bool, seed: int, workers: int,
-        part_size: int, max_memory: int, snapshot: str | None, allow_empty: bool, dry_run: bool,
-        **options: Any) -> int:
+def cat(
+    source: str,
+    fifo: str | None,
+    manifest_file: str | None,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    distribution: str,
+    balance: str,
+    shuffle: bool,
+    seed: int,
+    workers: int,
+    part_size: int,
+    max_memory: int,
+    snapshot: str | None,
+    allow_empty: bool,
+    dry_run: bool,
+    **options: Any,
+) -> int:
     """``lading cat``: see CAT_HELP."""
     from lading.selection import stream
     from lading.selection.manifest import load_manifest
@@ -86,8 +127,19 @@ def cat(source: str, fifo: str | None, manifest_file: str | None, include: tuple
     topology = _resolve_topology(options)
     manifest = load_manifest(manifest_file) if manifest_file else None
     store, location, keys = stream.open_source(source, config, manifest, snapshot)
-    request = stream.StreamRequest(location, manifest, include, exclude, distribution, balance, topology.rank,
-                                   topology.world_size, shuffle, seed, allow_empty)
+    request = stream.StreamRequest(
+        location,
+        manifest,
+        include,
+        exclude,
+        distribution,
+        balance,
+        topology.rank,
+        topology.world_size,
+        shuffle,
+        seed,
+        allow_empty,
+    )
     try:
         objects = stream.select_stream(store, request, keys)
     except BaseException:
@@ -104,8 +156,9 @@ def cat(source: str, fifo: str | None, manifest_file: str | None, include: tuple
         return 0
     fd = stream.open_fifo(stream.make_fifo(fifo)) if fifo else sys.stdout.fileno()
     try:
-        stream.stream_objects(store, objects, stream.fd_sink(fd),
-                              stream.StreamOptions(workers, part_size, max(max_memory, 1)))
+        stream.stream_objects(
+            store, objects, stream.fd_sink(fd), stream.StreamOptions(workers, part_size, max(max_memory, 1))
+        )
     except BrokenPipeError:  # the reader went away (| head): like cat, quietly
         if not fifo:
             _silence_stdout()

@@ -44,37 +44,86 @@ Exit codes: 0 fits, 1 over the limit, 2 usage error, 3 not found,
 
 @click.command(help=HELP, short_help="Will det accept this context directory?")
 @click.argument("context_dir", default=".", required=False)
-@click.option("-i", "--include", "includes", multiple=True, metavar="PATH",
-              help="Also upload PATH, as det's -i/--include (repeatable): a directory lands "
-                   "under its own name, a file at the top.")
-@click.option("--top", default=10, show_default=True, type=click.IntRange(min=0), metavar="N",
-              help="How many of the largest files and directories to list.")
-@click.option("--explain", "explain_path", metavar="PATH",
-              help="Say whether PATH is uploaded and which pattern in which file decided it. "
-                   "PATH as det names it (relative to CONTEXT_DIR) or a path inside the context.")
-@click.option("--limit", "limit_text", default="95MiB", show_default=True, metavar="SIZE",
-              help="The limit to check against: bytes, or with a unit (96MB, 100MiB, 1GiB).")
+@click.option(
+    "-i",
+    "--include",
+    "includes",
+    multiple=True,
+    metavar="PATH",
+    help="Also upload PATH, as det's -i/--include (repeatable): a directory lands "
+    "under its own name, a file at the top.",
+)
+@click.option(
+    "--top",
+    default=10,
+    show_default=True,
+    type=click.IntRange(min=0),
+    metavar="N",
+    help="How many of the largest files and directories to list.",
+)
+@click.option(
+    "--explain",
+    "explain_path",
+    metavar="PATH",
+    help="Say whether PATH is uploaded and which pattern in which file decided it. "
+    "PATH as det names it (relative to CONTEXT_DIR) or a path inside the context.",
+)
+@click.option(
+    "--limit",
+    "limit_text",
+    default="95MiB",
+    show_default=True,
+    metavar="SIZE",
+    help="The limit to check against: bytes, or with a unit (96MB, 100MiB, 1GiB).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only JSON on stdout (see README).")
-@click.option("--config", "config_path", metavar="FILE",
-              help="The experiment config: warn when it is uploaded with the context and when "
-                   "its bind_mounts break det's schema.")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    help="The experiment config: warn when it is uploaded with the context and when "
+    "its bind_mounts break det's schema.",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line.")
-@click.option("--fix", is_flag=True, help="Over the limit: upload the largest data-like paths to --bucket, "
-              "add them to .detignore and to startup-hook.sh (a dry run unless --yes).")
+@click.option(
+    "--fix",
+    is_flag=True,
+    help="Over the limit: upload the largest data-like paths to --bucket, "
+    "add them to .detignore and to startup-hook.sh (a dry run unless --yes).",
+)
 @click.option("--bucket", metavar="URI", help="Where --fix uploads: s3://bucket/prefix, gs://..., or a path.")
 @click.option("--yes", is_flag=True, help="With --fix: apply (upload and verify first, then edit the context).")
 @store_options
 @click.pass_obj
-def check(state: AppState | None, context_dir: str, includes: tuple[str, ...], top: int,
-          explain_path: str | None, limit_text: str, as_json: bool, config_path: str | None,
-          quiet: bool, fix: bool = False, bucket: str | None = None, yes: bool = False, **store: Any) -> int:
+def check(
+    state: AppState | None,
+    context_dir: str,
+    includes: tuple[str, ...],
+    top: int,
+    explain_path: str | None,
+    limit_text: str,
+    as_json: bool,
+    config_path: str | None,
+    quiet: bool,
+    fix: bool = False,
+    bucket: str | None = None,
+    yes: bool = False,
+    **store: Any,
+) -> int:
     """Will det accept CONTEXT_DIR?"""
     if fix or bucket or yes:
         _check_fix_options(bucket)
     limit = parse_size(limit_text)
     with _progress(enabled=sys.stderr.isatty() and not quiet) as progress:
-        report = check_context(context_dir, includes, limit=limit, config_path=config_path,
-                               explain_path=explain_path, progress=progress, fork=True)
+        report = check_context(
+            context_dir,
+            includes,
+            limit=limit,
+            config_path=config_path,
+            explain_path=explain_path,
+            progress=progress,
+            fork=True,
+        )
     if fix or bucket or yes:  # `check --fix` lives with the startup-hook code (cli/cmd_hook.py)
         from lading.cli.cmd_hook import run_check_fix
 
@@ -141,9 +190,11 @@ def render(report: CheckReport, top: int, quiet: bool) -> None:
     if quiet or report.explanation is not None:
         return
     walked = report.walked
-    console.print(f"  {_count(len(walked.files), 'file')} in {_count(len(walked.dirs), 'directory')}; "
-                  f"{format_size(report.raw_bytes)} on disk, {report.total_bytes:,} bytes as det "
-                  "counts them (ceil(size/3)*3 per file)")
+    console.print(
+        f"  {_count(len(walked.files), 'file')} in {_count(len(walked.dirs), 'directory')}; "
+        f"{format_size(report.raw_bytes)} on disk, {report.total_bytes:,} bytes as det "
+        "counts them (ceil(size/3)*3 per file)"
+    )
     _render_tables(console, report, top)
     _render_warnings(console, report)
     if report.remedy is not None:
@@ -154,10 +205,13 @@ def _verdict(report: CheckReport) -> str:
     total, limit = format_size(report.total_bytes), format_size(report.limit_bytes)
     where = report.roots[0].given + "".join(f" + {r.given}" for r in report.roots[1:])
     if report.fits:
-        return (f"[bold green]fits[/]: {where} uploads {total} of {limit} "
-                f"({format_size(report.headroom_bytes)} headroom)")
-    return (f"[bold red]over the limit by {format_size(-report.headroom_bytes)}[/]: {where} uploads "
-            f"{total} of {limit}; det experiment create would refuse it")
+        return (
+            f"[bold green]fits[/]: {where} uploads {total} of {limit} ({format_size(report.headroom_bytes)} headroom)"
+        )
+    return (
+        f"[bold red]over the limit by {format_size(-report.headroom_bytes)}[/]: {where} uploads "
+        f"{total} of {limit}; det experiment create would refuse it"
+    )
 
 
 def _render_tables(console: Console, report: CheckReport, top: int) -> None:
@@ -201,20 +255,23 @@ def _render_remedy(console: Console, report: CheckReport) -> None:
         for line in lines:
             console.print(f"    {_escape(line)}")
     outcome = "fits" if remedy.fits_after else "still over"
-    console.print(f"  then det would upload {format_size(remedy.total_after)}: {outcome} "
-                  f"(checked by walking again with these lines)")
+    console.print(
+        f"  then det would upload {format_size(remedy.total_after)}: {outcome} "
+        f"(checked by walking again with these lines)"
+    )
     named = [f"{p}/" if p in report.dirs else p for p in remedy.hook_paths]
     moved = ", ".join(named[:3]) + (f" and {len(named) - 3} more" if len(named) > 3 else "") or "the data"
-    console.print(f"[bold]Or keep {_escape(moved)} out of the context[/]: put it in a bucket and "
-                  "download it when the task starts, from a startup hook "
-                  "(startup-hook.sh next to the model code; see `lading hook --help`).")
+    console.print(
+        f"[bold]Or keep {_escape(moved)} out of the context[/]: put it in a bucket and "
+        "download it when the task starts, from a startup hook "
+        "(startup-hook.sh next to the model code; see `lading hook --help`)."
+    )
 
 
 def _render_explanation(console: Console, report: CheckReport) -> None:
     explanation = report.explanation
     verdict = "[green]uploaded[/]" if explanation.uploaded else "[red]not uploaded[/]"
-    console.print(f"{_escape(explanation.path)} ({explanation.kind}): {verdict}: "
-                  f"{_escape(explanation.reason)}")
+    console.print(f"{_escape(explanation.path)} ({explanation.kind}): {verdict}: {_escape(explanation.reason)}")
 
 
 def _count(n: int, noun: str) -> str:

@@ -96,14 +96,20 @@ def list_datasets(store_uri: str, as_json: bool, **options: Any) -> None:
         return
     click.echo(f"{'dataset':<28} {'state':<13} {'samples':>10} {'shards':>6} {'size':>10}  built / claimed")
     for item in found:
-        click.echo(f"{item.location.name + '/' + item.location.version:<28} {item.state:<13} "
-                   f"{_count(item.samples):>10} {_count(item.shards):>6} {human(item.bytes):>10}  {_when(item)}")
+        click.echo(
+            f"{item.location.name + '/' + item.location.version:<28} {item.state:<13} "
+            f"{_count(item.samples):>10} {_count(item.shards):>6} {human(item.bytes):>10}  {_when(item)}"
+        )
 
 
 @datasets.command("show", epilog=SHOW_EPILOG)
 @click.argument("uri", metavar="STORE_URI/NAME/VERSION")
-@click.option("--cache-dir", type=click.Path(file_okay=False, readable=False), default=None,
-              help=f"Node cache root to check (default: {CACHE_ROOT_RULE}).")
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, readable=False),
+    default=None,
+    help=f"Node cache root to check (default: {CACHE_ROOT_RULE}).",
+)
 @json_option
 @store_options
 def show(uri: str, cache_dir: str | None, as_json: bool, **options: Any) -> None:
@@ -128,8 +134,10 @@ def rm(uris: tuple[str, ...], yes: bool, as_json: bool, **options: Any) -> None:
     from lading.datalayer import remove
 
     if not yes:
-        raise UsageError(f"refusing to remove {', '.join(uris)} without --yes",
-                         f"see what it holds first: lading datasets show {uris[0]}")
+        raise UsageError(
+            f"refusing to remove {', '.join(uris)} without --yes",
+            f"see what it holds first: lading datasets show {uris[0]}",
+        )
     config = pop_store_config(options)
     removed = [remove(uri, config) for uri in uris]
     if as_json:
@@ -159,22 +167,34 @@ def _details(details: dict[str, Any]) -> list[str]:
         cache = details.get("node_cache")
         lines += [
             f"  samples      {_count(details['samples'])}",
-            (f"  shards       {details['shards']} ({human(details['shard_bytes'])}; {details['objects']} objects, "
-             f"{human(details['bytes'])} in all)"),
+            (
+                f"  shards       {details['shards']} ({human(details['shard_bytes'])}; {details['objects']} objects, "
+                f"{human(details['bytes'])} in all)"
+            ),
             "  fields       " + (", ".join(f"{e['field']} ({e['type']})" for e in fields.values()) or "-"),
             f"  keys         {(details.get('encoding') or {}).get('keys', '-')}",
             f"  fingerprint  {details.get('fingerprint') or '- (not built by lading.datalayer)'}",
             f"  function     {details.get('function') or '-'}",
-            (f"  built        {details.get('built_at') or '-'} by pid {built_by.get('pid', '?')} on "
-             f"{built_by.get('host', '?')} (user {built_by.get('user', '?')}) in {details.get('build_seconds')}s"),
+            (
+                f"  built        {details.get('built_at') or '-'} by pid {built_by.get('pid', '?')} on "
+                f"{built_by.get('host', '?')} (user {built_by.get('user', '?')}) in {details.get('build_seconds')}s"
+            ),
             f"  store check  {details.get('store_check')}",
-            "  node cache   " + ("none here" if cache is None else (f"{cache['current']} current, {cache['stale']} "
-                                                                 f"stale, {cache['absent']} absent in {cache['root']}")),
+            "  node cache   "
+            + (
+                "none here"
+                if cache is None
+                else (
+                    f"{cache['current']} current, {cache['stale']} stale, {cache['absent']} absent in {cache['root']}"
+                )
+            ),
         ]
     else:
         lines.append(f"  objects      {details['objects']} ({human(details['bytes'])}), no index")
     if claim:
-        lines.append(f"  claim        {claim['purpose']} {claim['state']} by pid {claim['pid']} on {claim['host']}, "
-                     f"heartbeat {claim['heartbeat_age']:.0f}s ago (ttl {claim['ttl']:g}s)"
-                     + (f": {claim['error']}" if claim.get("error") else ""))
+        lines.append(
+            f"  claim        {claim['purpose']} {claim['state']} by pid {claim['pid']} on {claim['host']}, "
+            f"heartbeat {claim['heartbeat_age']:.0f}s ago (ttl {claim['ttl']:g}s)"
+            + (f": {claim['error']}" if claim.get("error") else "")
+        )
     return lines

@@ -99,9 +99,15 @@ def _slot_count(env: Mapping[str, str]) -> int:
     return len(ids)
 
 
-def _stage_one(state: AppState, config: StoreConfig, source: str, dest: str,
-               views: Callable[[StageResult], dict[int, list[str]]], json_out: bool = False,
-               force: bool = False) -> dict:
+def _stage_one(
+    state: AppState,
+    config: StoreConfig,
+    source: str,
+    dest: str,
+    views: Callable[[StageResult], dict[int, list[str]]],
+    json_out: bool = False,
+    force: bool = False,
+) -> dict:
     """Stage SOURCE at DEST once per node, build the per-slot views, print a summary line."""
     from lading.hooks.fetch import stage_source
     from lading.hooks.stage import build_views, raise_for_failures
@@ -112,8 +118,16 @@ def _stage_one(state: AppState, config: StoreConfig, source: str, dest: str,
     linked = build_views(staged.root, staged.result.files, views(staged.result))
     result = staged.result
     if not json_out:
-        state.result(_summary_line(progress.label, result.fetched, result.fetched_bytes, result.unchanged,
-                                   result.removed, time.monotonic() - progress.throttle.started))
+        state.result(
+            _summary_line(
+                progress.label,
+                result.fetched,
+                result.fetched_bytes,
+                result.unchanged,
+                result.removed,
+                time.monotonic() - progress.throttle.started,
+            )
+        )
     return result.to_json() | {"view_links": linked}
 
 
@@ -122,8 +136,10 @@ def _summary_line(label: str, fetched: int, nbytes: int, unchanged: int, removed
         return f"lading: {label}: up to date ({unchanged} object(s) already staged, nothing downloaded)"
     rate = human(nbytes / max(seconds, 1e-6))
     extra = f", {removed} removed" if removed else ""
-    return (f"lading: {label}: {fetched} fetched ({human(nbytes)} in {seconds:.1f}s, {rate}/s), "
-            f"{unchanged} unchanged{extra}")
+    return (
+        f"lading: {label}: {fetched} fetched ({human(nbytes)} in {seconds:.1f}s, {rate}/s), "
+        f"{unchanged} unchanged{extra}"
+    )
 
 
 HOOK_HELP = """Startup-hook downloads for Determined: write the hook, run it.
@@ -235,21 +251,32 @@ def _init_arguments(args: tuple[str, ...]) -> tuple[Path, tuple[str, ...]]:
     if len(args) == 1 and "://" in args[0]:
         raise UsageError(f"SOURCE {args[0]} needs a DEST: none was given", missing_dest)
     if len(args) == 2 and "://" in args[1] and "://" not in args[0]:
-        raise UsageError(f"SOURCE {args[1]} needs a DEST: only CONTEXT_DIR {args[0]} and SOURCE were given",
-                         missing_dest)
+        raise UsageError(
+            f"SOURCE {args[1]} needs a DEST: only CONTEXT_DIR {args[0]} and SOURCE were given", missing_dest
+        )
     context = Path(args[0] if len(args) in (1, 3) else ".")
     if not context.exists():
         raise NotFound(f"context directory {str(context)!r} does not exist")  # as `lading check` says it
     if not context.is_dir():
-        raise UsageError(f"context directory {str(context)!r} is not a directory",
-                         "CONTEXT_DIR is the model directory that holds startup-hook.sh")
+        raise UsageError(
+            f"context directory {str(context)!r} is not a directory",
+            "CONTEXT_DIR is the model directory that holds startup-hook.sh",
+        )
     return context, (args[-2:] if len(args) >= 2 else ())
 
 
-@hook.command("run", help=HOOK_RUN_HELP, epilog=SCHEMA_HELP,
-              short_help="Stage the experiment config's data.datasets on this node.")
-@click.option("--config", "config_file", type=click.Path(dir_okay=False),
-              help="Experiment config (YAML). Default: $DET_EXPERIMENT_CONFIG (JSON), as in a det container.")
+@hook.command(
+    "run",
+    help=HOOK_RUN_HELP,
+    epilog=SCHEMA_HELP,
+    short_help="Stage the experiment config's data.datasets on this node.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False),
+    help="Experiment config (YAML). Default: $DET_EXPERIMENT_CONFIG (JSON), as in a det container.",
+)
 @click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
 @store_options
 @click.pass_obj
@@ -268,9 +295,16 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool, **options
         needs_slots = spec.slots or spec.distribution == "sharded"
         count = _slot_count(os.environ) if needs_slots else 0
         check_sharding(spec, count, trial_slots)
-        summaries.append(_stage_one(state, connection, spec.source, dest_path(spec),
-                                    functools.partial(views_for, spec, slot_count=count, trial_slots=trial_slots),
-                                    json_out=json_out))
+        summaries.append(
+            _stage_one(
+                state,
+                connection,
+                spec.source,
+                dest_path(spec),
+                functools.partial(views_for, spec, slot_count=count, trial_slots=trial_slots),
+                json_out=json_out,
+            )
+        )
     if json_out:
         click.echo(json.dumps({"datasets": summaries}, indent=2))
     return 0
@@ -283,8 +317,10 @@ def _load_experiment_config(config_file: str | None, env: Mapping[str, str]) -> 
         return load_config(str(config_file)), config_file
     raw = env.get("DET_EXPERIMENT_CONFIG")
     if not raw:
-        raise UsageError("no experiment config: DET_EXPERIMENT_CONFIG is not set",
-                         "outside a det container, name the experiment config file (const.yaml)")
+        raise UsageError(
+            "no experiment config: DET_EXPERIMENT_CONFIG is not set",
+            "outside a det container, name the experiment config file (const.yaml)",
+        )
     return parse_config(raw, "DET_EXPERIMENT_CONFIG"), "DET_EXPERIMENT_CONFIG"
 
 
@@ -322,8 +358,15 @@ lading did not write at DEST, a file where DEST's directory should be), 3 not fo
 def fetch(state: AppState, uri: str, dest: str, slots: bool, force: bool, json_out: bool, **options: Any) -> int:
     """``lading fetch``: see FETCH_HELP."""
     count = _slot_count(os.environ) if slots else 0
-    summary = _stage_one(state, pop_store_config(options), uri, dest,
-                         lambda result: {i: sorted(result.files) for i in range(count)}, json_out=json_out, force=force)
+    summary = _stage_one(
+        state,
+        pop_store_config(options),
+        uri,
+        dest,
+        lambda result: {i: sorted(result.files) for i in range(count)},
+        json_out=json_out,
+        force=force,
+    )
     if json_out:
         click.echo(json.dumps(summary, indent=2))
     return 0
@@ -354,8 +397,13 @@ Exit codes: 0 no problem, 1 problems found (listed), 2 unreadable config, 3 miss
 
 @click.command("bind-mounts", help=BIND_MOUNTS_HELP, short_help="Validate an experiment config's bind_mounts.")
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
-@click.option("--suggest", "suggest", multiple=True, metavar="PATH",
-              help="Print a ready-to-paste bind_mounts snippet for PATH (repeatable).")
+@click.option(
+    "--suggest",
+    "suggest",
+    multiple=True,
+    metavar="PATH",
+    help="Print a ready-to-paste bind_mounts snippet for PATH (repeatable).",
+)
 @click.option("--json", "json_out", is_flag=True, help="Print the problems as JSON on stdout.")
 def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) -> int:
     """``lading bind-mounts``: see BIND_MOUNTS_HELP."""
@@ -365,8 +413,11 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
         mounts = [suggest_bind_mount(path) for path in suggest]
         click.echo(render_snippet(mounts), nl=False)
         for path in missing_here(mounts):
-            click.echo(f"lading: warning: {path} does not exist on this machine; the snippet is fine if it "
-                       "exists on the agent hosts", err=True)
+            click.echo(
+                f"lading: warning: {path} does not exist on this machine; the snippet is fine if it "
+                "exists on the agent hosts",
+                err=True,
+            )
         if config is None:
             return 0
     loaded, origin = _load_experiment_config(config, os.environ)
@@ -374,8 +425,17 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
     mounts = loaded.get("bind_mounts") or []
     count = len(mounts) if isinstance(mounts, list) else 1
     if json_out:
-        click.echo(json.dumps({"config": origin, "bind_mounts": count, "ok": not problems,
-                               "problems": [problem.to_json() for problem in problems]}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "config": origin,
+                    "bind_mounts": count,
+                    "ok": not problems,
+                    "problems": [problem.to_json() for problem in problems],
+                },
+                indent=2,
+            )
+        )
     else:
         for problem in problems:
             click.echo(f"{origin}: {problem.message}")
@@ -384,56 +444,87 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
     return 1 if problems else 0
 
 
-def run_check_fix(report: "CheckReport", bucket: str | None, yes: bool, as_json: bool, state: AppState | None,
-                  config: StoreConfig) -> int:
+def run_check_fix(
+    report: "CheckReport", bucket: str | None, yes: bool, as_json: bool, state: AppState | None, config: StoreConfig
+) -> int:
     """`lading check --fix --bucket URI [--yes]`: print the plan, or apply it and check again."""
     from lading.context import check_context
     from lading.context.fix import apply_fix, plan_fix
     from lading.stores import open_store
 
     if not bucket:
-        raise UsageError("--fix needs --bucket URI (where the large paths go)", "e.g. --bucket s3://my-bucket/model-data")
+        raise UsageError(
+            "--fix needs --bucket URI (where the large paths go)", "e.g. --bucket s3://my-bucket/model-data"
+        )
     quiet = bool(state and state.quiet)
     if report.fits:
-        click.echo(json.dumps({"fits": True, "plan": None}) if as_json else
-                   f"fits ({human(report.total_bytes)} of {human(report.limit_bytes)}): nothing to fix")
+        click.echo(
+            json.dumps({"fits": True, "plan": None})
+            if as_json
+            else f"fits ({human(report.total_bytes)} of {human(report.limit_bytes)}): nothing to fix"
+        )
         return 0
     plan = plan_fix(report, bucket)
     if not yes:
-        click.echo(json.dumps({"fits": False, "applied": False, "plan": plan.to_json()}, indent=2) if as_json
-                   else _render_fix_plan(plan))
+        click.echo(
+            json.dumps({"fits": False, "applied": False, "plan": plan.to_json()}, indent=2)
+            if as_json
+            else _render_fix_plan(plan)
+        )
         return 1
     progress = LogProgress(f"upload to {plan.bucket}", _echo_for(AppState(quiet=quiet or as_json)))
     progress.total = plan.upload_bytes
     result = apply_fix(plan, open_store(plan.bucket, config), progress.on_bytes)
     after = check_context(str(plan.context), limit=report.limit_bytes, remedies=False)
     if as_json:
-        click.echo(json.dumps({"fits": after.fits, "applied": True, "plan": plan.to_json(),
-                               "result": result.to_json(), "total_bytes": after.total_bytes}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "fits": after.fits,
+                    "applied": True,
+                    "plan": plan.to_json(),
+                    "result": result.to_json(),
+                    "total_bytes": after.total_bytes,
+                },
+                indent=2,
+            )
+        )
     else:
         if not quiet:
-            click.echo(f"uploaded {result.uploaded} file(s) ({human(result.uploaded_bytes)}), "
-                       f"{result.already_there} already in {plan.bucket}; all verified")
-            click.echo(f"{plan.context / '.detignore'}: +{len(result.detignore_added)} line(s); "
-                       f"startup-hook.sh: {'updated' if result.hook_changed else 'already up to date'}")
+            click.echo(
+                f"uploaded {result.uploaded} file(s) ({human(result.uploaded_bytes)}), "
+                f"{result.already_there} already in {plan.bucket}; all verified"
+            )
+            click.echo(
+                f"{plan.context / '.detignore'}: +{len(result.detignore_added)} line(s); "
+                f"startup-hook.sh: {'updated' if result.hook_changed else 'already up to date'}"
+            )
         verdict = "fits" if after.fits else "STILL OVER"
-        click.echo(f"now: {verdict}, {human(after.total_bytes)} of {human(after.limit_bytes)}; "
-                   "your files are untouched (only ignored); the hook downloads them when the task starts")
+        click.echo(
+            f"now: {verdict}, {human(after.total_bytes)} of {human(after.limit_bytes)}; "
+            "your files are untouched (only ignored); the hook downloads them when the task starts"
+        )
     return 0 if after.fits else 1
 
 
 def _render_fix_plan(plan: "FixPlan") -> str:
-    lines = [f"over the limit: {human(plan.total_before)} of {human(plan.limit_bytes)}. "
-             f"Plan (dry run; add --yes to apply):"]
+    lines = [
+        f"over the limit: {human(plan.total_before)} of {human(plan.limit_bytes)}. Plan (dry run; add --yes to apply):"
+    ]
     for item in plan.items:
         name = item.path + ("/" if item.is_dir else "")
-        where = f"upload {len(item.files)} file(s) to {item.uri}" if item.restore else \
-            "ignore only (a cache or virtualenv: rebuilt, not restored)"
+        where = (
+            f"upload {len(item.files)} file(s) to {item.uri}"
+            if item.restore
+            else "ignore only (a cache or virtualenv: rebuilt, not restored)"
+        )
         lines.append(f"  {human(item.det_bytes):>10}  {name}: {where}")
     lines.append(f"then add to {plan.context / '.detignore'}: " + " ".join(plan.detignore_lines))
     for entry in plan.hook_entries():
         lines.append(f"and to {plan.context / 'startup-hook.sh'}: lading fetch {entry.source} {entry.dest}")
     verdict = "fits" if plan.fits_after else "STILL OVER"
-    lines.append(f"after: {human(plan.total_after)} ({verdict}); uploads are verified before any "
-                 "file in the context changes, and no file is deleted")
+    lines.append(
+        f"after: {human(plan.total_after)} ({verdict}); uploads are verified before any "
+        "file in the context changes, and no file is deleted"
+    )
     return "\n".join(lines)

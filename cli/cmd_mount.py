@@ -58,38 +58,93 @@ Exit codes: 0 unmounted, 1 busy (files open; --lazy) or no fusermount, 3 not a m
 @click.argument("uri")
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--foreground", "-f", is_flag=True, help="Stay attached; serve until Ctrl-C or unmount.")
-@click.option("--manifest", type=click.Path(dir_okay=False, path_type=Path),
-              help="Show only the keys this manifest lists (no bucket listing; one HEAD per key).")
-@click.option("--distribution", type=click.Choice(["replicated", "sharded"]), default="replicated",
-              show_default=True, help="sharded: show only this rank's shard (same rule as sync).")
-@click.option("--balance", type=click.Choice(["count", "bytes"]), default="count", show_default=True,
-              help="Sharding rule: every n-th key, or balanced bytes.")
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Show only the keys this manifest lists (no bucket listing; one HEAD per key).",
+)
+@click.option(
+    "--distribution",
+    type=click.Choice(["replicated", "sharded"]),
+    default="replicated",
+    show_default=True,
+    help="sharded: show only this rank's shard (same rule as sync).",
+)
+@click.option(
+    "--balance",
+    type=click.Choice(["count", "bytes"]),
+    default="count",
+    show_default=True,
+    help="Sharding rule: every n-th key, or balanced bytes.",
+)
 @click.option("--rank", type=int, help="This rank (default: from the launcher's environment).")
 @click.option("--world-size", type=int, help="Number of ranks (default: from the launcher's environment).")
-@click.option("--max-memory", callback=size, metavar="SIZE",
-              help="The daemon's memory budget (RSS): readahead and cached data get what the listed "
-                   "tree leaves of it, at least 16MiB [default: 128MiB].")
-@click.option("--cache-dir", type=click.Path(file_okay=False, readable=False, path_type=Path),
-              help="Keep fetched data on local disk so later epochs skip the store.")
-@click.option("--cache-size", callback=size, metavar="SIZE",
-              help="Disk cache limit, least recently used data evicted first [default: 10GiB].")
-@click.option("--timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
-              help="Seconds a read may wait for the store before failing with EIO.")
-@click.option("--workers", "--concurrency", "workers", type=click.IntRange(1, 256), default=32, show_default=True,
-              help="Readahead GETs in flight at most; a reader's own misses never wait behind them "
-                   "(--concurrency: the old name).")
-@click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path),
-              help="Daemon log (stats on SIGUSR1 and at unmount). Default: none when detached.")
+@click.option(
+    "--max-memory",
+    callback=size,
+    metavar="SIZE",
+    help="The daemon's memory budget (RSS): readahead and cached data get what the listed "
+    "tree leaves of it, at least 16MiB [default: 128MiB].",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, readable=False, path_type=Path),
+    help="Keep fetched data on local disk so later epochs skip the store.",
+)
+@click.option(
+    "--cache-size",
+    callback=size,
+    metavar="SIZE",
+    help="Disk cache limit, least recently used data evicted first [default: 10GiB].",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="Seconds a read may wait for the store before failing with EIO.",
+)
+@click.option(
+    "--workers",
+    "--concurrency",
+    "workers",
+    type=click.IntRange(1, 256),
+    default=32,
+    show_default=True,
+    help="Readahead GETs in flight at most; a reader's own misses never wait behind them "
+    "(--concurrency: the old name).",
+)
+@click.option(
+    "--log-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Daemon log (stats on SIGUSR1 and at unmount). Default: none when detached.",
+)
 @click.option("--allow-other", is_flag=True, help="Let other users read the mount (FUSE allow_other).")
 @click.option("--allow-empty", is_flag=True, help="Mount a prefix with no objects; default: exit 3.")
 @click.option("--json", "json_out", is_flag=True, help="Print a JSON line once mounted.")
 @store_options
 @click.pass_obj
-def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifest: Path | None,
-          distribution: str, balance: str, rank: int | None, world_size: int | None,
-          max_memory: int | None, cache_dir: Path | None, cache_size: int | None, timeout: float,
-          workers: int, log_file: Path | None, allow_other: bool, allow_empty: bool, json_out: bool,
-          **store: Any) -> int:
+def mount(
+    state: AppState,
+    uri: str,
+    mountpoint: Path,
+    foreground: bool,
+    manifest: Path | None,
+    distribution: str,
+    balance: str,
+    rank: int | None,
+    world_size: int | None,
+    max_memory: int | None,
+    cache_dir: Path | None,
+    cache_size: int | None,
+    timeout: float,
+    workers: int,
+    log_file: Path | None,
+    allow_other: bool,
+    allow_empty: bool,
+    json_out: bool,
+    **store: Any,
+) -> int:
     """``lading mount``: see MOUNT_HELP."""
     from dataclasses import replace
 
@@ -105,9 +160,12 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
     topology = detect_topology(os.environ, {"rank": rank, "world_size": world_size})
     # A read must fail within --timeout: a couple of quick retries, never minutes of backoff.
     config = pop_store_config(store)
-    config = replace(config, timeout=timeout,
-                     retry=RetryPolicy(attempts=3, base_delay=0.1, max_delay=min(2.0, timeout / 4)),
-                     max_pool_connections=max(config.max_pool_connections, workers + 8))
+    config = replace(
+        config,
+        timeout=timeout,
+        retry=RetryPolicy(attempts=3, base_delay=0.1, max_delay=min(2.0, timeout / 4)),
+        max_pool_connections=max(config.max_pool_connections, workers + 8),
+    )
     options = MountOptions(
         source=uri,
         mountpoint=mountpoint.absolute(),
@@ -128,8 +186,10 @@ def mount(state: AppState, uri: str, mountpoint: Path, foreground: bool, manifes
 
     def announce(ready: MountReady) -> None:
         if hidden:
-            state.status(f"lading: warning: {ready.mountpoint} is not empty: the mount hides its {hidden} "
-                         f"entr{'y' if hidden == 1 else 'ies'} until unmounted")
+            state.status(
+                f"lading: warning: {ready.mountpoint} is not empty: the mount hides its {hidden} "
+                f"entr{'y' if hidden == 1 else 'ies'} until unmounted"
+            )
         _report(state, json_out, uri, ready, shard, foreground)
 
     ready = do_mount(options, on_ready=announce)
@@ -150,8 +210,17 @@ def _entries(mountpoint: Path) -> int:
 
 def _report(state: AppState, json_out: bool, uri: str, ready: MountReady, shard: str, foreground: bool) -> None:
     if json_out:
-        click.echo(json.dumps({"mountpoint": str(ready.mountpoint), "source": uri,
-                               "pid": ready.pid, "seconds": round(ready.seconds, 3)}), nl=True)
+        click.echo(
+            json.dumps(
+                {
+                    "mountpoint": str(ready.mountpoint),
+                    "source": uri,
+                    "pid": ready.pid,
+                    "seconds": round(ready.seconds, 3),
+                }
+            ),
+            nl=True,
+        )
         return
     tail = " (Ctrl-C to unmount)" if foreground else f"; unmount with: lading unmount {ready.mountpoint}"
     state.result(f"mounted {uri}{shard} at {ready.mountpoint} in {ready.seconds:.1f}s (pid {ready.pid}){tail}")
@@ -170,8 +239,15 @@ def unmount(state: AppState, mountpoint: Path, lazy: bool) -> int:
     return 0
 
 
-def _view(source: str, manifest: Path | None, rank: int, world_size: int, distribution: str,
-          balance: str, allow_empty: bool = False) -> ViewSpec:
+def _view(
+    source: str,
+    manifest: Path | None,
+    rank: int,
+    world_size: int,
+    distribution: str,
+    balance: str,
+    allow_empty: bool = False,
+) -> ViewSpec:
     """The mount's selection, by the same manifest and sharding rules as ``lading sync``."""
     from functools import partial
 
@@ -182,7 +258,7 @@ def _view(source: str, manifest: Path | None, rank: int, world_size: int, distri
     keys = tuple(keys_under(load_manifest(manifest), source)) if manifest else None
     select = None
     if distribution == "sharded" and world_size > 1:
-        select = partial(select_for_rank, rank=rank, world_size=world_size, distribution="sharded",
-                         balance=balance)
-    return ViewSpec(keys=keys, manifest=manifest.absolute() if manifest else None, select=select,
-                    allow_empty=allow_empty)
+        select = partial(select_for_rank, rank=rank, world_size=world_size, distribution="sharded", balance=balance)
+    return ViewSpec(
+        keys=keys, manifest=manifest.absolute() if manifest else None, select=select, allow_empty=allow_empty
+    )

@@ -85,9 +85,12 @@ class _LogLines:
         """Count bytes; maybe print a line."""
         self.done += nbytes
         if self.throttle.due():
-            click.echo(f"lading pack: {format_size(self.done)} of {format_size(self.total)} "
-                       f"({100 * self.done / max(self.total, 1):.0f}%), {self.shards} shard(s) done, "
-                       f"{human(self.throttle.rate(self.done))}/s", err=True)
+            click.echo(
+                f"lading pack: {format_size(self.done)} of {format_size(self.total)} "
+                f"({100 * self.done / max(self.total, 1):.0f}%), {self.shards} shard(s) done, "
+                f"{human(self.throttle.rate(self.done))}/s",
+                err=True,
+            )
 
     def on_shard(self, name: str, nbytes: int) -> None:
         """Count shards."""
@@ -116,10 +119,11 @@ def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
     shards = summary["shards"]
     sizes = [shard["bytes"] for shard in shards]
     verb = "would pack" if dry_run else "packed"
-    state.result(f"{verb} {summary['files']:,} files ({summary['samples']:,} samples, "
-                 f"{format_size(summary['input_bytes'])}) into {len(shards)} shard(s) of "
-                 f"{format_size(min(sizes))}..{format_size(max(sizes))}"
-                 + ("" if dry_run else f" in {summary['seconds']:.1f} s"))
+    state.result(
+        f"{verb} {summary['files']:,} files ({summary['samples']:,} samples, "
+        f"{format_size(summary['input_bytes'])}) into {len(shards)} shard(s) of "
+        f"{format_size(min(sizes))}..{format_size(max(sizes))}" + ("" if dry_run else f" in {summary['seconds']:.1f} s")
+    )
     if not dry_run:
         state.status(f"index:    {summary['index']}")
         state.status(f"manifest: {summary['manifest']}")
@@ -128,25 +132,51 @@ def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
 @click.command(help=PACK_HELP, short_help="Pack many small files into WebDataset tar shards.")
 @click.argument("source")
 @click.argument("dest")
-@click.option("--shard-size", default="150MB", show_default=True, metavar="SIZE",
-              help="Target shard size (B, KB, MB, GB, KiB, MiB, GiB); shards are balanced around it.")
+@click.option(
+    "--shard-size",
+    default="150MB",
+    show_default=True,
+    metavar="SIZE",
+    help="Target shard size (B, KB, MB, GB, KiB, MiB, GiB); shards are balanced around it.",
+)
 @click.option("--name", default=None, help="Dataset name, used in the file names (default: SOURCE's last folder).")
 @click.option("--version", "version", default=None, metavar="V", help="Store the dataset under DEST/NAME/V/.")
 @click.option("--shuffle", is_flag=True, help="Shuffle samples (a sample's files stay together), seeded.")
 @click.option("--seed", type=int, default=None, help="Seed for --shuffle (default 0). Same seed, same shards.")
 @click.option("--dry-run", is_flag=True, help="Show the plan (samples, shards, sizes); write nothing.")
 @click.option("--json", "json_out", is_flag=True, help="Print a JSON summary on stdout.")
-@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
-              help=f"Write the shards on this machine, or one Ray task per shard ({install_command('ray')}); "
-                   "same plan, byte-identical shards.")
-@click.option("--ray-address", default=None, metavar="ADDR",
-              help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else a local Ray started "
-                   "and stopped for this pack).")
+@click.option(
+    "--engine",
+    type=click.Choice(["local", "ray"]),
+    default="local",
+    show_default=True,
+    help=f"Write the shards on this machine, or one Ray task per shard ({install_command('ray')}); "
+    "same plan, byte-identical shards.",
+)
+@click.option(
+    "--ray-address",
+    default=None,
+    metavar="ADDR",
+    help="With --engine ray: the cluster to join (default: RAY_ADDRESS, else a local Ray started "
+    "and stopped for this pack).",
+)
 @store_options
 @click.pass_obj
-def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | None, version: str | None,
-         shuffle: bool, seed: int | None, dry_run: bool, json_out: bool, engine: str, ray_address: str | None,
-         **options: Any) -> int:
+def pack(
+    state: AppState,
+    source: str,
+    dest: str,
+    shard_size: str,
+    name: str | None,
+    version: str | None,
+    shuffle: bool,
+    seed: int | None,
+    dry_run: bool,
+    json_out: bool,
+    engine: str,
+    ray_address: str | None,
+    **options: Any,
+) -> int:
     """``lading pack``: see PACK_HELP."""
     from lading.pack import PackOptions, default_name, plan_pack, run_pack
 
@@ -154,9 +184,13 @@ def pack(state: AppState, source: str, dest: str, shard_size: str, name: str | N
     needs("ray_address", "engine", "ray")
     config = pop_store_config(options)
     # An empty --name is refused by the name rule, not replaced by the default.
-    pack_options = PackOptions(name=default_name(source) if name is None else name,
-                               shard_size=parse_size(shard_size),
-                               shuffle=shuffle, seed=seed or 0, version=version)
+    pack_options = PackOptions(
+        name=default_name(source) if name is None else name,
+        shard_size=parse_size(shard_size),
+        shuffle=shuffle,
+        seed=seed or 0,
+        version=version,
+    )
     plan = plan_pack(source, dest, pack_options, config)
     # This process ends with the pack: keep the plan's objects (several per file, no cycles)
     # out of the garbage collector's generations, which would traverse them again and again.

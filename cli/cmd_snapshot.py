@@ -56,8 +56,9 @@ class _SnapshotCommand(click.Command):
     #: The subcommands, for ``lading --help``-style listing and for the global flags (cli/main.py).
     subcommands: dict[str, click.Command] = {}
 
-    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
-                     **extra: Any) -> click.Context:
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
         if args and args[0] in self.subcommands:
             # A bare command (no SOURCE argument) so that the path reads `lading snapshot diff`.
             ctx = click.Context(click.Command(info_name), info_name=info_name, parent=parent)
@@ -70,8 +71,7 @@ class _SnapshotCommand(click.Command):
 
     def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
-            formatter.write_dl([(name, command.get_short_help_str(60))
-                                for name, command in self.subcommands.items()])
+            formatter.write_dl([(name, command.get_short_help_str(60)) for name, command in self.subcommands.items()])
         formatter.write_paragraph()
         formatter.write_text(f"See '{ctx.command_path} diff --help' for its options.")
 
@@ -79,22 +79,36 @@ class _SnapshotCommand(click.Command):
 @click.command(cls=_SnapshotCommand, help=SNAPSHOT_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("source")
 @click.option("-o", "--output", "output", required=True, metavar="FILE", help="Where to write the snapshot.")
-@click.option("--sagemaker-manifest", metavar="FILE", default=None,
-              help="Also write a SageMaker ManifestFile of the same objects (JSON).")
+@click.option(
+    "--sagemaker-manifest",
+    metavar="FILE",
+    default=None,
+    help="Also write a SageMaker ManifestFile of the same objects (JSON).",
+)
 @click.option("--allow-empty", is_flag=True, help="Write a snapshot of nothing instead of failing.")
 @click.option("--json", "json_out", is_flag=True, help="Print the summary as JSON.")
 @store_options
 @click.pass_obj
-def snapshot(state: AppState, source: str, output: str, sagemaker_manifest: str | None, allow_empty: bool,
-         json_out: bool, **options: Any) -> int:
+def snapshot(
+    state: AppState,
+    source: str,
+    output: str,
+    sagemaker_manifest: str | None,
+    allow_empty: bool,
+    json_out: bool,
+    **options: Any,
+) -> int:
     """``lading snapshot SOURCE -o FILE``."""
     from lading.core.errors import NotFound
     from lading.stores import open_store
     from lading.stores.snapshot import write_sagemaker_manifest, write_snapshot
 
     store = open_store(source, pop_store_config(options))
-    progress = None if state.quiet or json_out or not sys.stderr.isatty() else \
-        (lambda count: click.echo(f"\rlisted {count:,} objects", err=True, nl=False))
+    progress = (
+        None
+        if state.quiet or json_out or not sys.stderr.isatty()
+        else (lambda count: click.echo(f"\rlisted {count:,} objects", err=True, nl=False))
+    )
     summary = write_snapshot(store, store.url, output, progress)
     if progress is not None:
         click.echo("", err=True)
@@ -106,13 +120,25 @@ def snapshot(state: AppState, source: str, output: str, sagemaker_manifest: str 
     if sagemaker_manifest:
         write_sagemaker_manifest(summary.path, sagemaker_manifest)
     if json_out:
-        click.echo(json.dumps({"snapshot": summary.path, "source": summary.source, "taken": summary.taken,
-                               "objects": summary.objects, "bytes": summary.total_bytes,
-                               "file_bytes": summary.file_bytes, "sagemaker_manifest": sagemaker_manifest},
-                              indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "snapshot": summary.path,
+                    "source": summary.source,
+                    "taken": summary.taken,
+                    "objects": summary.objects,
+                    "bytes": summary.total_bytes,
+                    "file_bytes": summary.file_bytes,
+                    "sagemaker_manifest": sagemaker_manifest,
+                },
+                indent=2,
+            )
+        )
     else:
-        state.result(f"{summary.path}: {summary.objects:,} objects, {human(summary.total_bytes)} at "
-                     f"{summary.source} (taken {summary.taken}; the file is {human(summary.file_bytes)})")
+        state.result(
+            f"{summary.path}: {summary.objects:,} objects, {human(summary.total_bytes)} at "
+            f"{summary.source} (taken {summary.taken}; the file is {human(summary.file_bytes)})"
+        )
     return 0
 
 
@@ -127,8 +153,7 @@ def diff(state: AppState, old: str, new: str, json_out: bool) -> int:
 
     result = diff_snapshots(old, new)
     if json_out:
-        click.echo(json.dumps({"added": result.added, "removed": result.removed, "changed": result.changed},
-                              indent=2))
+        click.echo(json.dumps({"added": result.added, "removed": result.removed, "changed": result.changed}, indent=2))
     else:
         for mark, keys in (("+", result.added), ("-", result.removed), ("~", result.changed)):
             for key in keys:

@@ -103,8 +103,9 @@ def _topology_options_with(local_world_size_help: str) -> Callable[[Callable[...
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         for name in reversed(FIELDS):
             lowest = 1 if name.endswith("world_size") else 0
-            func = click.option("--" + name.replace("_", "-"), name, type=click.IntRange(min=lowest), default=None,
-                                help=helps[name])(func)
+            func = click.option(
+                "--" + name.replace("_", "-"), name, type=click.IntRange(min=lowest), default=None, help=helps[name]
+            )(func)
         return func
 
     return decorate
@@ -137,8 +138,10 @@ def render_dest(template: str, topology: Topology) -> Path:
     try:
         rendered = template.format_map(values)
     except (KeyError, IndexError, ValueError, AttributeError) as err:
-        raise UsageError(f"bad placeholder in DEST {template!r}: {err}",
-                         "use {rank}, {local_rank}, {node_rank} or {world_size} ({{ and }} for braces)") from None
+        raise UsageError(
+            f"bad placeholder in DEST {template!r}: {err}",
+            "use {rank}, {local_rank}, {node_rank} or {world_size} ({{ and }} for braces)",
+        ) from None
     if not rendered:
         raise UsageError("DEST is empty")
     return Path(os.path.abspath(os.path.expanduser(rendered)))
@@ -185,8 +188,10 @@ class LineProgress:
         with self.lock:
             if not self.throttle.due():
                 return
-            line = (f"lading sync: {self.phase} {self.files}/{self.total_files} files, "
-                    f"{human(self.nbytes)}/{human(self.total_bytes)}, {human(self.throttle.rate(self.nbytes))}/s")
+            line = (
+                f"lading sync: {self.phase} {self.files}/{self.total_files} files, "
+                f"{human(self.nbytes)}/{human(self.total_bytes)}, {human(self.throttle.rate(self.nbytes))}/s"
+            )
         self.echo(line)
 
     def close(self) -> None:
@@ -263,17 +268,20 @@ def _check_sharded_dest(template: str, distribution: str, topology: Topology) ->
     if distribution != "sharded" or topology.world_size == 1 or topology.local_world_size == 1:
         return
     if "{rank}" not in template and "{local_rank}" not in template:
-        raise UsageError(f"sharded ranks on one node would share DEST {template!r}",
-                         "put {rank} or {local_rank} in DEST, e.g. /tmp/data-rank{rank}")
+        raise UsageError(
+            f"sharded ranks on one node would share DEST {template!r}",
+            "put {rank} or {local_rank} in DEST, e.g. /tmp/data-rank{rank}",
+        )
 
 
 def _print_plan(plan: Any) -> None:
     totals = plan.totals()
     click.echo(f"plan for rank {plan.rank}/{plan.world_size} ({plan.distribution}): {plan.source} -> {plan.dest}")
-    click.echo(f"  listed {totals['listed']}, selected {totals['selected_files']} "
-               f"({human(totals['selected_bytes'])})")
-    click.echo(f"  fetch {totals['fetch_files']} file(s) ({human(totals['fetch_bytes'])}), "
-               f"{totals['up_to_date_files']} up to date, delete {totals['delete_files']}")
+    click.echo(f"  listed {totals['listed']}, selected {totals['selected_files']} ({human(totals['selected_bytes'])})")
+    click.echo(
+        f"  fetch {totals['fetch_files']} file(s) ({human(totals['fetch_bytes'])}), "
+        f"{totals['up_to_date_files']} up to date, delete {totals['delete_files']}"
+    )
     for item in islice(plan.to_fetch(), 20):
         click.echo(f"  + {item.info.key}  ({human(item.info.size)}, {item.reason})")
     for key in islice(plan.to_delete(), 20):
@@ -288,9 +296,11 @@ def _print_summary(state: AppState, summary: Any) -> None:
     if summary.reused:
         names = ", ".join(f"{d['name']} {d['version']}" if d["version"] else d["name"] for d in summary.reused)
         via += f", reused cached packed dataset {names} (ETags match the bucket)"
-    state.result(f"synced {summary.files} file(s), {human(summary.bytes)} to {summary.dest} in "
-                 f"{summary.seconds:.1f}s ({human(summary.throughput)}/s){via}; {summary.skipped} up to date, "
-                 f"{summary.deleted} deleted, {len(summary.failed)} failed")
+    state.result(
+        f"synced {summary.files} file(s), {human(summary.bytes)} to {summary.dest} in "
+        f"{summary.seconds:.1f}s ({human(summary.throughput)}/s){via}; {summary.skipped} up to date, "
+        f"{summary.deleted} deleted, {len(summary.failed)} failed"
+    )
 
 
 def _by_cause(failed: list[Any]) -> list[list[Any]]:
@@ -328,38 +338,84 @@ def _report_failures(summary: Any) -> int:
 @click.argument("source")
 @click.argument("dest", required=False, default=None)
 @_topology_options_with("Ranks on this node (more than 1 turns the node cache on).")
-@click.option("--channel", metavar="NAME", default=None,
-              help="SageMaker: sync into this input channel's directory ($SM_CHANNEL_<NAME>) "
-                   "(default without DEST: the job's only channel).")
-@click.option("--distribution", type=click.Choice(["replicated", "sharded"]), default="replicated",
-              show_default=True, help="Every rank gets everything, or a disjoint shard per rank.")
-@click.option("--balance", type=click.Choice(["count", "bytes"]), default="count", show_default=True,
-              help="Sharding rule: by key order (i mod world size) or by size (largest first).")
+@click.option(
+    "--channel",
+    metavar="NAME",
+    default=None,
+    help="SageMaker: sync into this input channel's directory ($SM_CHANNEL_<NAME>) "
+    "(default without DEST: the job's only channel).",
+)
+@click.option(
+    "--distribution",
+    type=click.Choice(["replicated", "sharded"]),
+    default="replicated",
+    show_default=True,
+    help="Every rank gets everything, or a disjoint shard per rank.",
+)
+@click.option(
+    "--balance",
+    type=click.Choice(["count", "bytes"]),
+    default="count",
+    show_default=True,
+    help="Sharding rule: by key order (i mod world size) or by size (largest first).",
+)
 @click.option("--include", multiple=True, metavar="GLOB", help="Only keys matching a glob (repeatable).")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Leave out keys matching a glob (repeatable).")
-@click.option("--manifest", "manifest_file", type=click.Path(dir_okay=False), default=None,
-              help="Sync the keys in FILE instead of listing (SageMaker ManifestFile JSON or one key per line).")
+@click.option(
+    "--manifest",
+    "manifest_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Sync the keys in FILE instead of listing (SageMaker ManifestFile JSON or one key per line).",
+)
 @click.option("--delete", is_flag=True, help="Remove files lading synced earlier that left the source.")
-@click.option("--allow-empty", is_flag=True,
-              help="Accept a source with no objects (or none matching the filters); default: exit 3.")
-@click.option("--cache-dir", type=click.Path(file_okay=False, readable=False), default=None, envvar="LADING_CACHE_DIR",
-              help=f"Node cache directory, yours alone (default: {CACHE_ROOT_RULE}; mode 0700; "
-                   "giving it, or LADING_CACHE_DIR, turns the cache on).")
+@click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="Accept a source with no objects (or none matching the filters); default: exit 3.",
+)
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, readable=False),
+    default=None,
+    envvar="LADING_CACHE_DIR",
+    help=f"Node cache directory, yours alone (default: {CACHE_ROOT_RULE}; mode 0700; "
+    "giving it, or LADING_CACHE_DIR, turns the cache on).",
+)
 @click.option("--no-cache", is_flag=True, help="Never use the node cache.")
-@click.option("--workers", type=click.IntRange(min=1, max=512), default=64, show_default=True,
-              help="Parallel transfers.")
+@click.option(
+    "--workers", type=click.IntRange(min=1, max=512), default=64, show_default=True, help="Parallel transfers."
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--json", "json_out", is_flag=True, help="Print only JSON: the summary, or the plan with --dry-run.")
-@click.option("--snapshot", metavar="FILE", default=None,
-              help="Take the objects and their versions from a snapshot (lading snapshot) instead of "
-                   "listing SOURCE; every read is pinned to them. SOURCE may also be the snapshot itself.")
+@click.option(
+    "--snapshot",
+    metavar="FILE",
+    default=None,
+    help="Take the objects and their versions from a snapshot (lading snapshot) instead of "
+    "listing SOURCE; every read is pinned to them. SOURCE may also be the snapshot itself.",
+)
 @store_options
 @click.pass_obj
-def sync(state: AppState, source: str, dest: str, distribution: str, balance: str, include: tuple[str, ...],
-         exclude: tuple[str, ...], manifest_file: str | None, snapshot: str | None, delete: bool,
-         allow_empty: bool,
-         cache_dir: str | None, no_cache: bool,
-         workers: int, dry_run: bool, json_out: bool, **options: Any) -> int:
+def sync(
+    state: AppState,
+    source: str,
+    dest: str,
+    distribution: str,
+    balance: str,
+    include: tuple[str, ...],
+    exclude: tuple[str, ...],
+    manifest_file: str | None,
+    snapshot: str | None,
+    delete: bool,
+    allow_empty: bool,
+    cache_dir: str | None,
+    no_cache: bool,
+    workers: int,
+    dry_run: bool,
+    json_out: bool,
+    **options: Any,
+) -> int:
     """``lading sync``: see SYNC_HELP."""
     from lading.selection.manifest import load_manifest
     from lading.stores import open_store, parse_uri
@@ -383,8 +439,19 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
     manifest = load_manifest(manifest_file) if manifest_file else None
     store = open_store(uri, config, snapshot=snapshot)  # SOURCE may itself be a snapshot file
     uri = parse_uri(store.url)
-    request = SyncRequest(str(uri), target, include, exclude, manifest, distribution, balance,
-                          topology.rank, topology.world_size, delete, allow_empty)
+    request = SyncRequest(
+        str(uri),
+        target,
+        include,
+        exclude,
+        manifest,
+        distribution,
+        balance,
+        topology.rank,
+        topology.world_size,
+        delete,
+        allow_empty,
+    )
     if dry_run:
         with plan_only(store, request, workers) as plan:  # lists streamed from disk, never held whole
             if json_out:
@@ -396,8 +463,7 @@ def sync(state: AppState, source: str, dest: str, distribution: str, balance: st
     cache_root = Path(cache_dir).expanduser().resolve() if cache_dir else DEFAULT_CACHE_ROOT
     progress = _progress(state, json_out)
     try:
-        summary = run_sync(store, request, TransferOptions(workers=workers), progress,
-                           cache_root if cached else None)
+        summary = run_sync(store, request, TransferOptions(workers=workers), progress, cache_root if cached else None)
     finally:
         progress.close()
     if json_out:

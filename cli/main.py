@@ -78,8 +78,9 @@ def accept_global_flags(command: click.Command) -> click.Command:
     taken = {opt for param in command.params for opt in getattr(param, "opts", [])}
     for name, opts in GLOBAL_FLAGS:
         if not taken.intersection(opts):
-            command.params.append(click.Option(list(opts), name, is_flag=True, hidden=True, expose_value=False,
-                                               callback=_set_global))
+            command.params.append(
+                click.Option(list(opts), name, is_flag=True, hidden=True, expose_value=False, callback=_set_global)
+            )
     command._lading_global_flags = True  # type: ignore[attr-defined]
     subcommands = command.commands if isinstance(command, click.Group) else getattr(command, "subcommands", {})
     for sub in subcommands.values():  # a group's, or `snapshot diff` of the command `snapshot`
@@ -107,8 +108,12 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="lading")
-@click.option("--debug", is_flag=True, envvar="LADING_DEBUG",
-              help="Show tracebacks for errors and the library's log (anywhere on the line).")
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="LADING_DEBUG",
+    help="Show tracebacks for errors and the library's log (anywhere on the line).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Only errors and the final result (anywhere on the line).")
 @click.pass_context
 def lading(ctx: click.Context, debug: bool, quiet: bool) -> None:

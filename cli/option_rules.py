@@ -33,12 +33,13 @@ def flag(name: str, value: object = True) -> str:
 def needs(name: str, other: str, value: object = True) -> None:
     """A usage error when ``name`` was typed but option ``other`` is not ``value`` (it would do nothing)."""
     if given(name) and click.get_current_context().params.get(other) != value:
-        raise UsageError(f"{flag(name)} only makes sense with {flag(other, value)}",
-                         f"add {flag(other, value)}, or drop {flag(name)}")
+        raise UsageError(
+            f"{flag(name)} only makes sense with {flag(other, value)}",
+            f"add {flag(other, value)}, or drop {flag(name)}",
+        )
 
 
 def conflicts(name: str, other: str, why: str | None = None) -> None:
     """A usage error when both ``name`` and ``other`` were typed."""
     if given(name) and given(other):
-        raise UsageError(f"{flag(name)} and {flag(other)} conflict" + (f": {why}" if why else ""),
-                         "drop one of them")
+        raise UsageError(f"{flag(name)} and {flag(other)} conflict" + (f": {why}" if why else ""), "drop one of them")

@@ -41,8 +41,16 @@ def byte_bar(total: int, desc: str) -> Any:
     """A transient tqdm bar of bytes on stderr (removed when closed)."""
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc,
-                file=sys.stderr, dynamic_ncols=True, leave=False)
+    return tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=desc,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        leave=False,
+    )
 
 
 class Throttle:

@@ -28,15 +28,28 @@ STORE_OPTION_NAMES = ("endpoint_url", "profile", "no_sign_request", "region")
 def store_options(func: F) -> F:
     """Add ``--endpoint-url``, ``--profile``, ``--no-sign-request`` and ``--region`` to a command."""
     options = [
-        click.option("--endpoint-url", metavar="URL", default=None,
-                     help="S3-compatible endpoint (MinIO, Ceph, moto...). "
-                          "Default: $AWS_ENDPOINT_URL_S3, then $AWS_ENDPOINT_URL."),
-        click.option("--profile", metavar="NAME", default=None,
-                     help="AWS profile from ~/.aws/config. Default: $AWS_PROFILE."),
-        click.option("--no-sign-request", is_flag=True, default=False,
-                     help="Send S3 requests unsigned, for public buckets (no credentials needed)."),
-        click.option("--region", metavar="REGION", default=None,
-                     help="S3 region. Default: $AWS_REGION, $AWS_DEFAULT_REGION, the profile's."),
+        click.option(
+            "--endpoint-url",
+            metavar="URL",
+            default=None,
+            help="S3-compatible endpoint (MinIO, Ceph, moto...). "
+            "Default: $AWS_ENDPOINT_URL_S3, then $AWS_ENDPOINT_URL.",
+        ),
+        click.option(
+            "--profile", metavar="NAME", default=None, help="AWS profile from ~/.aws/config. Default: $AWS_PROFILE."
+        ),
+        click.option(
+            "--no-sign-request",
+            is_flag=True,
+            default=False,
+            help="Send S3 requests unsigned, for public buckets (no credentials needed).",
+        ),
+        click.option(
+            "--region",
+            metavar="REGION",
+            default=None,
+            help="S3 region. Default: $AWS_REGION, $AWS_DEFAULT_REGION, the profile's.",
+        ),
     ]
     for option in reversed(options):
         func = option(func)

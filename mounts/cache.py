@@ -44,8 +44,10 @@ class DiskCache:
         except PermissionError as err:
             raise AccessDenied(f"permission denied: cannot use {root} as the disk cache") from err
         except OSError as err:
-            raise UsageError(f"cannot use {root} as the disk cache: {err.strerror or err}",
-                             "point the cache at a writable local directory") from err
+            raise UsageError(
+                f"cannot use {root} as the disk cache: {err.strerror or err}",
+                "point the cache at a writable local directory",
+            ) from err
 
     def _load(self) -> None:
         found: list[tuple[float, str, int]] = []

@@ -81,11 +81,10 @@ def _wait_mounted(path: Path, pid: int, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-
-
 def _error_for_code(code: int) -> type[errors.LadingError]:
-    return {2: errors.UsageError, 3: errors.NotFound, 4: errors.AccessDenied,
-            5: errors.TransientError}.get(code, errors.ProblemFound)
+    return {2: errors.UsageError, 3: errors.NotFound, 4: errors.AccessDenied, 5: errors.TransientError}.get(
+        code, errors.ProblemFound
+    )
 
 
 def _daemon_main(options: MountOptions, report_fd: int, run: Callable[[Callable[[], None]], None]) -> None:
@@ -161,7 +160,10 @@ def _still_mounted_by_us(mountpoint: Path) -> bool:
     target = str(mountpoint).replace(" ", "\\040")
     try:
         with open("/proc/self/mounts") as mounts:
-            return any(fields[1] == target and fields[0].startswith("lading:")
-                       for fields in (line.split() for line in mounts) if len(fields) > 1)
+            return any(
+                fields[1] == target and fields[0].startswith("lading:")
+                for fields in (line.split() for line in mounts)
+                if len(fields) > 1
+            )
     except OSError:
         return False

@@ -43,8 +43,13 @@ def _safely(describe: Callable[..., str], args: tuple[Any, ...]) -> str:
         return "a file operation"
 
 
-def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[[], None] | None = None,
-                    on_destroy: Callable[[], None] | None = None) -> Any:
+def make_operations(
+    mfusepy: Any,
+    tree: Tree,
+    reader: Reader,
+    on_init: Callable[[], None] | None = None,
+    on_destroy: Callable[[], None] | None = None,
+) -> Any:
     """Build the mfusepy ``Operations`` instance (mfusepy is imported lazily by the caller)."""
     fuse_error = mfusepy.FuseOSError
 
@@ -52,6 +57,7 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
         """Turn every error of the method into an errno, logged in the user's terms
         (``describe(self, *args)``: "read train/a.jpg at 0 (+131072 bytes)"); a failed read
         also counts in the ``read_errors`` statistic."""
+
         def decorate(method: F) -> F:
             @functools.wraps(method)
             def guarded(*args: Any) -> Any:
@@ -71,7 +77,9 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
                     else:  # a bug must not take the mount down: log it, answer EIO
                         log.exception("%s failed (EIO): internal error", what)
                     raise fuse_error(code) from None
+
             return guarded  # type: ignore[return-value]
+
         return decorate
 
     def read_of(self: Any, path: str, size: int, offset: int, fh: int) -> str:
@@ -100,8 +108,15 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
             self._lock = threading.Lock()
             uid, gid = os.getuid(), os.getgid()
             now = time.time_ns()  # directories have no time of their own: show the mount's
-            self._dir_attrs = {"st_mode": stat.S_IFDIR | 0o555, "st_nlink": 2, "st_uid": uid, "st_gid": gid,
-                               "st_mtime": now, "st_ctime": now, "st_atime": now}
+            self._dir_attrs = {
+                "st_mode": stat.S_IFDIR | 0o555,
+                "st_nlink": 2,
+                "st_uid": uid,
+                "st_gid": gid,
+                "st_mtime": now,
+                "st_ctime": now,
+                "st_atime": now,
+            }
             self._uid, self._gid = uid, gid
 
         def init(self, path: str) -> None:
@@ -125,9 +140,17 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
                 raise fuse_error(errno.ENOENT)
             size = tree.size(index)
             mtime = int(tree.mtime(index) * 1e9)
-            return {"st_mode": stat.S_IFREG | 0o444, "st_nlink": 1, "st_size": size,
-                    "st_blocks": (size + 511) // 512, "st_mtime": mtime, "st_ctime": mtime,
-                    "st_atime": mtime, "st_uid": self._uid, "st_gid": self._gid}
+            return {
+                "st_mode": stat.S_IFREG | 0o444,
+                "st_nlink": 1,
+                "st_size": size,
+                "st_blocks": (size + 511) // 512,
+                "st_mtime": mtime,
+                "st_ctime": mtime,
+                "st_atime": mtime,
+                "st_uid": self._uid,
+                "st_gid": self._gid,
+            }
 
         @boundary(verb("list"))
         def readdir(self, path: str, fh: int) -> list[Any]:
@@ -140,8 +163,11 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
             # With the type in each entry, `find` and `os.walk` need no stat per file.
             prefix = f"{key}/" if key else ""
             is_dir = tree.is_dir
-            return [(".", DIR_TYPE, 0), ("..", DIR_TYPE, 0),
-                    *[(name, DIR_TYPE if is_dir(prefix + name) else FILE_TYPE, 0) for name in names]]
+            return [
+                (".", DIR_TYPE, 0),
+                ("..", DIR_TYPE, 0),
+                *[(name, DIR_TYPE if is_dir(prefix + name) else FILE_TYPE, 0) for name in names],
+            ]
 
         @boundary(verb("open"))
         def open(self, path: str, flags: int) -> int:
@@ -181,8 +207,16 @@ def make_operations(mfusepy: Any, tree: Tree, reader: Reader, on_init: Callable[
             """Totals of the tree; no free space."""
             block = 4096
             blocks = (tree.total_bytes + block - 1) // block
-            return {"f_bsize": block, "f_frsize": block, "f_blocks": blocks, "f_bfree": 0, "f_bavail": 0,
-                    "f_files": tree.file_count + tree.dir_count, "f_ffree": 0, "f_namemax": 1024}
+            return {
+                "f_bsize": block,
+                "f_frsize": block,
+                "f_blocks": blocks,
+                "f_bfree": 0,
+                "f_bavail": 0,
+                "f_files": tree.file_count + tree.dir_count,
+                "f_ffree": 0,
+                "f_namemax": 1024,
+            }
 
         def access(self, path: str, amode: int) -> int:
             """Existence check; write access is EROFS."""

@@ -23,8 +23,9 @@ def load_mfusepy() -> ModuleType:
     try:
         import mfusepy
     except OSError as err:
-        raise ProblemFound(f"cannot load libfuse: {err}",
-                           "install FUSE 3 (Debian/Ubuntu: apt-get install fuse3 libfuse3-3)") from err
+        raise ProblemFound(
+            f"cannot load libfuse: {err}", "install FUSE 3 (Debian/Ubuntu: apt-get install fuse3 libfuse3-3)"
+        ) from err
     _quiet_libfuse_log(mfusepy)
     return mfusepy
 
@@ -63,4 +64,3 @@ def _quiet_libfuse_log(mfusepy: ModuleType) -> None:
     set_log_func.argtypes = [log_func]
     set_log_func.restype = None
     set_log_func(_log_callback)
-

@@ -95,8 +95,14 @@ def resolved(options: MountOptions) -> MountOptions:
     view = options.view
     if view.manifest is not None:
         view = replace(view, manifest=view.manifest.absolute())
-    return replace(options, source=source, mountpoint=options.mountpoint.absolute(), view=view,
-                   cache_dir=absolute(options.cache_dir), log_file=absolute(options.log_file))
+    return replace(
+        options,
+        source=source,
+        mountpoint=options.mountpoint.absolute(),
+        view=view,
+        cache_dir=absolute(options.cache_dir),
+        log_file=absolute(options.log_file),
+    )
 
 
 def mount(options: MountOptions, on_ready: Callable[[MountReady], None] | None = None) -> MountReady:
@@ -174,8 +180,14 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     store = open_store(options.source, options.store)
     tree = build_tree(store, options.source, options.view, options.reader.concurrency)
     _return_listing_memory()
-    log.info("listed %s: %d files, %d directories, %d bytes in %.2fs", options.source, tree.file_count,
-             tree.dir_count, tree.total_bytes, time.monotonic() - started)
+    log.info(
+        "listed %s: %d files, %d directories, %d bytes in %.2fs",
+        options.source,
+        tree.file_count,
+        tree.dir_count,
+        tree.total_bytes,
+        time.monotonic() - started,
+    )
     for reason, count in tree.hidden.counts.items():
         if count:
             examples = ", ".join(repr(k) for k in getattr(tree.hidden, reason))
@@ -183,16 +195,25 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
     stats = Stats()
     daemon_rss = rss_bytes()
     buffers = buffer_budget(options.max_memory, daemon_rss)
-    log.info("memory budget %d MiB: %d MiB for file data (the daemon holds %d MiB once listed)%s",
-             options.max_memory >> 20, buffers >> 20, daemon_rss >> 20,
-             "; raise --max-memory" if buffers > options.max_memory - daemon_rss else "")
+    log.info(
+        "memory budget %d MiB: %d MiB for file data (the daemon holds %d MiB once listed)%s",
+        options.max_memory >> 20,
+        buffers >> 20,
+        daemon_rss >> 20,
+        "; raise --max-memory" if buffers > options.max_memory - daemon_rss else "",
+    )
     reader = Reader(store, replace(options.reader, max_memory=buffers), disk, stats, tree.entry, tree.file_count)
     start_unmount_watchdog(options.mountpoint)
 
     def dump() -> None:
         snapshot = stats.snapshot()
-        snapshot.update(memory_held=reader.held, memory_buffers=reader.budget, memory_budget=options.max_memory,
-                        rss=rss_bytes(), disk_held=disk.held if disk is not None else 0)
+        snapshot.update(
+            memory_held=reader.held,
+            memory_buffers=reader.budget,
+            memory_budget=options.max_memory,
+            rss=rss_bytes(),
+            disk_held=disk.held if disk is not None else 0,
+        )
         log.info("stats %s", json.dumps(snapshot, sort_keys=True))
 
     threading.Thread(target=_stats_on_signal, args=(dump,), daemon=True, name="lading-stats").start()
@@ -205,16 +226,22 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
 
     operations = make_operations(mfusepy, tree, reader, on_init=initialised)
     fuse_options = _fuse_options(options, mfusepy)
-    log.info("mounting %s on %s (libfuse %d, options %s)", options.source, options.mountpoint,
-             mfusepy.fuse_version_major, fuse_options)
+    log.info(
+        "mounting %s on %s (libfuse %d, options %s)",
+        options.source,
+        options.mountpoint,
+        mfusepy.fuse_version_major,
+        fuse_options,
+    )
     try:
         make_fuse_class(mfusepy)(operations, str(options.mountpoint), foreground=True, **fuse_options)
     except RuntimeError as err:
         if served.is_set():  # libfuse's loop returns an error code when a signal stops it
             log.info("stopped by a signal (libfuse code %s)", err)
             return
-        raise errors.ProblemFound(f"FUSE failed to mount {options.mountpoint}: {err}",
-                                  "is /dev/fuse available, and fusermount3 installed?") from err
+        raise errors.ProblemFound(
+            f"FUSE failed to mount {options.mountpoint}: {err}", "is /dev/fuse available, and fusermount3 installed?"
+        ) from err
     finally:
         reader.close()
         dump()
@@ -303,15 +330,17 @@ def unmount(mountpoint: Path, lazy: bool = False, timeout: float = 10.0) -> None
         raise errors.NotFound(f"{mountpoint} is not a mount point")
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
-        raise errors.ProblemFound("neither fusermount3 nor fusermount is installed",
-                                  "install fuse3 (Debian/Ubuntu: apt-get install fuse3)")
+        raise errors.ProblemFound(
+            "neither fusermount3 nor fusermount is installed", "install fuse3 (Debian/Ubuntu: apt-get install fuse3)"
+        )
     argv = [tool, "-u", *(["-z"] if lazy else []), str(mountpoint)]
     result = subprocess.run(argv, capture_output=True, text=True)
     if result.returncode != 0:
         detail = result.stderr.strip().splitlines()[-1] if result.stderr.strip() else f"exit {result.returncode}"
         busy = "busy" in detail.lower()
-        raise errors.ProblemFound(f"cannot unmount {mountpoint}: {detail}",
-                                  "close the files open under it, or use --lazy" if busy else None)
+        raise errors.ProblemFound(
+            f"cannot unmount {mountpoint}: {detail}", "close the files open under it, or use --lazy" if busy else None
+        )
     deadline = time.monotonic() + timeout
     while os.path.ismount(mountpoint):
         if time.monotonic() > deadline:

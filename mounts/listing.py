@@ -47,15 +47,20 @@ def build_tree(store: Store, source: str, view: ViewSpec, concurrency: int = 16)
     tree = Tree(infos)
     if objects == 0 and not view.allow_empty:
         if view.keys is not None and not view.keys:  # nothing to blame on the prefix
-            raise NotFound(f"the manifest {view.manifest or ''} is empty: it lists no keys",
-                           "check the file; --allow-empty mounts it anyway")
-        raise NotFound(f"nothing at {source}: no objects under this prefix",
-                       "check the bucket and prefix, keys are case-sensitive; --allow-empty mounts it anyway")
+            raise NotFound(
+                f"the manifest {view.manifest or ''} is empty: it lists no keys",
+                "check the file; --allow-empty mounts it anyway",
+            )
+        raise NotFound(
+            f"nothing at {source}: no objects under this prefix",
+            "check the bucket and prefix, keys are case-sensitive; --allow-empty mounts it anyway",
+        )
     return tree
 
 
-def _stat_keys(store: Store, source: str, keys: tuple[str, ...], manifest: Path | None,
-               concurrency: int) -> Iterator[ObjectInfo]:
+def _stat_keys(
+    store: Store, source: str, keys: tuple[str, ...], manifest: Path | None, concurrency: int
+) -> Iterator[ObjectInfo]:
     """The manifest's objects, HEAD-ed in parallel (sizes and versions are needed up front)."""
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         for key, info in zip(keys, pool.map(_stat_or_none, [store] * len(keys), keys)):

@@ -183,9 +183,15 @@ class _Fetch:
 class Reader:
     """Serves byte ranges of tree entries from memory, the disk cache or the store."""
 
-    def __init__(self, store: Store, config: ReaderConfig, disk: DiskCache | None = None,
-                 stats: Stats | None = None, entry_at: Callable[[int], FileEntry] | None = None,
-                 file_count: int = 0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        config: ReaderConfig,
+        disk: DiskCache | None = None,
+        stats: Stats | None = None,
+        entry_at: Callable[[int], FileEntry] | None = None,
+        file_count: int = 0,
+    ) -> None:
         self.store = store
         self.config = config
         self.disk = disk
@@ -264,8 +270,9 @@ class Reader:
             # Held here, so that making room for new GETs cannot take the bytes of this read away.
             needed = files.overlapping(offset, end)
             self._demand(handle, files, offset, end, fetches)
-            needed += [extent for fetch in fetches for extent in fetch.extents
-                       if extent.start < end and extent.end > offset]
+            needed += [
+                extent for fetch in fetches for extent in fetch.extents if extent.start < end and extent.end > offset
+            ]
             needed.sort(key=lambda extent: extent.start)
             if handle.streaming:
                 self._readahead(handle, files, end, fetches)
@@ -283,8 +290,9 @@ class Reader:
     def _classify(self, handle: OpenFile, offset: int, end: int) -> None:
         """Count the reads that continue the previous one; anything else restarts the count."""
         slack = max(STREAM_SLACK, handle.window // 2) if handle.streaming else NEAR
-        continues = (handle.next_offset - slack <= offset <= handle.next_offset + slack
-                     or (handle.streaming and offset < handle.prefetched_to and end > handle.next_offset - slack))
+        continues = handle.next_offset - slack <= offset <= handle.next_offset + slack or (
+            handle.streaming and offset < handle.prefetched_to and end > handle.next_offset - slack
+        )
         if handle.answered or handle.streak:
             handle.streak = handle.streak + 1 if continues else 0
         elif offset == 0:
@@ -294,8 +302,9 @@ class Reader:
         else:
             self._streams.discard(handle)
             handle.window = INITIAL_WINDOW
-            handle.prefetched_to = max(handle.prefetched_to, end) if handle.entry.size <= self.config.small_file \
-                else end
+            handle.prefetched_to = (
+                max(handle.prefetched_to, end) if handle.entry.size <= self.config.small_file else end
+            )
         handle.next_offset = max(end, handle.next_offset) if continues else end
 
     def _demand(self, handle: OpenFile, files: FileCache, offset: int, end: int, fetches: list[_Fetch]) -> None:
@@ -395,8 +404,12 @@ class Reader:
         for fetch in fetches:
             last = merged[-1] if merged else None
             gap = GAP if last is not None and last.random and fetch.random else 0
-            if (last is not None and last.entry.index == fetch.entry.index and fetch.start - last.end <= gap
-                    and fetch.end - last.start <= MAX_PART):
+            if (
+                last is not None
+                and last.entry.index == fetch.entry.index
+                and fetch.start - last.end <= gap
+                and fetch.end - last.start <= MAX_PART
+            ):
                 if fetch.start > last.end:
                     self._fill_gap(last, fetch.start)
                 last.end = fetch.end
@@ -490,8 +503,9 @@ class Reader:
             entry = fetch.entry
             view = await self._read_range(RangeRequest(entry.key, fetch.start, fetch.end, entry.version or None))
             if len(view) != fetch.end - fetch.start:
-                raise TransientError(f"{entry.key}: short read ({len(view)} of {fetch.end - fetch.start} bytes "
-                                     f"at {fetch.start})")
+                raise TransientError(
+                    f"{entry.key}: short read ({len(view)} of {fetch.end - fetch.start} bytes at {fetch.start})"
+                )
         except BaseException as err:  # noqa: BLE001 - every failure must reach the waiting reader
             self._failed(fetch, err)
             return
@@ -504,7 +518,7 @@ class Reader:
 
     def _arrived(self, fetch: _Fetch, view: memoryview) -> None:
         for extent in fetch.extents:
-            extent.arrive(view[extent.start - fetch.start:extent.end - fetch.start])
+            extent.arrive(view[extent.start - fetch.start : extent.end - fetch.start])
         with self._lock:
             for extent in fetch.extents:
                 if extent.live:
@@ -539,8 +553,9 @@ class Reader:
                     extent.future.result(timeout=max(0.0, deadline - began))
                 except FutureTimeout:
                     self._timed_out(handle, extent)
-                    raise ReadTimeout(f"{handle.entry.key}: no answer from the store within "
-                                      f"{self.config.timeout:g}s") from None
+                    raise ReadTimeout(
+                        f"{handle.entry.key}: no answer from the store within {self.config.timeout:g}s"
+                    ) from None
                 waited += time.monotonic() - began
             lo, hi = max(position, extent.start), min(end, extent.end)
             if lo != position or hi <= lo:
@@ -608,7 +623,7 @@ class Reader:
                 for start, stop in files.holes(lo, hi):
                     self._make_room(stop - start, demand=True)
                     extent = self._fetch(entry, files, start, stop, demand=True).extents[0]
-                    extent.arrive(view[start - lo:stop - lo])
+                    extent.arrive(view[start - lo : stop - lo])
                     extent.future.set_result(extent.address)
                     self._unread[extent] = None
             self.stats.add(disk_hits=1)
@@ -621,4 +636,4 @@ class Reader:
         for chunk in range(-(-start // CHUNK), -(-end // CHUNK)):
             lo, hi = chunk * CHUNK, min(entry.size, (chunk + 1) * CHUNK)
             if hi <= end and not self.disk.has(f"{prefix}-{chunk}"):
-                self.disk.put(f"{prefix}-{chunk}", view[lo - start:hi - start])
+                self.disk.put(f"{prefix}-{chunk}", view[lo - start : hi - start])

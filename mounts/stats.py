@@ -45,8 +45,20 @@ class Stats:
         with self._lock:
             out: dict[str, object] = {
                 name: getattr(self, name)
-                for name in ("requests", "request_errors", "bytes_fetched", "reads", "bytes_served",
-                             "read_errors", "read_timeouts", "opens", "memory_hits", "disk_hits", "misses", "wait_us")
+                for name in (
+                    "requests",
+                    "request_errors",
+                    "bytes_fetched",
+                    "reads",
+                    "bytes_served",
+                    "read_errors",
+                    "read_timeouts",
+                    "opens",
+                    "memory_hits",
+                    "disk_hits",
+                    "misses",
+                    "wait_us",
+                )
             }
             out["uptime_s"] = round(time.monotonic() - self.started, 3)
             out["ttfb_ms"] = _percentiles(self.ttfb)

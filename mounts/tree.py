@@ -77,9 +77,7 @@ class Tree:
         for info in infos:
             self._add(info, children)
         self._drop_shadowed_files(children)
-        self._dirs: dict[str, tuple[str, ...]] = {
-            path: tuple(sorted(set(names))) for path, names in children.items()
-        }
+        self._dirs: dict[str, tuple[str, ...]] = {path: tuple(sorted(set(names))) for path, names in children.items()}
         self.total_bytes = sum(self._sizes)
 
     def _add(self, info: ObjectInfo, children: dict[str, list[str]]) -> None:
@@ -156,7 +154,7 @@ class Tree:
     def version(self, index: int) -> str:
         """The version (ETag, generation) file ``index`` was listed with."""
         if self._packed is not None:
-            return self._packed[index * 16:(index + 1) * 16].hex()
+            return self._packed[index * 16 : (index + 1) * 16].hex()
         return self._versions[index]
 
     def size(self, index: int) -> int:
@@ -169,8 +167,7 @@ class Tree:
 
     def entry(self, index: int) -> FileEntry:
         """Everything known about file ``index``."""
-        return FileEntry(index, self._keys[index], self._sizes[index], self.version(index),
-                         self._mtimes[index])
+        return FileEntry(index, self._keys[index], self._sizes[index], self.version(index), self._mtimes[index])
 
     def children(self, path: str) -> tuple[str, ...]:
         """Sorted names directly inside directory ``path``; raises KeyError if not a directory."""

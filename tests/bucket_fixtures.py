@@ -15,12 +15,18 @@ def make_bucket(scheme: str, config: StoreConfig, label: str, folder: str) -> st
         import boto3
 
         key, secret, _ = config.env_credentials
-        boto3.client("s3", endpoint_url=config.endpoint_url, region_name="us-east-1", aws_access_key_id=key,
-                     aws_secret_access_key=secret).create_bucket(Bucket=name)
+        boto3.client(
+            "s3",
+            endpoint_url=config.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id=key,
+            aws_secret_access_key=secret,
+        ).create_bucket(Bucket=name)
     else:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        storage.Client(project="test", credentials=AnonymousCredentials(),
-                       client_options={"api_endpoint": config.gcs_endpoint}).create_bucket(name)
+        storage.Client(
+            project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": config.gcs_endpoint}
+        ).create_bucket(name)
     return f"{scheme}://{name}/{folder}"

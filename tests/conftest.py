@@ -42,8 +42,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if exitstatus != 0:
         print(f"\nthe session's TMPDIR and HOME are kept for inspection: {state.root}")
     if left:
-        print("\nthe test suite left these behind (tests must keep to their own folders; on a shared "
-              "machine, another process may have made them meanwhile):\n  " + "\n  ".join(map(str, left)))
+        print(
+            "\nthe test suite left these behind (tests must keep to their own folders; on a shared "
+            "machine, another process may have made them meanwhile):\n  " + "\n  ".join(map(str, left))
+        )
         session.exitstatus = 1
 
 
@@ -115,8 +117,11 @@ def tmpfs(where: Path, options: str) -> Iterator[Path]:
     """A tmpfs of the test's own mounted at ``where`` (created) with mount ``options``, unmounted
     afterwards; the test is skipped where mounting is not allowed."""
     where.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip(f"cannot mount a tmpfs ({options}) here")
     try:
         yield where
@@ -138,8 +143,14 @@ def run_unprivileged(*args: str) -> subprocess.CompletedProcess:
         if shutil.which("setpriv") is None:
             pytest.skip("running as root without setpriv to drop privileges")
         drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    return subprocess.run([*drop, sys.executable, "-m", "lading", *args], capture_output=True, text=True,
-                          cwd="/", env=dict(os.environ), timeout=120)
+    return subprocess.run(
+        [*drop, sys.executable, "-m", "lading", *args],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env=dict(os.environ),
+        timeout=120,
+    )
 
 
 def one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) -> str:
@@ -154,13 +165,25 @@ def one_line_error(result: subprocess.CompletedProcess, code: int, *words: str) 
     return lines[0]
 
 
-def run_lading(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
-               input: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_lading(
+    *args: str,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    input: str | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as users do."""
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-m", "lading", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd or REPO, input=input, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "lading", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd or REPO,
+        input=input,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture

@@ -57,8 +57,9 @@ def enter() -> Session:
     session.before = _present(real) - {root}
     for name in ("home", "wids", "xdg-cache"):
         (root / name).mkdir()
-    os.environ.update(TMPDIR=str(root), HOME=str(root / "home"), WIDS_CACHE=str(root / "wids"),
-                      XDG_CACHE_HOME=str(root / "xdg-cache"))
+    os.environ.update(
+        TMPDIR=str(root), HOME=str(root / "home"), WIDS_CACHE=str(root / "wids"), XDG_CACHE_HOME=str(root / "xdg-cache")
+    )
     os.environ.pop("LADING_CACHE_DIR", None)
     tempfile.tempdir = str(root)
     return session

@@ -84,12 +84,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 FAULT_KINDS = ("slowdown", "429", "403", "reset", "truncate", "norange", "droptoken", "corrupt")
-_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authenticate",
-               "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "expect"}
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+}
 _CHUNK = 256 * 1024
-_SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
-                  b"<Message>Please reduce your request rate.</Message>"
-                  b"<RequestId>lading-fault-proxy</RequestId></Error>")
+_SLOWDOWN_BODY = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message>"
+    b"<RequestId>lading-fault-proxy</RequestId></Error>"
+)
 _TOO_MANY_BODY = b'{"error": {"code": 429, "message": "rate limit exceeded (lading fault proxy)"}}'
 _FORBIDDEN_BODY = b'{"error": {"code": 403, "message": "forbidden (lading fault proxy)"}}'
 
@@ -307,8 +319,7 @@ class _Handler(BaseHTTPRequestHandler):
             length = int(length_header or 0) if has_body else 0
         rule = proxy._post_fault(self.command, path) if has_body and length >= 2 else None
         truncate = rule is not None
-        proxy._record(Seen(self.command, path, query, "truncate" if truncate else fault,
-                           Headers(self.headers.items())))
+        proxy._record(Seen(self.command, path, query, "truncate" if truncate else fault, Headers(self.headers.items())))
         self.send_response(response.status, response.reason)
         for name, value in response.getheaders():
             if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length":
@@ -323,7 +334,7 @@ class _Handler(BaseHTTPRequestHandler):
         limit = length // 2 if truncate else length
         sent = 0
         while sent < limit:
-            chunk = payload[sent:sent + _CHUNK] if payload is not None else response.read(min(_CHUNK, limit - sent))
+            chunk = payload[sent : sent + _CHUNK] if payload is not None else response.read(min(_CHUNK, limit - sent))
             if not chunk:
                 break
             chunk = chunk[: limit - sent]
@@ -396,8 +407,9 @@ class FaultProxy:
         server = _Server(("127.0.0.1", 0), _Handler)
         server.proxy = self
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fault-proxy", daemon=True)
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fault-proxy", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -424,12 +436,22 @@ class FaultProxy:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def add_fault(self, kind: str, *, first: int | None = None, rate: float | None = None,
-                  method: str | None = None, path_prefix: str | None = None, seed: int = 0,
-                  after: int = 0, then: Callable[[], None] | None = None) -> FaultRule:
+    def add_fault(
+        self,
+        kind: str,
+        *,
+        first: int | None = None,
+        rate: float | None = None,
+        method: str | None = None,
+        path_prefix: str | None = None,
+        seed: int = 0,
+        after: int = 0,
+        then: Callable[[], None] | None = None,
+    ) -> FaultRule:
         """Add a fault rule (see the module docstring) and return it (``rule.fired`` counts hits)."""
-        rule = FaultRule(kind, first=first, rate=rate, method=method, path_prefix=path_prefix, seed=seed,
-                         after=after, then=then)
+        rule = FaultRule(
+            kind, first=first, rate=rate, method=method, path_prefix=path_prefix, seed=seed, after=after, then=then
+        )
         with self._lock:
             self._rules.append(rule)
         return rule
@@ -458,13 +480,19 @@ class FaultProxy:
         with self._lock:
             return Counter((seen.method, seen.path) for seen in self.requests)
 
-    def count(self, method: str | None = None, path_prefix: str | None = None,
-              where: Callable[[Seen], bool] | None = None, faulted: bool | None = None) -> int:
+    def count(
+        self,
+        method: str | None = None,
+        path_prefix: str | None = None,
+        where: Callable[[Seen], bool] | None = None,
+        faulted: bool | None = None,
+    ) -> int:
         """How many recorded requests match every given filter."""
         with self._lock:
             seen = list(self.requests)
         return sum(
-            1 for item in seen
+            1
+            for item in seen
             if (method is None or item.method == method.upper())
             and (path_prefix is None or item.path.startswith(path_prefix))
             and (faulted is None or (item.fault is not None) == faulted)

@@ -25,8 +25,14 @@ def ray_cluster() -> Iterator[str]:
         patch.setenv("AWS_SECRET_ACCESS_KEY", WORKER_KEYS[1])
         for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
             patch.delenv(name, raising=False)
-        ray.init(num_cpus=2, object_store_memory=100 << 20, include_dashboard=False, _node_ip_address="127.0.0.1",
-                 log_to_driver=False, logging_level="ERROR")
+        ray.init(
+            num_cpus=2,
+            object_store_memory=100 << 20,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            log_to_driver=False,
+            logging_level="ERROR",
+        )
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

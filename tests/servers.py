@@ -77,8 +77,7 @@ class Server:
 
 def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(log, "wb") as handle:  # the child keeps its own descriptor
-        return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=env)
+        return subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
 def _started(server: Server, url: str, ready: int | None = None) -> Server:
@@ -94,8 +93,9 @@ def _started(server: Server, url: str, ready: int | None = None) -> Server:
 def start_moto(log_dir: Path, port: int | None = None) -> Server:
     """moto in server mode (S3 over HTTP). ``POST /moto-api/reset`` clears it."""
     port = port or free_port()
-    proc = _spawn([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                  log_dir / f"moto-{port}.log")
+    proc = _spawn(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], log_dir / f"moto-{port}.log"
+    )
     server = _started(Server("moto", port, proc), f"http://127.0.0.1:{port}/moto-api/")
     server.env = {
         "AWS_ENDPOINT_URL": server.url,
@@ -129,9 +129,20 @@ def start_rclone_s3(log_dir: Path, root: Path, port: int | None = None) -> Serve
     port = port or free_port()
     root.mkdir(parents=True, exist_ok=True)
     env = {name: value for name, value in os.environ.items() if name != "AWS_CA_BUNDLE"}
-    proc = _spawn([str(rclone_binary()), "serve", "s3", "--addr", f"127.0.0.1:{port}",
-                   "--auth-key", ",".join(RCLONE_KEYS), str(root)],
-                  log_dir / f"rclone-s3-{port}.log", env=env)
+    proc = _spawn(
+        [
+            str(rclone_binary()),
+            "serve",
+            "s3",
+            "--addr",
+            f"127.0.0.1:{port}",
+            "--auth-key",
+            ",".join(RCLONE_KEYS),
+            str(root),
+        ],
+        log_dir / f"rclone-s3-{port}.log",
+        env=env,
+    )
     # Any answer means it is up: an unsigned GET / is a 400 (UnsupportedAlgorithm).
     server = _started(Server("rclone-s3", port, proc), f"http://127.0.0.1:{port}/")
     server.env = {
@@ -167,9 +178,23 @@ def start_fake_gcs(log_dir: Path, port: int | None = None, public_host: str | No
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     hosts = ["-external-url", url, "-public-host", public_host] if public_host else []
-    proc = _spawn([str(fake_gcs_binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(port),
-                   "-backend", "memory", *hosts, "-log-level", "warn"],
-                  log_dir / f"fake-gcs-{port}.log")
+    proc = _spawn(
+        [
+            str(fake_gcs_binary()),
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-backend",
+            "memory",
+            *hosts,
+            "-log-level",
+            "warn",
+        ],
+        log_dir / f"fake-gcs-{port}.log",
+    )
     server = _started(Server("fake-gcs", port, proc), f"{url}/storage/v1/b", ready=200)
     server.env = {"STORAGE_EMULATOR_HOST": server.url, "GOOGLE_CLOUD_PROJECT": "test"}
     return server

@@ -17,8 +17,13 @@ def s3_client(env: Mapping[str, str], endpoint: str | None = None):
     """A boto3 client for setting up test data (the code under test never sees it)."""
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint or env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint or env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
 
 
 def sample_objects(n: int = 24, seed: int = 0) -> dict[str, bytes]:
@@ -31,8 +36,9 @@ def sample_objects(n: int = 24, seed: int = 0) -> dict[str, bytes]:
     return objects
 
 
-def put_objects(client, objects: Mapping[str, bytes], bucket: str = BUCKET, prefix: str = PREFIX,
-                create: bool = True) -> None:
+def put_objects(
+    client, objects: Mapping[str, bytes], bucket: str = BUCKET, prefix: str = PREFIX, create: bool = True
+) -> None:
     """Create ``bucket`` (if asked) and upload ``objects`` under ``prefix/``."""
     if create:
         client.create_bucket(Bucket=bucket)
@@ -55,8 +61,12 @@ def read_tree(root: Path) -> dict[str, bytes]:
 
 def stray_temporaries(root: Path) -> list[str]:
     """Names under ``root`` that look like an unfinished write."""
-    return [str(Path(d, n)) for d, _, names in os.walk(root) for n in names
-            if ".lading-part" in n or ".lading-link-" in n or n.endswith(".journal")]
+    return [
+        str(Path(d, n))
+        for d, _, names in os.walk(root)
+        for n in names
+        if ".lading-part" in n or ".lading-link-" in n or n.endswith(".journal")
+    ]
 
 
 def object_gets(proxy) -> int:

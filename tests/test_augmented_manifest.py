@@ -17,8 +17,12 @@ SOURCE = f"s3://{BUCKET}/data"
 
 LINES = [
     {"source-ref": f"{SOURCE}/img/0.jpg", "class": 0},
-    {"source-ref": f"{SOURCE}/img/1.jpg", "mask-ref": f"{SOURCE}/masks/1.png", "class": 1,
-     "mask-ref-metadata": {"internal-color-map": {"0": "bg"}}},
+    {
+        "source-ref": f"{SOURCE}/img/1.jpg",
+        "mask-ref": f"{SOURCE}/masks/1.png",
+        "class": 1,
+        "mask-ref-metadata": {"internal-color-map": {"0": "bg"}},
+    },
     {"source-ref": f"{SOURCE}/img/2.jpg", "class": 2, "note": "ünïcode"},
     {"source-ref": f"{SOURCE}/img/0.jpg", "class": 9},  # the same image again: fetched once
     {"source-ref": f"{SOURCE}/img/3.jpg", "mask-ref": f"{SOURCE}/masks/3.png", "class": 3},
@@ -34,6 +38,7 @@ def jsonl(lines) -> str:
 
 # -- parsing -------------------------------------------------------------------------------------
 
+
 def test_parse_records_refs_and_attributes():
     manifest = parse_manifest(jsonl(LINES) + "\n", "train.manifest")
     assert manifest.augmented and manifest.prefix is None
@@ -42,22 +47,32 @@ def test_parse_records_refs_and_attributes():
     assert second.line == 2
     assert dict(second.refs) == {"source-ref": f"{SOURCE}/img/1.jpg", "mask-ref": f"{SOURCE}/masks/1.png"}
     assert dict(second.attributes) == {"class": 1, "mask-ref-metadata": {"internal-color-map": {"0": "bg"}}}
-    assert keys_under(manifest, SOURCE) == ["img/0.jpg", "img/1.jpg", "masks/1.png", "img/2.jpg", "img/3.jpg",
-                                            "masks/3.png", "img/4.jpg"]
+    assert keys_under(manifest, SOURCE) == [
+        "img/0.jpg",
+        "img/1.jpg",
+        "masks/1.png",
+        "img/2.jpg",
+        "img/3.jpg",
+        "masks/3.png",
+        "img/4.jpg",
+    ]
     assert record_keys(parse_manifest(jsonl(LINES[:1])), f"{SOURCE}/img") == [{"source-ref": "0.jpg"}]
     # keys relative to SOURCE, absolute paths and file:// URIs for a local source
     local = parse_manifest('{"a-ref": "x/1.bin"}\n{"a-ref": "/d/x/2.bin"}\n{"a-ref": "file:///d/x/3.bin"}\n')
     assert keys_under(local, "/d") == ["x/1.bin", "x/2.bin", "x/3.bin"]
 
 
-@pytest.mark.parametrize("text,needle", [
-    ('{"source-ref": "s3://b/a"}\n{"source-ref": \n', "m.jsonl line 2: invalid JSON at column"),
-    ('{"source-ref": "s3://b/a"}\n[1, 2]\n', "m.jsonl line 2: a JSON list, not an object"),
-    ('{"source-ref": 3}\n', "m.jsonl line 1: 'source-ref' must name an object"),
-    ('{"source-ref": ""}\n', "m.jsonl line 1: 'source-ref' must name an object"),
-    ('{"source": "inline text", "class": 1}\n', "without any '-ref' attribute"),
-    ('{"prefix": "s3://b/p/"}\n', "without any '-ref' attribute"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ('{"source-ref": "s3://b/a"}\n{"source-ref": \n', "m.jsonl line 2: invalid JSON at column"),
+        ('{"source-ref": "s3://b/a"}\n[1, 2]\n', "m.jsonl line 2: a JSON list, not an object"),
+        ('{"source-ref": 3}\n', "m.jsonl line 1: 'source-ref' must name an object"),
+        ('{"source-ref": ""}\n', "m.jsonl line 1: 'source-ref' must name an object"),
+        ('{"source": "inline text", "class": 1}\n', "without any '-ref' attribute"),
+        ('{"prefix": "s3://b/p/"}\n', "without any '-ref' attribute"),
+    ],
+)
 def test_malformed_augmented_manifests(text, needle):
     with pytest.raises(UsageError) as info:
         parse_manifest(text, "m.jsonl")
@@ -81,6 +96,7 @@ def test_json_documents_are_still_manifest_files(tmp_path):
 
 
 # -- sync ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def bucket(s3_env):
@@ -107,8 +123,12 @@ def test_sync_fetches_each_referenced_object_once_and_writes_manifest_jsonl(ladi
         assert (dest / key).read_bytes() == OBJECTS[key]
     lines = local_lines(dest)
     assert [line["class"] for line in lines] == [0, 1, 2, 9, 3, 4]
-    assert lines[1] == {"source-ref": "img/1.jpg", "mask-ref": "masks/1.png", "class": 1,
-                        "mask-ref-metadata": {"internal-color-map": {"0": "bg"}}}
+    assert lines[1] == {
+        "source-ref": "img/1.jpg",
+        "mask-ref": "masks/1.png",
+        "class": 1,
+        "mask-ref-metadata": {"internal-color-map": {"0": "bg"}},
+    }
     assert lines[2]["note"] == "ünïcode"
     for line in lines:  # every ref is a path relative to DEST (where manifest.jsonl is)
         for name, value in line.items():
@@ -130,8 +150,21 @@ def test_sharded_ranks_get_whole_lines(lading, bucket, tmp_path):
     seen_lines: list[int] = []
     for rank in range(2):
         dest = tmp_path / f"r{rank}"
-        result = lading("sync", SOURCE, str(dest), "--manifest", str(manifest), "--distribution", "sharded",
-                        "--rank", str(rank), "--world-size", "2", "-q", env=env)
+        result = lading(
+            "sync",
+            SOURCE,
+            str(dest),
+            "--manifest",
+            str(manifest),
+            "--distribution",
+            "sharded",
+            "--rank",
+            str(rank),
+            "--world-size",
+            "2",
+            "-q",
+            env=env,
+        )
         assert result.returncode == 0, result.stderr
         lines = local_lines(dest)
         assert lines, "each rank gets some lines"
@@ -179,7 +212,6 @@ def test_dry_run_writes_nothing(lading, bucket, tmp_path):
     env, _ = bucket
     manifest = tmp_path / "train.manifest"
     manifest.write_text(jsonl(LINES))
-    result = lading("sync", SOURCE, str(tmp_path / "out"), "--manifest", str(manifest), "--dry-run", "--json",
-                    env=env)
+    result = lading("sync", SOURCE, str(tmp_path / "out"), "--manifest", str(manifest), "--dry-run", "--json", env=env)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["totals"]["fetch_files"] == 7 and not (tmp_path / "out").exists()

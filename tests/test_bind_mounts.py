@@ -18,8 +18,9 @@ def _one(entry: dict, needle: str) -> None:
 
 
 def test_det_schema_rules():
-    assert _problems({"host_path": "/data", "container_path": "/data", "read_only": True,
-                      "propagation": "rslave"}) == []
+    assert (
+        _problems({"host_path": "/data", "container_path": "/data", "read_only": True, "propagation": "rslave"}) == []
+    )
     two = _problems({"host_path": "data", "container_path": "."})
     assert len(two) == 2 and "absolute" in two[0] and 'must not be "."' in two[1]
     _one({"container_path": "/x"}, "host_path is required")
@@ -33,8 +34,10 @@ def test_null_read_only_and_propagation_are_allowed_as_in_det():
 
 
 def test_runtime_propagation_values_and_missing_host_paths_are_flagged_beyond_det():
-    problems = validate_bind_mounts({"bind_mounts": [
-        {"host_path": "/nowhere", "container_path": "/d", "propagation": "sideways"}]}, exists=lambda p: False)
+    problems = validate_bind_mounts(
+        {"bind_mounts": [{"host_path": "/nowhere", "container_path": "/d", "propagation": "sideways"}]},
+        exists=lambda p: False,
+    )
     assert len(problems) == 2 and not any(p.det_schema for p in problems)
     assert "sideways" in problems[0].message and "does not exist" in problems[1].message
 
@@ -46,14 +49,22 @@ def test_bind_mounts_must_be_a_list():
 
 def test_cli_ok_and_problem_exit_codes(lading, tmp_path):
     good = tmp_path / "good.yaml"
-    good.write_text(yaml.safe_dump({"bind_mounts": [{"host_path": str(tmp_path), "container_path": "/data",
-                                                     "read_only": True}]}))
+    good.write_text(
+        yaml.safe_dump({"bind_mounts": [{"host_path": str(tmp_path), "container_path": "/data", "read_only": True}]})
+    )
     result = lading("bind-mounts", str(good))
     assert result.returncode == 0 and "1 bind mount(s), ok" in result.stdout
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"bind_mounts": [
-        {"host_path": "relative", "container_path": "."},
-        {"host_path": str(tmp_path / "missing"), "container_path": "/m"}]}))
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "bind_mounts": [
+                    {"host_path": "relative", "container_path": "."},
+                    {"host_path": str(tmp_path / "missing"), "container_path": "/m"},
+                ]
+            }
+        )
+    )
     result = lading("bind-mounts", str(bad), "--json")
     assert result.returncode == 1
     report = json.loads(result.stdout)
@@ -87,6 +98,9 @@ def test_suggest_prints_a_read_only_same_path_snippet(lading, tmp_path):
     assert validate_bind_mounts(snippet, exists=lambda p: True) == []
     absent = lading("bind-mounts", "--suggest", str(tmp_path / "absent"), "--suggest", str(data))
     assert absent.returncode == 0  # normal on a laptop: the path lives on the agent hosts
-    assert [m["host_path"] for m in yaml.safe_load(absent.stdout)["bind_mounts"]] == [str(tmp_path / "absent"), str(data)]
+    assert [m["host_path"] for m in yaml.safe_load(absent.stdout)["bind_mounts"]] == [
+        str(tmp_path / "absent"),
+        str(data),
+    ]
     assert absent.stderr.startswith("lading: warning: ") and "absent does not exist on this machine" in absent.stderr
     assert len(absent.stderr.splitlines()) == 1

@@ -46,8 +46,11 @@ def lading_process(*args: str, env: dict[str, str], **popen) -> subprocess.Popen
 
 
 def object_gets(proxy: FaultProxy) -> list:
-    return [seen for seen in proxy.requests
-            if seen.method == "GET" and "list-type" not in seen.query and seen.path.startswith(f"/{BUCKET}/")]
+    return [
+        seen
+        for seen in proxy.requests
+        if seen.method == "GET" and "list-type" not in seen.query and seen.path.startswith(f"/{BUCKET}/")
+    ]
 
 
 class MeteredProxy(FaultProxy):
@@ -106,9 +109,14 @@ def everything(keys) -> bytes:
 
 # -- order, sources, dry run ---------------------------------------------------------------------
 
+
 def test_prefix_streams_every_object_in_key_order_once(proxy):
-    out = subprocess.run([sys.executable, "-m", "lading", "cat", SOURCE], capture_output=True, cwd=REPO,
-                         env={**os.environ, "AWS_ENDPOINT_URL": proxy.url})
+    out = subprocess.run(
+        [sys.executable, "-m", "lading", "cat", SOURCE],
+        capture_output=True,
+        cwd=REPO,
+        env={**os.environ, "AWS_ENDPOINT_URL": proxy.url},
+    )
     assert out.returncode == 0 and out.stderr == b""
     assert out.stdout == everything(sorted(OBJECTS))
     assert len(object_gets(proxy)) == len(OBJECTS)  # one GET per object, no more
@@ -127,22 +135,29 @@ def test_manifest_order_single_object_and_shard_list(lading, s3, tmp_path):
     keys = ["obj-007.bin", "obj-002.bin", "obj-011.bin"]
     manifest = tmp_path / "keys.txt"
     manifest.write_text("\n".join(keys) + "\n")
-    out = subprocess.run([sys.executable, "-m", "lading", "cat", SOURCE, "--manifest", str(manifest)],
-                         capture_output=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "lading", "cat", SOURCE, "--manifest", str(manifest)], capture_output=True, cwd=REPO
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == everything(keys)  # the manifest's order, not key order
     augmented = tmp_path / "train.manifest"
-    augmented.write_text("".join(json.dumps({"source-ref": f"{SOURCE}/{key}", "class": i}) + "\n"
-                                 for i, key in enumerate(keys + keys[:1])))
-    out = subprocess.run([sys.executable, "-m", "lading", "cat", SOURCE, "--manifest", str(augmented)],
-                         capture_output=True, cwd=REPO)
+    augmented.write_text(
+        "".join(
+            json.dumps({"source-ref": f"{SOURCE}/{key}", "class": i}) + "\n" for i, key in enumerate(keys + keys[:1])
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "lading", "cat", SOURCE, "--manifest", str(augmented)], capture_output=True, cwd=REPO
+    )
     assert out.returncode == 0 and out.stdout == everything(keys)  # each referenced object once
 
-    out = subprocess.run([sys.executable, "-m", "lading", "cat", f"{SOURCE}/obj-004.bin"], capture_output=True,
-                         cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "lading", "cat", f"{SOURCE}/obj-004.bin"], capture_output=True, cwd=REPO
+    )
     assert out.returncode == 0 and out.stdout == OBJECTS["obj-004.bin"]
-    out = subprocess.run([sys.executable, "-m", "lading", "cat", f"{SOURCE}/obj-{{005..003}}.bin"],
-                         capture_output=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "lading", "cat", f"{SOURCE}/obj-{{005..003}}.bin"], capture_output=True, cwd=REPO
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == everything(["obj-005.bin", "obj-004.bin", "obj-003.bin"])
 
@@ -166,10 +181,18 @@ def test_sharded_ranks_are_disjoint_cover_everything_and_keep_order(lading, s3):
     assert sorted(listed) == sorted(OBJECTS) and len(set(listed)) == len(OBJECTS)
     # the rank comes from the launcher too, and --balance bytes is sync's other rule
     env = {"RANK": "1", "WORLD_SIZE": "2"}
-    keys = [line.split("\t")[0] for line in lading("cat", SOURCE, "--distribution", "sharded", "--balance", "bytes",
-                                                   "--dry-run", env=env).stdout.splitlines()]
-    other = [line.split("\t")[0] for line in lading("cat", SOURCE, "--distribution", "sharded", "--balance", "bytes",
-                                                    "--dry-run", "--rank", "0", env=env).stdout.splitlines()]
+    keys = [
+        line.split("\t")[0]
+        for line in lading(
+            "cat", SOURCE, "--distribution", "sharded", "--balance", "bytes", "--dry-run", env=env
+        ).stdout.splitlines()
+    ]
+    other = [
+        line.split("\t")[0]
+        for line in lading(
+            "cat", SOURCE, "--distribution", "sharded", "--balance", "bytes", "--dry-run", "--rank", "0", env=env
+        ).stdout.splitlines()
+    ]
     assert keys and other and sorted(keys + other) == sorted(OBJECTS) and not set(keys) & set(other)
 
 
@@ -185,17 +208,22 @@ def test_shuffle_is_a_seeded_permutation(lading, s3):
 
 # -- packed shards through tar -------------------------------------------------------------------
 
+
 def test_cat_of_packed_shards_through_tar_lists_members_in_order(lading, s3, tmp_path):
     source = tmp_path / "images"
     for i in range(30):
         (source / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
         (source / f"c{i % 3}" / f"{i:03d}.jpg").write_bytes(body(i, 2000 + 50 * i))
         (source / f"c{i % 3}" / f"{i:03d}.json").write_text(json.dumps({"label": i % 3}))
-    result = lading("pack", str(source), f"s3://{BUCKET}/ds", "--name", "pets", "--version", "v1",
-                    "--shard-size", "20KB")
+    result = lading(
+        "pack", str(source), f"s3://{BUCKET}/ds", "--name", "pets", "--version", "v1", "--shard-size", "20KB"
+    )
     assert result.returncode == 0, result.stderr
-    shards = sorted(obj["Key"] for obj in s3.list_objects_v2(Bucket=BUCKET, Prefix="ds/pets/v1/")["Contents"]
-                    if obj["Key"].endswith(".tar"))
+    shards = sorted(
+        obj["Key"]
+        for obj in s3.list_objects_v2(Bucket=BUCKET, Prefix="ds/pets/v1/")["Contents"]
+        if obj["Key"].endswith(".tar")
+    )
     assert len(shards) >= 3
     expected = []
     for key in shards:
@@ -203,8 +231,10 @@ def test_cat_of_packed_shards_through_tar_lists_members_in_order(lading, s3, tmp
         path.write_bytes(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
         with tarfile.open(path) as tar:
             expected += tar.getnames()
-    pipeline = (f"set -o pipefail; {sys.executable} -m lading cat s3://{BUCKET}/ds/pets/v1 --include '*.tar' "
-                f"--part-size 8KiB | tar -t -i")
+    pipeline = (
+        f"set -o pipefail; {sys.executable} -m lading cat s3://{BUCKET}/ds/pets/v1 --include '*.tar' "
+        f"--part-size 8KiB | tar -t -i"
+    )
     out = subprocess.run(["bash", "-c", pipeline], capture_output=True, text=True, cwd=REPO, env=os.environ)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == expected
@@ -213,11 +243,11 @@ def test_cat_of_packed_shards_through_tar_lists_members_in_order(lading, s3, tmp
 
 # -- prefetch and memory -------------------------------------------------------------------------
 
+
 def test_prefetch_runs_gets_in_parallel_and_memory_bounds_them(s3, s3_env):
     with MeteredProxy(s3_env["AWS_ENDPOINT_URL"]) as metered:
         env = {"AWS_ENDPOINT_URL": metered.url}
-        out = lading_process("cat", SOURCE, "--workers", "4", env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
+        out = lading_process("cat", SOURCE, "--workers", "4", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         data, err = out.communicate(timeout=60)
         assert out.returncode == 0, err
         assert data == everything(sorted(OBJECTS))
@@ -233,27 +263,44 @@ def test_prefetch_runs_gets_in_parallel_and_memory_bounds_them(s3, s3_env):
         s3.put_object(Bucket=BUCKET, Key="big/one.bin", Body=big)
         metered.most = 0
         metered.reset_counts()
-        out = lading_process("cat", f"s3://{BUCKET}/big/", "--part-size", "256KiB", "--max-memory", "256KiB",
-                             "--workers", "8", env=env, stdout=subprocess.PIPE)
+        out = lading_process(
+            "cat",
+            f"s3://{BUCKET}/big/",
+            "--part-size",
+            "256KiB",
+            "--max-memory",
+            "256KiB",
+            "--workers",
+            "8",
+            env=env,
+            stdout=subprocess.PIPE,
+        )
         assert out.communicate(timeout=60)[0] == big and metered.most == 1
         ranges = [seen.headers.get("Range") for seen in object_gets(metered)]
-        assert ranges == [f"bytes=0-{(1 << 18) - 1}", f"bytes={1 << 18}-{(2 << 18) - 1}",
-                          f"bytes={2 << 18}-{(3 << 18) - 1}", f"bytes={3 << 18}-{(4 << 18) - 1}"]
+        assert ranges == [
+            f"bytes=0-{(1 << 18) - 1}",
+            f"bytes={1 << 18}-{(2 << 18) - 1}",
+            f"bytes={2 << 18}-{(3 << 18) - 1}",
+            f"bytes={3 << 18}-{(4 << 18) - 1}",
+        ]
         metered.most = 0
-        out = lading_process("cat", f"s3://{BUCKET}/big/", "--part-size", "256KiB", "--workers", "8", env=env,
-                             stdout=subprocess.PIPE)
+        out = lading_process(
+            "cat", f"s3://{BUCKET}/big/", "--part-size", "256KiB", "--workers", "8", env=env, stdout=subprocess.PIPE
+        )
         assert out.communicate(timeout=60)[0] == big and metered.most >= 3
 
 
 # -- failures ------------------------------------------------------------------------------------
+
 
 def test_an_object_replaced_mid_stream_fails_with_exit_1_naming_the_key(s3, proxy):
     def replace() -> None:
         s3.put_object(Bucket=BUCKET, Key="data/obj-006.bin", Body=b"a new version")
 
     proxy.add_fault("slowdown", first=1, method="GET", path_prefix=f"/{BUCKET}/data/obj-006.bin", then=replace)
-    out = lading_process("cat", SOURCE, env={"AWS_ENDPOINT_URL": proxy.url}, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
+    out = lading_process(
+        "cat", SOURCE, env={"AWS_ENDPOINT_URL": proxy.url}, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     data, err = out.communicate(timeout=60)
     assert out.returncode == 1, err
     lines = err.decode().strip().splitlines()
@@ -299,6 +346,7 @@ def test_help_has_examples_and_exit_codes(lading):
 
 # -- pipes and signals ---------------------------------------------------------------------------
 
+
 def wait_until(condition, what: str, timeout: float = 20.0) -> None:
     """Poll ``condition()`` until it is true; fail naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -328,6 +376,7 @@ def blocked_opening_a_fifo(pid: int, tid: int | None = None) -> bool:
         if "partner" in wchan or "fifo_open" in wchan:
             return True
     return False
+
 
 @pytest.fixture
 def large(s3):
@@ -379,8 +428,10 @@ def test_a_failure_before_streaming_releases_a_waiting_fifo_reader(s3, tmp_path)
     got: list[bytes] = []
     reader = threading.Thread(target=lambda: got.append(open(fifo, "rb").read()), daemon=True)
     reader.start()
-    wait_until(lambda: reader.native_id is not None and blocked_opening_a_fifo(os.getpid(), reader.native_id),
-               "the reader waits in open() of the FIFO")
+    wait_until(
+        lambda: reader.native_id is not None and blocked_opening_a_fifo(os.getpid(), reader.native_id),
+        "the reader waits in open() of the FIFO",
+    )
     out = lading_process("cat", f"s3://{BUCKET}/nothing-here", "--fifo", str(fifo), env={}, stderr=subprocess.PIPE)
     assert out.wait(timeout=30) == 3
     reader.join(timeout=10)
@@ -389,12 +440,16 @@ def test_a_failure_before_streaming_releases_a_waiting_fifo_reader(s3, tmp_path)
 
 # -- GCS -----------------------------------------------------------------------------------------
 
+
 def test_gcs_stream(gcs_env):
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    client = storage.Client(project="test", credentials=AnonymousCredentials(),
-                            client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]})
+    client = storage.Client(
+        project="test",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]},
+    )
     bucket = client.bucket("cat-gcs-bucket")
     if not bucket.exists():
         client.create_bucket("cat-gcs-bucket")
@@ -402,8 +457,11 @@ def test_gcs_stream(gcs_env):
         blob.delete()
     for key, data in list(OBJECTS.items())[:5]:
         bucket.blob(f"data/{key}").upload_from_string(data)
-    out = subprocess.run([sys.executable, "-m", "lading", "cat", "gs://cat-gcs-bucket/data", "--part-size", "1KiB"],
-                         capture_output=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "lading", "cat", "gs://cat-gcs-bucket/data", "--part-size", "1KiB"],
+        capture_output=True,
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == everything(sorted(OBJECTS)[:5])
 
@@ -418,8 +476,9 @@ def test_a_snapshot_pins_the_stream(lading, tmp_path):
     out = subprocess.run([sys.executable, "-m", "lading", "cat", str(snap)], capture_output=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout == b"".join(body(i, 5000) for i in range(3))
-    out = subprocess.run([sys.executable, "-m", "lading", "cat", str(source), "--snapshot", str(snap)],
-                         capture_output=True, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-m", "lading", "cat", str(source), "--snapshot", str(snap)], capture_output=True, cwd=REPO
+    )
     assert out.returncode == 0 and out.stdout == b"".join(body(i, 5000) for i in range(3))
     (source / "1.bin").write_bytes(b"edited")
     out = subprocess.run([sys.executable, "-m", "lading", "cat", str(snap)], capture_output=True, cwd=REPO)

@@ -99,16 +99,24 @@ def test_top_limits_json_lists(lading, small_ctx):
 
 def test_include_option(lading, small_ctx, tmp_path):
     write(tmp_path / "shared" / "helpers" / "h.py", b"hh")
-    doc = json.loads(lading("check", str(small_ctx), "-i", str(tmp_path / "shared" / "helpers"),
-                            "--json").stdout)
+    doc = json.loads(lading("check", str(small_ctx), "-i", str(tmp_path / "shared" / "helpers"), "--json").stdout)
     assert {"path": "helpers/h.py", "size": 2} in doc["files"]
     assert doc["includes"] == [{"path": str((tmp_path / "shared" / "helpers").resolve()), "name": "helpers"}]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("95MiB", 99_614_720), ("96MB", 96_000_000), ("100MiB", 104_857_600), ("123", 123),
-    ("1.5GiB", 1_610_612_736), ("100 MiB", 104_857_600), ("2kb", 2000), ("7B", 7),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("95MiB", 99_614_720),
+        ("96MB", 96_000_000),
+        ("100MiB", 104_857_600),
+        ("123", 123),
+        ("1.5GiB", 1_610_612_736),
+        ("100 MiB", 104_857_600),
+        ("2kb", 2000),
+        ("7B", 7),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
@@ -185,8 +193,12 @@ def test_explain_json_for_reincluded_pruned_default_and_detignore(lading, small_
 
     kept = explain("keep.log")
     assert kept["uploaded"] is True
-    assert kept["rule"] == {"pattern": "!keep.log", "source": str(small_ctx.resolve() / ".detignore"),
-                            "line": 2, "negated": True}
+    assert kept["rule"] == {
+        "pattern": "!keep.log",
+        "source": str(small_ctx.resolve() / ".detignore"),
+        "line": 2,
+        "negated": True,
+    }
     pruned = explain("out/keep.log")
     assert pruned["uploaded"] is False and pruned["rule"]["pattern"] == "out/"
     assert "its directory 'out/'" in pruned["reason"]
@@ -207,16 +219,20 @@ def test_explain_accepts_a_path_through_the_context(lading, small_ctx):
 
 
 def test_config_inside_context_and_bind_mount_schema(lading, small_ctx):
-    write(small_ctx / "const.yaml", "name: x\nbind_mounts:\n"
-          "  - host_path: data\n    container_path: .\n"
-          "  - host_path: /mnt/ok\n    container_path: /data\n")
-    doc = json.loads(lading("check", str(small_ctx), "--json", "--config",
-                            str(small_ctx / "const.yaml")).stdout)
+    write(
+        small_ctx / "const.yaml",
+        "name: x\nbind_mounts:\n"
+        "  - host_path: data\n    container_path: .\n"
+        "  - host_path: /mnt/ok\n    container_path: /data\n",
+    )
+    doc = json.loads(lading("check", str(small_ctx), "--json", "--config", str(small_ctx / "const.yaml")).stdout)
     found = {(w["kind"], w["path"]) for w in doc["warnings"]}
     assert ("config_in_context", "const.yaml") in found
     messages = [w["message"] for w in doc["warnings"] if w["kind"] == "bind_mounts"]
-    assert messages == ["bind_mounts[0]: host_path must be an absolute path (got 'data')",
-                        'bind_mounts[0]: container_path must not be "."']
+    assert messages == [
+        "bind_mounts[0]: host_path must be an absolute path (got 'data')",
+        'bind_mounts[0]: container_path must not be "."',
+    ]
 
 
 def test_config_outside_context_or_ignored_is_not_flagged(lading, small_ctx, tmp_path):
@@ -255,8 +271,10 @@ def test_symlinked_dir_and_broken_link_warnings_in_json(lading, small_ctx, tmp_p
     os.symlink(tmp_path / "elsewhere", small_ctx / "linked")
     os.symlink(tmp_path / "missing", small_ctx / "dangling")
     doc = json.loads(lading("check", str(small_ctx), "--json").stdout)
-    assert {(w["kind"], w["path"]) for w in doc["warnings"]} == {("symlinked_dir", "linked"),
-                                                                  ("broken_symlink", "dangling")}
+    assert {(w["kind"], w["path"]) for w in doc["warnings"]} == {
+        ("symlinked_dir", "linked"),
+        ("broken_symlink", "dangling"),
+    }
     assert "linked" in [d["path"] for d in doc["directories"]]
     assert all(not f["path"].startswith("linked/") for f in doc["files"])
 

@@ -50,10 +50,22 @@ def _det_upload(lading, context: Path, workdir: Path) -> None:
 
 
 def _source_hook(workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    full = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp"),
-            "DET_SLOT_IDS": "[0]", "DET_TRIAL_ID": "1", "DET_TASK_TYPE": "TRIAL", **env}
-    return subprocess.run(["bash", "-c", "set -e; set -x; source startup-hook.sh"], cwd=workdir,
-                          env=full, capture_output=True, text=True, timeout=120)
+    full = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "DET_SLOT_IDS": "[0]",
+        "DET_TRIAL_ID": "1",
+        "DET_TASK_TYPE": "TRIAL",
+        **env,
+    }
+    return subprocess.run(
+        ["bash", "-c", "set -e; set -x; source startup-hook.sh"],
+        cwd=workdir,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_over_fix_under_hook_identical(s3, s3_env, lading, context, tmp_path):
@@ -65,8 +77,9 @@ def test_over_fix_under_hook_identical(s3, s3_env, lading, context, tmp_path):
     assert _tree(context) == originals  # a dry run changes nothing
     assert s3.list_objects_v2(Bucket=BUCKET).get("KeyCount") == 0
 
-    applied = lading("check", str(context), "--limit", LIMIT, "--fix", "--bucket", f"s3://{BUCKET}/run1",
-                     "--yes", "--json")
+    applied = lading(
+        "check", str(context), "--limit", LIMIT, "--fix", "--bucket", f"s3://{BUCKET}/run1", "--yes", "--json"
+    )
     assert applied.returncode == 0, applied.stderr
     outcome = json.loads(applied.stdout)
     assert outcome["fits"] is True and outcome["result"]["uploaded"] == 4
@@ -84,8 +97,11 @@ def test_over_fix_under_hook_identical(s3, s3_env, lading, context, tmp_path):
     result = _source_hook(workdir, {**s3_env, "AWS_SECRET_ACCESS_KEY": "fix-secret-VALUE"})
     assert result.returncode == 0, result.stderr
     assert "fix-secret-VALUE" not in result.stdout + result.stderr
-    restored = {rel: body for rel, body in _tree(workdir).items() if rel.startswith("data/")
-                and not rel.split("/")[-1].startswith(".lading")}
+    restored = {
+        rel: body
+        for rel, body in _tree(workdir).items()
+        if rel.startswith("data/") and not rel.split("/")[-1].startswith(".lading")
+    }
     assert restored == {rel: body for rel, body in originals.items() if rel.startswith("data/")}
 
 
@@ -106,8 +122,17 @@ def test_failed_upload_changes_nothing_in_the_context(s3, s3_env, lading, contex
     originals = _tree(context)
     with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
         proxy.add_fault("slowdown", rate=1.0, method="PUT")
-        result = lading("check", str(context), "--limit", LIMIT, "--fix", "--bucket", f"s3://{BUCKET}/p",
-                        "--yes", env={"AWS_ENDPOINT_URL": proxy.url, "LADING_RETRIES": "2"})
+        result = lading(
+            "check",
+            str(context),
+            "--limit",
+            LIMIT,
+            "--fix",
+            "--bucket",
+            f"s3://{BUCKET}/p",
+            "--yes",
+            env={"AWS_ENDPOINT_URL": proxy.url, "LADING_RETRIES": "2"},
+        )
     assert result.returncode == 5 and "lading: error:" in result.stderr
     assert _tree(context) == originals
 

@@ -210,9 +210,20 @@ def test_remedy_prefers_one_line_for_a_directory_of_shards_over_code(tmp_path):
 
 def test_warnings_for_environments_caches_checkpoints_data_and_secrets(tmp_path):
     ctx = tmp_path / "ctx"
-    for rel in [".venv/pyvenv.cfg", "env2/bin/activate", ".cache/pip/x", ".env", ".env.example",
-                "keys/id_rsa", "keys/id_rsa.pub", "tls/server.pem", "aws/credentials", "model.py",
-                "empty_data/data/", "src/data/tiny.json"]:
+    for rel in [
+        ".venv/pyvenv.cfg",
+        "env2/bin/activate",
+        ".cache/pip/x",
+        ".env",
+        ".env.example",
+        "keys/id_rsa",
+        "keys/id_rsa.pub",
+        "tls/server.pem",
+        "aws/credentials",
+        "model.py",
+        "empty_data/data/",
+        "src/data/tiny.json",
+    ]:
         if rel.endswith("/"):
             (ctx / rel).mkdir(parents=True)
         else:
@@ -221,8 +232,14 @@ def test_warnings_for_environments_caches_checkpoints_data_and_secrets(tmp_path)
     sparse(ctx / "data" / "train.csv", 2 << 20)
     kinds = {(w.kind, w.path) for w in check_context(str(ctx)).warnings}
     assert kinds == {
-        ("virtualenv", ".venv"), ("virtualenv", "env2"), ("cache", ".cache"), ("checkpoints", "checkpoints"),
-        ("data", "data"), ("secret", ".env"), ("secret", "keys/id_rsa"), ("secret", "tls/server.pem"),
+        ("virtualenv", ".venv"),
+        ("virtualenv", "env2"),
+        ("cache", ".cache"),
+        ("checkpoints", "checkpoints"),
+        ("data", "data"),
+        ("secret", ".env"),
+        ("secret", "keys/id_rsa"),
+        ("secret", "tls/server.pem"),
         ("secret", "aws/credentials"),
     }
 

@@ -117,8 +117,10 @@ def test_the_bucket_region_is_resolved_once(s3_env):
     client = s3_client(s3_env)
     client.create_bucket(Bucket="far-away", CreateBucketConfiguration={"LocationConstraint": "eu-west-2"})
     client.put_object(Bucket="far-away", Key="x/y", Body=b"hello")
-    store = open_store("s3://far-away/x", StoreConfig(endpoint_url=s3_env["AWS_ENDPOINT_URL"],
-                                                       env_credentials=("testing", "testing", None)))
+    store = open_store(
+        "s3://far-away/x",
+        StoreConfig(endpoint_url=s3_env["AWS_ENDPOINT_URL"], env_credentials=("testing", "testing", None)),
+    )
     assert [info.key for info in store.list()] == ["y"]
     assert store.region == "eu-west-2"
     assert store.read_range("y", 0, 5) == b"hello"
@@ -131,8 +133,9 @@ def test_http_proxy_variables_are_honoured(s3_env, proxy):
     store = open_store(SOURCE, via_proxy)
     assert store.read_range("p.bin", 0, 100) == b"through the proxy"
     assert gets_of(proxy, "p.bin")
-    excluded = StoreConfig.from_env({**s3_env, "HTTP_PROXY": proxy.url, "NO_PROXY": "127.0.0.1",
-                                     "LADING_RETRIES": "1"}, endpoint_url=dead)
+    excluded = StoreConfig.from_env(
+        {**s3_env, "HTTP_PROXY": proxy.url, "NO_PROXY": "127.0.0.1", "LADING_RETRIES": "1"}, endpoint_url=dead
+    )
     with pytest.raises(TransientError):
         open_store(SOURCE, excluded).read_range("p.bin", 0, 100)
 
@@ -146,10 +149,16 @@ def test_connect_timeout_is_the_documented_ten_seconds():
 
 
 def test_endpoints_are_used_as_given(s3_env):
-    for endpoint in ("https://s3-fips.us-gov-west-1.amazonaws.com", "https://s3.dualstack.eu-west-1.amazonaws.com",
-                     "https://bucket.vpce-0a1b2c3d-abcdefgh.s3.us-east-1.vpce.amazonaws.com", "http://[::1]:9000"):
-        store = open_store("s3://some-bucket/p", StoreConfig(endpoint_url=endpoint, region="us-east-1",
-                                                             env_credentials=("k", "s", None)))
+    for endpoint in (
+        "https://s3-fips.us-gov-west-1.amazonaws.com",
+        "https://s3.dualstack.eu-west-1.amazonaws.com",
+        "https://bucket.vpce-0a1b2c3d-abcdefgh.s3.us-east-1.vpce.amazonaws.com",
+        "http://[::1]:9000",
+    ):
+        store = open_store(
+            "s3://some-bucket/p",
+            StoreConfig(endpoint_url=endpoint, region="us-east-1", env_credentials=("k", "s", None)),
+        )
         built = store._store.get()
         assert built.config["endpoint"] == endpoint
 
@@ -160,8 +169,7 @@ def test_folder_markers_empty_objects_and_odd_keys_are_listed_as_stored(s3_env, 
     client = s3_client(s3_env)
     put_objects(client, {"dir/": b"", "dir/a.bin": b"a", "lone/": b"", "empty.txt": b"", "z.bin": b"zz"})
     store = open_store(SOURCE, StoreConfig(endpoint_url=proxy.url, region="us-east-1"))
-    assert [(info.key, info.size) for info in store.list()] == [
-        ("dir/a.bin", 1), ("empty.txt", 0), ("z.bin", 2)]
+    assert [(info.key, info.size) for info in store.list()] == [("dir/a.bin", 1), ("empty.txt", 0), ("z.bin", 2)]
     client.put_object(Bucket=BUCKET, Key="data/odd//name", Body=b"x")
     assert "odd//name" in [info.key for info in store.list()]  # listed exactly: sync then refuses it by name
 
@@ -218,8 +226,11 @@ def test_one_sdk_page_after_an_empty_object_then_obstore_again(s3_env, proxy):
     objects = {"a-empty": b"", **{f"k{i:04d}": b"x" for i in range(1100)}}
     put_objects(client, {}, create=True)
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda item: client.put_object(Bucket=BUCKET, Key=f"data/{item[0]}", Body=item[1]),
-                      objects.items()))
+        list(
+            pool.map(
+                lambda item: client.put_object(Bucket=BUCKET, Key=f"data/{item[0]}", Body=item[1]), objects.items()
+            )
+        )
     store = open_store(SOURCE, StoreConfig(endpoint_url=proxy.url, region="us-east-1"))
     proxy.reset_counts()
     assert [info.key for info in store.list()] == sorted(objects)

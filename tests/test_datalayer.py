@@ -46,17 +46,19 @@ def every_type(position: int) -> dict:
         "raw": bytes([position % 256]) * (position + 1),
         "text": f"sample {position} \u00e9\u4e2d",
         "label": position - 3,
-        "big": 2 ** 70 + position,
+        "big": 2**70 + position,
         "score": position / 7,
         "nan": float("nan"),
         "flag": position % 2 == 0,
         "none": None,
         "meta": {"tags": ["a", position], "nested": {"x": 1.5}},
-        "image": np.arange(position * 6, dtype=np.uint8).reshape(position, 6) if position else np.zeros((0, 6), np.uint8),
+        "image": np.arange(position * 6, dtype=np.uint8).reshape(position, 6)
+        if position
+        else np.zeros((0, 6), np.uint8),
         "matrix": np.linspace(0, 1, 12, dtype=np.float64).reshape(3, 4) * position,
         "scalar": np.float32(position) / 2,
         "tensor": torch.arange(position, dtype=torch.int64),
-        "view": torch.arange(100.0)[position:position + 3],  # a view: only its own values are stored
+        "view": torch.arange(100.0)[position : position + 3],  # a view: only its own values are stored
         "half": torch.full((2, 2), float(position), dtype=torch.bfloat16),
         "CamelCase": "kept",
     }
@@ -169,7 +171,7 @@ def test_comments_and_formatting_do_not_change_the_fingerprint():
     def two(x=1):  # a comment
         # and another
 
-        return [{"n":   x}]
+        return [{"n": x}]
 
     def three(x=2):
         return [{"n": x}]
@@ -328,8 +330,11 @@ def test_the_index_records_the_build(tmp_path):
     make()
     index = json.loads((Path(make.uri) / "recorded.index.json").read_text())
     block = index["datalayer"]
-    assert block["encoding"] == {"format": "lading-datalayer-1", "keys": "position", "fields": {
-        "image.npy": {"field": "image", "type": "numpy"}, "label.cls": {"field": "label", "type": "int"}}}
+    assert block["encoding"] == {
+        "format": "lading-datalayer-1",
+        "keys": "position",
+        "fields": {"image.npy": {"field": "image", "type": "numpy"}, "label.cls": {"field": "label", "type": "int"}},
+    }
     assert block["samples"] == 1 and block["fingerprint"].startswith("code:")
     assert block["function"].endswith("make") and block["built_by"]["pid"] > 0 and block["built_at"]
     assert index["lading"]["version"] == "v1"
@@ -342,8 +347,19 @@ def test_the_readme_example_with_a_dataloader_and_elastic_resume(s3_env, tmp_pat
     config = StoreConfig.from_env(s3_env)
     uri = make_bucket("s3", config)
 
-    @dl.cached(uri, "mnist", "v1", shuffle=True, seed=0, batch_size=4, config=config, shard_size=2000,
-               cache_dir=tmp_path / "node-cache", rank=0, world_size=1)
+    @dl.cached(
+        uri,
+        "mnist",
+        "v1",
+        shuffle=True,
+        seed=0,
+        batch_size=4,
+        config=config,
+        shard_size=2000,
+        cache_dir=tmp_path / "node-cache",
+        rank=0,
+        world_size=1,
+    )
     def mnist():
         for index in range(24):
             yield {"image": np.full((28, 28), index, np.uint8), "label": index % 10}
@@ -361,6 +377,9 @@ def test_the_readme_example_with_a_dataloader_and_elastic_resume(s3_env, tmp_pat
 
     resumed = mnist()  # another process after a restart: reuses the version, resumes the epoch
     resumed.load_state_dict(state)
-    rest = [v for batch in DataLoader(resumed, batch_size=4, num_workers=1, multiprocessing_context="fork")
-            for v in batch["image"][:, 0, 0].tolist()]
+    rest = [
+        v
+        for batch in DataLoader(resumed, batch_size=4, num_workers=1, multiprocessing_context="fork")
+        for v in batch["image"][:, 0, 0].tolist()
+    ]
     assert sorted(seen[:12] + rest) == list(range(24))

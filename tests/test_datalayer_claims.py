@@ -96,9 +96,13 @@ def test_a_server_that_ignores_conditions_is_refused(rclone_env):
 
     config = StoreConfig.from_env(rclone_env)
     name = f"claims-{uuid.uuid4().hex[:10]}"
-    boto3.client("s3", endpoint_url=config.endpoint_url, region_name="us-east-1",
-                 aws_access_key_id=rclone_env["AWS_ACCESS_KEY_ID"],
-                 aws_secret_access_key=rclone_env["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=name)
+    boto3.client(
+        "s3",
+        endpoint_url=config.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=rclone_env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=rclone_env["AWS_SECRET_ACCESS_KEY"],
+    ).create_bucket(Bucket=name)
     store = open_store(f"s3://{name}/p", config)
     with pytest.raises(UsageError, match="ignores conditional writes"):
         claims.check_conditional_writes(store)

@@ -21,7 +21,7 @@ import pytest
 from lading.stores import claims, open_store
 from lading.stores.config import StoreConfig
 
-WORKER = r'''
+WORKER = r"""
 import json, logging, os, pickle, sys, threading, time
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
@@ -89,7 +89,7 @@ dataset = samples()
 got = sorted((dataset[i] for i in range(len(dataset))) if ARGS["packed"] else dataset, key=lambda s: s["__key__"])
 with open(os.path.join(STATE, f"out-{ARGS['id']}.pkl"), "wb") as out:
     pickle.dump({"built": outcome.built, "waited": outcome.waited, "samples": got}, out)
-'''
+"""
 
 
 def make_bucket(scheme: str, config: StoreConfig) -> str:
@@ -120,11 +120,22 @@ class Trial:
 
     def start(self, ident: str, mode: str = "normal", barrier: bool = False, packed: bool = True) -> subprocess.Popen:
         """A worker; ``packed=False`` reads through a ShardDataset (which imports torch: slower to start)."""
-        args = {"uri": self.uri, "state": str(self.state), "ttl": self.ttl, "mode": mode, "id": ident,
-                "barrier": barrier, "packed": packed}
+        args = {
+            "uri": self.uri,
+            "state": str(self.state),
+            "ttl": self.ttl,
+            "mode": mode,
+            "id": ident,
+            "barrier": barrier,
+            "packed": packed,
+        }
         log = open(self.state / f"log-{ident}", "wb")
-        proc = subprocess.Popen([sys.executable, str(self.script), json.dumps(args)], stdout=log,
-                                stderr=subprocess.STDOUT, env=dict(os.environ))
+        proc = subprocess.Popen(
+            [sys.executable, str(self.script), json.dumps(args)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+        )
         log.close()
         self.procs[ident] = proc
         return proc
@@ -150,8 +161,10 @@ class Trial:
 
 
 def expected_samples() -> list[dict[str, Any]]:
-    return [{"__key__": f"{n:012d}", "n": n, "image": np.full((8, 8), n, np.uint8), "text": f"sample {n}",
-             "score": n / 3} for n in range(40)]
+    return [
+        {"__key__": f"{n:012d}", "n": n, "image": np.full((8, 8), n, np.uint8), "text": f"sample {n}", "score": n / 3}
+        for n in range(40)
+    ]
 
 
 def assert_samples(got: list[dict[str, Any]]) -> None:
@@ -307,6 +320,7 @@ def test_datasets_cli_list_show_and_rm_refusing_a_claimed_version(bucket, trials
 
     os.kill(builder.pid, signal.SIGKILL)
     builder.wait()
+
     # Once the dead builder's claim is two TTLs without a heartbeat, rm takes it over.
     def rm_once():
         result = lading("datasets", "rm", version, "--yes", "--json")
@@ -323,7 +337,11 @@ def test_datasets_cli_list_show_and_rm_refusing_a_claimed_version(bucket, trials
     details = json.loads(shown.stdout)
     assert details["state"] == "complete" and details["samples"] == 40 and details["store_check"] == "ok"
     assert {entry["field"]: entry["type"] for entry in details["encoding"]["fields"].values()} == {
-        "n": "int", "image": "numpy", "text": "str", "score": "float"}
+        "n": "int",
+        "image": "numpy",
+        "text": "str",
+        "score": "float",
+    }
     assert details["built_by"]["pid"] == trial.procs["fresh"].pid and details["built_at"]
     text = lading("datasets", "show", version)
     assert text.returncode == 0 and "image (numpy)" in text.stdout and "store check  ok" in text.stdout
@@ -332,14 +350,18 @@ def test_datasets_cli_list_show_and_rm_refusing_a_claimed_version(bucket, trials
 
 
 def test_datasets_help_has_examples_and_exit_codes(lading):
-    for args in (("datasets", "--help"), ("datasets", "list", "--help"), ("datasets", "show", "--help"),
-                 ("datasets", "rm", "--help")):
+    for args in (
+        ("datasets", "--help"),
+        ("datasets", "list", "--help"),
+        ("datasets", "show", "--help"),
+        ("datasets", "rm", "--help"),
+    ):
         result = lading(*args)
         assert result.returncode == 0
         assert "Examples:" in result.stdout and "Exit codes:" in result.stdout
 
 
-TORCHRUN_SCRIPT = r'''
+TORCHRUN_SCRIPT = r"""
 import json, os, sys
 import lading.datalayer as dl
 
@@ -356,7 +378,7 @@ def samples():
 dataset = samples()  # no process group: rank and world size from torchrun's RANK / WORLD_SIZE
 with open(os.path.join(STATE, f"rank-{os.environ['RANK']}.json"), "w") as out:
     json.dump({"rank": dataset.rank, "world_size": dataset.world_size, "n": [s["n"] for s in dataset]}, out)
-'''
+"""
 
 
 def test_under_torchrun_every_rank_calls_it_one_builds_each_reads_its_share(s3_env, tmp_path):
@@ -364,9 +386,23 @@ def test_under_torchrun_every_rank_calls_it_one_builds_each_reads_its_share(s3_e
     uri = make_bucket("s3", config)
     script = tmp_path / "train.py"
     script.write_text(TORCHRUN_SCRIPT)
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                          str(script), uri, str(tmp_path)], capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+            uri,
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ),
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
     assert [(r["rank"], r["world_size"]) for r in ranks] == [(0, 2), (1, 2)]

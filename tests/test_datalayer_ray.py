@@ -27,7 +27,7 @@ from lading.datalayer.ray import publish  # noqa: E402 - only with Ray installed
 TOP = Path(__file__).resolve().parent.parent
 
 #: The pipeline both processes publish; each call of make() leaves a file named by its pid in MARKS.
-PIPELINE = '''
+PIPELINE = """
 import os, sys
 import numpy as np
 import ray
@@ -48,7 +48,7 @@ if __name__ == "__main__":
     ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
     outcome = publish(make, sys.argv[2], "toy", "v1", shard_size=4_000, claim_ttl=10)
     print(json.dumps({"built": outcome.built, "samples": outcome.index["datalayer"]["samples"]}))
-'''
+"""
 
 
 @pytest.fixture
@@ -62,8 +62,14 @@ def images():
     import numpy as np
 
     return ray.data.range(150, override_num_blocks=3).map(
-        lambda r: {"__key__": f"img/{r['id']:03d}.v", "image": np.full((3, 3), r["id"] % 200, dtype=np.uint8),
-                   "label": int(r["id"]), "Caption": f"c{r['id']}", "extra": None})
+        lambda r: {
+            "__key__": f"img/{r['id']:03d}.v",
+            "image": np.full((3, 3), r["id"] % 200, dtype=np.uint8),
+            "label": int(r["id"]),
+            "Caption": f"c{r['id']}",
+            "extra": None,
+        }
+    )
 
 
 def test_published_dataset_reads_back_with_fields_and_types(ray_cluster, cache):
@@ -98,8 +104,17 @@ def test_two_processes_publishing_at_once_build_once(ray_cluster, cache, tmp_pat
     marks = tmp_path / "marks"
     marks.mkdir()
     env = dict(os.environ, LADING_TEST_MARKS=str(marks))
-    procs = [subprocess.Popen([sys.executable, str(script), ray_cluster, uri], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=TOP) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), ray_cluster, uri],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=TOP,
+        )
+        for _ in range(2)
+    ]
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=240)

@@ -43,8 +43,9 @@ def dataset(index: str, **options) -> ShardDataset:
 def loader(data, workers: int = 2, **options):
     from lading.datasets import DataLoader
 
-    return DataLoader(data, batch_size=BATCH, num_workers=workers, collate_fn=keys_of,
-                      multiprocessing_context="fork", **options)
+    return DataLoader(
+        data, batch_size=BATCH, num_workers=workers, collate_fn=keys_of, multiprocessing_context="fork", **options
+    )
 
 
 def epoch_keys(index: str, epoch: int) -> list[str]:
@@ -133,8 +134,9 @@ def pair_loader(data, workers: int = 2, **options):
     return DataLoader(data, batch_size=BATCH, num_workers=workers, multiprocessing_context="fork", **options)
 
 
-def ddp_ranks(index: str, world: int, state=None, epochs: int = 1, stop_after: int | None = None,
-              workers: int = 2) -> tuple[list[int], dict | None]:
+def ddp_ranks(
+    index: str, world: int, state=None, epochs: int = 1, stop_after: int | None = None, workers: int = 2
+) -> tuple[list[int], dict | None]:
     """The README's preemptible DDP loop, each rank in turn (persistent workers, (images, labels)
     batches, a checkpoint every 2 steps): the labels every rank was handed, and the last checkpoint."""
     seen: list[int] = []
@@ -183,8 +185,9 @@ def test_two_workers_without_a_dataset_batch_size_resume_exactly(index):
             state = first.state_dict()
             break
     assert first.delivered == 5 * BATCH
-    resumed = pair_loader(ShardDataset(index, rank=0, world_size=1, shuffle_buffer=16, seed=5,
-                                       transform=to_pair), workers=3)
+    resumed = pair_loader(
+        ShardDataset(index, rank=0, world_size=1, shuffle_buffer=16, seed=5, transform=to_pair), workers=3
+    )
     resumed.load_state_dict(state)
     rest = [label for batch in resumed for label in labels_of(batch)]
     assert Counter(seen + rest) == Counter(range(NSAMPLES))
@@ -202,8 +205,12 @@ def test_without_a_batch_size_each_item_is_one_sample(index):
             state = first.state_dict()
             break
     assert first.delivered == 7
-    resumed = DataLoader(ShardDataset(index, rank=0, world_size=1, shuffle_buffer=16, seed=5, transform=to_pair),
-                         batch_size=None, num_workers=3, multiprocessing_context="fork")
+    resumed = DataLoader(
+        ShardDataset(index, rank=0, world_size=1, shuffle_buffer=16, seed=5, transform=to_pair),
+        batch_size=None,
+        num_workers=3,
+        multiprocessing_context="fork",
+    )
     resumed.load_state_dict(state)
     assert Counter(seen + [int(label) for _image, label in resumed]) == Counter(range(NSAMPLES))
 
@@ -217,8 +224,10 @@ def test_a_dataset_batch_size_under_an_unbatched_loader_is_refused(index):
 
 def as_dict(batch):
     """A collate_fn returning a nested dict: the labels inside a tuple, then the images."""
-    return {"meta": ([number_of(sample) for sample in batch], "extra"),
-            "images": torch.stack([to_pair(sample)[0] for sample in batch])}
+    return {
+        "meta": ([number_of(sample) for sample in batch], "extra"),
+        "images": torch.stack([to_pair(sample)[0] for sample in batch]),
+    }
 
 
 class Opaque:
@@ -232,8 +241,9 @@ class Opaque:
 def test_any_batch_structure_counts_its_samples(index, collate):
     from lading.datasets import DataLoader
 
-    counted = DataLoader(dataset(index), batch_size=7, num_workers=2, collate_fn=collate,
-                         multiprocessing_context="fork")
+    counted = DataLoader(
+        dataset(index), batch_size=7, num_workers=2, collate_fn=collate, multiprocessing_context="fork"
+    )
     assert len(list(counted)) == 9 and counted.delivered == NSAMPLES  # 8 batches of 7, one of 4
     for step, _batch in enumerate(counted, start=1):
         if step == 3:
@@ -281,8 +291,7 @@ def test_map_style_batches_of_any_size_resume_exactly(index):
             break
     assert first.delivered == 9
     resumed_sampler = NodeLocalSampler(packed, rank=0, world_size=1, shuffle_buffer=16, seed=5)
-    resumed = DataLoader(packed, batch_sampler=Varying(resumed_sampler), num_workers=3,
-                         multiprocessing_context="fork")
+    resumed = DataLoader(packed, batch_sampler=Varying(resumed_sampler), num_workers=3, multiprocessing_context="fork")
     resumed.load_state_dict(state)
     rest = [label for batch in resumed for label in labels_of(batch)]
     assert Counter(seen + rest) == Counter(range(NSAMPLES))

@@ -54,8 +54,9 @@ def make_bucket(scheme: str, config: StoreConfig) -> str:
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
-        storage.Client(project="test", credentials=AnonymousCredentials(),
-                       client_options={"api_endpoint": config.gcs_endpoint}).create_bucket(name)
+        storage.Client(
+            project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": config.gcs_endpoint}
+        ).create_bucket(name)
     return f"{scheme}://{name}"
 
 
@@ -108,9 +109,16 @@ def test_four_processes_at_once_make_one_get_per_shard(store_env, tmp_path):
     else:
         env["STORAGE_EMULATOR_HOST"] = proxy.url
     proxy.reset_counts()
-    readers = [subprocess.Popen([sys.executable, "-c", READER, index, str(cache), str(rank), "4"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-               for rank in range(4)]
+    readers = [
+        subprocess.Popen(
+            [sys.executable, "-c", READER, index, str(cache), str(rank), "4"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(4)
+    ]
     try:
         for reader in readers:  # each has read the index and is waiting
             assert reader.stdout.readline().strip() == "ready"
@@ -136,14 +144,22 @@ def test_second_epoch_makes_no_get(store_env, tmp_path):
     torch_data = pytest.importorskip("torch.utils.data")
     scheme, proxy, config = store_env
     index, shards = pack_into(make_bucket(scheme, config), tmp_path, config)
-    dataset = ShardDataset(index, config=config, cache_dir=tmp_path / "cache", batch_size=4, shuffle_buffer=6,
-                           seed=2, randomize_shard_order=True)
+    dataset = ShardDataset(
+        index,
+        config=config,
+        cache_dir=tmp_path / "cache",
+        batch_size=4,
+        shuffle_buffer=6,
+        seed=2,
+        randomize_shard_order=True,
+    )
     proxy.reset_counts()
     epochs = []
     for epoch in range(2):
         dataset.set_epoch(epoch)
-        loader = torch_data.DataLoader(dataset, batch_size=4, num_workers=2, collate_fn=keys_of,
-                                       multiprocessing_context="fork")
+        loader = torch_data.DataLoader(
+            dataset, batch_size=4, num_workers=2, collate_fn=keys_of, multiprocessing_context="fork"
+        )
         epochs.append([key for batch in loader for key in batch])
         if epoch == 0:
             assert shard_gets(proxy) == Counter({name: 1 for name in shards})

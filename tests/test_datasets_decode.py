@@ -56,8 +56,15 @@ def packed(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("decode")
     source = root / "src"
     source.mkdir()
-    fields = {"json": json.dumps({"label": "cat", "n": 3}).encode(), "txt": "héllo wörld".encode(), "cls": b" 7\n",
-              "bin": b"\x00\x01raw", "seg.png": png_bytes(), "npy": npy_bytes(), "pth": pth_bytes()}
+    fields = {
+        "json": json.dumps({"label": "cat", "n": 3}).encode(),
+        "txt": "héllo wörld".encode(),
+        "cls": b" 7\n",
+        "bin": b"\x00\x01raw",
+        "seg.png": png_bytes(),
+        "npy": npy_bytes(),
+        "pth": pth_bytes(),
+    }
     for ext, data in fields.items():
         if data is not None:
             (source / f"a.{ext}").write_bytes(data)
@@ -89,8 +96,11 @@ def test_a_mapping_decodes_only_what_it_names(packed):
     sample = next(iter(ShardDataset(packed, decode={".TXT": lambda data: data.decode().upper(), "cls": int})))
     assert sample["txt"] == "HÉLLO WÖRLD" and sample["cls"] == 7 and isinstance(sample["json"], bytes)
     table = decoders_for({"txt": lambda data: data.decode()[::-1]})
-    assert decode_sample({"__key__": "k", "txt": b"abc", "json": b"{}"}, table) == {"__key__": "k", "txt": "cba",
-                                                                                  "json": b"{}"}
+    assert decode_sample({"__key__": "k", "txt": b"abc", "json": b"{}"}, table) == {
+        "__key__": "k",
+        "txt": "cba",
+        "json": b"{}",
+    }
     with pytest.raises(UsageError, match="not callable"):
         decoders_for({"txt": "utf-8"})
     with pytest.raises(UsageError, match="decode="):

@@ -58,13 +58,19 @@ class Node:
 
     def env(self, local: int) -> dict[str, str]:
         rank = self.number * PER_NODE + local
-        return {"RANK": str(rank), "WORLD_SIZE": str(self.nodes * PER_NODE), "LOCAL_RANK": str(local),
-                "LOCAL_WORLD_SIZE": str(PER_NODE), "GROUP_RANK": str(self.number)}
+        return {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.nodes * PER_NODE),
+            "LOCAL_RANK": str(local),
+            "LOCAL_WORLD_SIZE": str(PER_NODE),
+            "GROUP_RANK": str(self.number),
+        }
 
     def shards_read(self) -> set[str]:
         """Shards this node's proxy saw a GET for."""
-        return {path.rsplit("/", 1)[-1] for method, path in self.proxy.counts if method == "GET"
-                and path.endswith(".tar")}
+        return {
+            path.rsplit("/", 1)[-1] for method, path in self.proxy.counts if method == "GET" and path.endswith(".tar")
+        }
 
     def gets(self) -> int:
         return self.proxy.count("GET")
@@ -99,14 +105,19 @@ def read(ranks: list[ShardDataset], stop: int | None = None) -> list[list[str]]:
     return keys
 
 
-def block_shards(index: str, config: StoreConfig, node: int, nodes: int, homes: int | None = None,
-                 lanes: int | None = None) -> set[str]:
+def block_shards(
+    index: str, config: StoreConfig, node: int, nodes: int, homes: int | None = None, lanes: int | None = None
+) -> set[str]:
     """The shards holding the samples of the lanes ``node`` of ``nodes`` owns (edges included);
     ``homes``: the node count the run started with (see lading.datasets.order.deal.lane_owners)."""
     homes = homes or nodes
     loaded = load_index(index, config)
-    count = lanes or ShardDataset(index, config=config, rank=0, world_size=homes * PER_NODE,
-                                  local_world_size=PER_NODE, **ORDER).lanes
+    count = (
+        lanes
+        or ShardDataset(
+            index, config=config, rank=0, world_size=homes * PER_NODE, local_world_size=PER_NODE, **ORDER
+        ).lanes
+    )
     run = Lanes(loaded.counts, ORDER["seed"], ORDER["randomize_shard_order"], count)
     owners = lane_owners(count, nodes, homes)
     assert owners is not None
@@ -123,8 +134,10 @@ def test_four_nodes_read_disjoint_shard_sets_and_epoch_two_makes_no_get(dataset,
     share = sum(ref.filesize for ref in index.shards) / 4
     with ExitStack() as stack:
         nodes = make_nodes(4, s3_env, tmp_path, stack)
-        ranks = {node.number: ranks_of(node, dataset, monkeypatch, remainder="uneven", cache_limit=int(1.5 * share))
-                 for node in nodes}
+        ranks = {
+            node.number: ranks_of(node, dataset, monkeypatch, remainder="uneven", cache_limit=int(1.5 * share))
+            for node in nodes
+        }
         assert [(d.layout.node, d.layout.local_rank) for d in ranks[2]] == [(2, 0), (2, 1)]  # from GROUP_RANK
         first = {n: read(ranks[n]) for n in ranks}
         everything = Counter(key for n in first for keys in first[n] for key in keys)
@@ -151,14 +164,16 @@ def test_four_nodes_read_disjoint_shard_sets_and_epoch_two_makes_no_get(dataset,
             assert second[n] != first[n], "and reshuffles them"
 
 
-def stop_four_nodes(dataset: str, s3_env, root: Path, monkeypatch, stack: ExitStack, stop: int,
-                    **options) -> tuple[list[str], dict]:
+def stop_four_nodes(
+    dataset: str, s3_env, root: Path, monkeypatch, stack: ExitStack, stop: int, **options
+) -> tuple[list[str], dict]:
     consumed, state, _ = stop_nodes(dataset, s3_env, root, monkeypatch, stack, stop, **options)
     return consumed, state
 
 
-def stop_nodes(dataset: str, s3_env, root: Path, monkeypatch, stack: ExitStack, stop: int,
-               **options) -> tuple[list[str], dict, list[set[str]]]:
+def stop_nodes(
+    dataset: str, s3_env, root: Path, monkeypatch, stack: ExitStack, stop: int, **options
+) -> tuple[list[str], dict, list[set[str]]]:
     """Four nodes each read ``stop`` samples per rank: what they read, the state, each node's shard GETs."""
     nodes = make_nodes(4, s3_env, root, stack)
     consumed, states = [], []
@@ -172,8 +187,9 @@ def stop_nodes(dataset: str, s3_env, root: Path, monkeypatch, stack: ExitStack, 
 
 
 @pytest.mark.parametrize("new_nodes", [2, 3])
-def test_resume_onto_fewer_nodes_is_exact_and_each_node_reads_its_share(dataset, s3_env, tmp_path, monkeypatch,
-                                                                         new_nodes):
+def test_resume_onto_fewer_nodes_is_exact_and_each_node_reads_its_share(
+    dataset, s3_env, tmp_path, monkeypatch, new_nodes
+):
     config = StoreConfig.from_env()
     with ExitStack() as stack:
         before, state = stop_four_nodes(dataset, s3_env, tmp_path, monkeypatch, stack, 7, remainder="uneven")
@@ -184,8 +200,9 @@ def test_resume_onto_fewer_nodes_is_exact_and_each_node_reads_its_share(dataset,
             for rank in ranks:
                 rank.load_state_dict(state)
             after += sum(read(ranks), [])
-            assert node.shards_read() <= block_shards(dataset, config, node.number, new_nodes, homes=4), \
+            assert node.shards_read() <= block_shards(dataset, config, node.number, new_nodes, homes=4), (
                 f"new node {node.number} of {new_nodes} read outside its lanes"
+            )
         assert Counter(before + after) == Counter(list(expected())), "every sample exactly once"
 
 
@@ -228,11 +245,13 @@ def test_resume_keeps_equal_counts_per_rank(dataset, s3_env, tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("lanes, new_nodes", [(8, 3), (None, 11)])
-def test_incompatible_node_count_is_exact_and_logs_the_loss(dataset, s3_env, tmp_path, monkeypatch, caplog,
-                                                              lanes, new_nodes):
+def test_incompatible_node_count_is_exact_and_logs_the_loss(
+    dataset, s3_env, tmp_path, monkeypatch, caplog, lanes, new_nodes
+):
     with ExitStack() as stack:
-        before, state = stop_four_nodes(dataset, s3_env, tmp_path, monkeypatch, stack, 6, remainder="uneven",
-                                        lanes=lanes)
+        before, state = stop_four_nodes(
+            dataset, s3_env, tmp_path, monkeypatch, stack, 6, remainder="uneven", lanes=lanes
+        )
         assert state["lanes"] == (lanes or 12), "lanes chosen from the data: a multiple of the 4 nodes"
         caplog.clear()
         nodes = make_nodes(new_nodes, s3_env, tmp_path / "after", stack)
@@ -270,8 +289,14 @@ def test_node_local_sampler_for_packed_dataset(dataset, s3_env, tmp_path, monkey
         assert all(state == states[0] for state in states)
         after = []
         for rank in range(3):  # resumed as 3 ranks on one node, rank arguments given
-            sampler = NodeLocalSampler(PackedDataset(dataset, config=config), rank=rank, world_size=3,
-                                       local_world_size=3, remainder="uneven", **ORDER)
+            sampler = NodeLocalSampler(
+                PackedDataset(dataset, config=config),
+                rank=rank,
+                world_size=3,
+                local_world_size=3,
+                remainder="uneven",
+                **ORDER,
+            )
             sampler.load_state_dict(states[0])
             after += [PackedDataset(dataset, config=config).key(i) for i in sampler]
         assert Counter(before + after) == Counter(list(expected()))
@@ -279,10 +304,23 @@ def test_node_local_sampler_for_packed_dataset(dataset, s3_env, tmp_path, monkey
 
 def test_one_node_sequence_does_not_depend_on_ranks_or_workers(dataset, s3_env, tmp_path):
     config = StoreConfig.from_env()
-    single = [s["__key__"] for s in ShardDataset(dataset, config=config, cache_dir=tmp_path / "c", rank=0,
-                                                     world_size=1, **ORDER)]
-    ranks = [ShardDataset(dataset, config=config, cache_dir=tmp_path / "c", rank=r, world_size=2,
-                          local_world_size=2, batch_size=3, **ORDER) for r in range(2)]
+    single = [
+        s["__key__"]
+        for s in ShardDataset(dataset, config=config, cache_dir=tmp_path / "c", rank=0, world_size=1, **ORDER)
+    ]
+    ranks = [
+        ShardDataset(
+            dataset,
+            config=config,
+            cache_dir=tmp_path / "c",
+            rank=r,
+            world_size=2,
+            local_world_size=2,
+            batch_size=3,
+            **ORDER,
+        )
+        for r in range(2)
+    ]
     parts = [[s["__key__"] for w in range(2) for s in ranks[r].iter_worker(w, 2)] for r in range(2)]
     assert sorted(parts[0] + parts[1]) == sorted(single)
     assert len(parts[0]) == len(parts[1]) == NSAMPLES // 2
@@ -298,20 +336,39 @@ def test_a_synced_pack_is_read_by_shard_dataset_from_the_same_cache(dataset, s3_
     source = dataset.rsplit("/", 1)[0] + "/"
     with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
         env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url}
-        run = subprocess.run([sys.executable, "-m", "lading", "sync", source, str(tmp_path / "dest"),
-                              "--cache-dir", str(cache), "--json"], env=env, capture_output=True, text=True,
-                             timeout=120)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lading",
+                "sync",
+                source,
+                str(tmp_path / "dest"),
+                "--cache-dir",
+                str(cache),
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert run.returncode == 0, run.stderr
         proxy.reset_counts()
         config = StoreConfig.from_env(endpoint_url=proxy.url)
         keys = sorted(s["__key__"] for s in ShardDataset(dataset, config=config, cache_dir=cache))
         assert keys == sorted(expected())
-        assert not any(path.endswith(".tar") for method, path in proxy.counts if method == "GET"), \
+        assert not any(path.endswith(".tar") for method, path in proxy.counts if method == "GET"), (
             "the shards lading sync cached are read without a GET"
+        )
     shard = sorted((tmp_path / "dest").glob("ds-*.tar"))[0]
     assert shard.stat().st_nlink >= 3, "sync's entry, DEST and the datasets' folder share one inode"
-    shown = subprocess.run([sys.executable, "-m", "lading", "cache", "--cache-dir", str(cache), "--json"],
-                           capture_output=True, text=True, timeout=60)
+    shown = subprocess.run(
+        [sys.executable, "-m", "lading", "cache", "--cache-dir", str(cache), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     listing = json.loads(shown.stdout)
     assert {row["kind"] for row in listing["datasets"]} == {"datasets", "sync"}
     stored = sum(path.stat().st_size for path in (tmp_path / "dest").iterdir() if path.is_file())

@@ -33,8 +33,11 @@ def indexes(tmp_path_factory) -> tuple[str, str, str]:
 
 def mix(indexes, **options):
     big, mid, tiny = indexes
-    children = [ShardDataset(big, shuffle_buffer=32, seed=1, randomize_shard_order=True),
-                ShardDataset(mid, shuffle_buffer=8, seed=2), ShardDataset(tiny, seed=3)]
+    children = [
+        ShardDataset(big, shuffle_buffer=32, seed=1, randomize_shard_order=True),
+        ShardDataset(mid, shuffle_buffer=8, seed=2),
+        ShardDataset(tiny, seed=3),
+    ]
     return MixedDataset(children, **{"weights": [0.5, 0.3, 0.2], "seed": 9, "samples_per_epoch": 2000, **options})
 
 
@@ -53,7 +56,7 @@ def test_proportions_within_tolerance_and_reproducible(indexes):
     assert keys == [s["__key__"] for s in mix(indexes)], "same seed, same mix"
     # each dataset is read through its own order: tiny (17 samples, 400 draws) repeats whole passes
     tiny = [key for key in keys if source_of(key) == "tiny"]
-    assert all(sorted(tiny[i:i + 17]) == sorted(tiny[:17]) for i in range(0, 17 * 23, 17))
+    assert all(sorted(tiny[i : i + 17]) == sorted(tiny[:17]) for i in range(0, 17 * 23, 17))
     big = [key for key in keys if source_of(key) == "big"]
     assert len(big) == 1000 and len(set(big[:300])) == 300  # a whole pass over big, then the next
 
@@ -79,8 +82,11 @@ def keys_of(batch):
 def node_mix(indexes, rank: int, world: int, per_node: int, **options):
     big, mid, tiny = indexes
     slot = {"rank": rank, "world_size": world, "local_world_size": per_node}
-    children = [ShardDataset(big, shuffle_buffer=32, seed=1, randomize_shard_order=True, shuffle_block=2, **slot),
-                ShardDataset(mid, shuffle_buffer=8, seed=2, **slot), ShardDataset(tiny, seed=3, **slot)]
+    children = [
+        ShardDataset(big, shuffle_buffer=32, seed=1, randomize_shard_order=True, shuffle_block=2, **slot),
+        ShardDataset(mid, shuffle_buffer=8, seed=2, **slot),
+        ShardDataset(tiny, seed=3, **slot),
+    ]
     return MixedDataset(children, weights=[0.5, 0.3, 0.2], seed=9, samples_per_epoch=400, **slot, **options)
 
 
@@ -103,8 +109,9 @@ def test_resume_from_four_nodes_continues_every_dataset_exactly(indexes, new_nod
     before, states, node_keys = [], [], {}
     for rank in range(8):  # 4 nodes of 2 ranks, 7 batches of 5 each, DataLoaders with 2 workers
         dataset = node_mix(indexes, rank, 8, 2, batch_size=5)
-        loader = torch_data.DataLoader(dataset, batch_size=5, num_workers=2, collate_fn=keys_of,
-                                       multiprocessing_context="fork")
+        loader = torch_data.DataLoader(
+            dataset, batch_size=5, num_workers=2, collate_fn=keys_of, multiprocessing_context="fork"
+        )
         keys = [key for batch in list(loader)[:7] for key in batch]
         before.append(keys)
         node_keys.setdefault(rank // 2, []).extend(keys)
@@ -116,8 +123,9 @@ def test_resume_from_four_nodes_continues_every_dataset_exactly(indexes, new_nod
         dataset = node_mix(indexes, rank, new_nodes, 1, batch_size=4)
         dataset.load_state_dict(states[0])
         assert len(dataset) == -(-120 // new_nodes)
-        loader = torch_data.DataLoader(dataset, batch_size=4, num_workers=3, collate_fn=keys_of,
-                                       multiprocessing_context="fork")
+        loader = torch_data.DataLoader(
+            dataset, batch_size=4, num_workers=3, collate_fn=keys_of, multiprocessing_context="fork"
+        )
         after.append([key for batch in loader for key in batch])
         node_keys.setdefault(10 + rank, []).extend(after[-1])
     drawn = Counter(k for part in before + after for k in part)

@@ -81,8 +81,9 @@ def test_distributed_sampler_with_dataloader_workers(local_pack):
     seen = []
     for rank in range(3):
         sampler = DistributedSampler(dataset, num_replicas=3, rank=rank, shuffle=True, seed=1)
-        loader = torch_data.DataLoader(dataset, batch_size=5, sampler=sampler, num_workers=2, collate_fn=list,
-                                       multiprocessing_context="fork")
+        loader = torch_data.DataLoader(
+            dataset, batch_size=5, sampler=sampler, num_workers=2, collate_fn=list, multiprocessing_context="fork"
+        )
         for batch in loader:
             for sample in batch:
                 assert plain(sample) == files[sample["__key__"]]
@@ -99,7 +100,7 @@ def test_offsets_file_describes_every_member(local_pack):
     assert document["__kind__"] == "wids-shard-index-v1" and document["wids_version"] == 1  # still a wids index
     data = (folder / entry["url"]).read_bytes()
     (length,) = struct.unpack("<Q", data[:8])
-    assert (8 + length) % 8 == 0 and json.loads(data[8:8 + length])["__metadata__"]["format"] == "lading-offsets"
+    assert (8 + length) % 8 == 0 and json.loads(data[8 : 8 + length])["__metadata__"]["format"] == "lading-offsets"
     table = decode(data, entry["url"])
     number = 0
     for s, shard in enumerate(document["shardlist"]):
@@ -168,7 +169,7 @@ def test_one_ranged_get_per_sample_from_a_bucket(bucket, s3_env, tmp_path):
         proxy.reset_counts()
         first_shard = list(range(len(plan.shards[0].samples)))
         batch = dataset.__getitems__(first_shard)
-        assert [s["__key__"] for s in batch] == order[:len(first_shard)]
+        assert [s["__key__"] for s in batch] == order[: len(first_shard)]
         assert proxy.count("GET") == 1
         # once a ShardDataset has cached the shards on this node, no GET at all
         list(ShardDataset(f"{dest}/ds.index.json", config=config, cache_dir=tmp_path / "cache"))
@@ -195,8 +196,13 @@ def test_records_one_read_each_and_neighbours_coalesced(bucket, s3_env):
         assert dataset.__getitems__([501, 5, 6, 7, 500, 6]) == [records[i] for i in (501, 5, 6, 7, 500, 6)]
         ranges = Counter(seen.headers.get("Range") for seen in proxy.requests if seen.method == "GET")
         assert ranges == Counter([f"bytes={8 + 5 * 16}-{8 + 8 * 16 - 1}", f"bytes={8 + 500 * 16}-{8 + 502 * 16 - 1}"])
-        decoded = RecordDataset(f"s3://{name}/tokens/train.bin", 16, header_bytes=8, config=config,
-                                decode=lambda data: struct.unpack("<4I", data))
+        decoded = RecordDataset(
+            f"s3://{name}/tokens/train.bin",
+            16,
+            header_bytes=8,
+            config=config,
+            decode=lambda data: struct.unpack("<4I", data),
+        )
         proxy.reset_counts()
         assert decoded.__getitems__([10, 12, 11]) == [(i, i * i, 7, i % 3) for i in (10, 12, 11)]
         assert proxy.count("GET") == 1  # within the default gap: one read

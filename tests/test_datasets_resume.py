@@ -42,9 +42,14 @@ def keys_of(batch):
 
 
 def loader(dataset, workers: int):
-    return torch_data.DataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=keys_of,
-                                 multiprocessing_context="fork" if workers else None,
-                                 prefetch_factor=4 if workers else None)
+    return torch_data.DataLoader(
+        dataset,
+        batch_size=BATCH,
+        num_workers=workers,
+        collate_fn=keys_of,
+        multiprocessing_context="fork" if workers else None,
+        prefetch_factor=4 if workers else None,
+    )
 
 
 def run_ranks(index: str, world: int, workers: int, state=None, stop_after=None, epoch=0, **options):
@@ -93,8 +98,9 @@ def test_the_order_does_not_depend_on_ranks_or_workers(index):
     single, _ = run_ranks(index, 1, 0, remainder="uneven")
     for world, workers in ((3, 2), (4, 3)):
         parts, _ = run_ranks(index, world, workers, remainder="uneven", local_world_size=world)
-        merged = [parts[rank][step] for step in range(len(parts[0])) for rank in range(world)
-                  if step < len(parts[rank])]
+        merged = [
+            parts[rank][step] for step in range(len(parts[0])) for rank in range(world) if step < len(parts[rank])
+        ]
         assert merged == single[0], f"{world} ranks x {workers} workers dealt another sequence"
     reordered, _ = run_ranks(index, 1, 2, epoch=1, remainder="uneven")
     assert sorted(reordered[0]) == sorted(single[0]) and reordered[0] != single[0]
@@ -106,14 +112,18 @@ def test_a_resume_inside_a_resume_and_any_batch_size(index):
     for rank in range(5):  # resumed with 5 ranks and another batch size, stopped again
         dataset = ShardDataset(index, rank=rank, world_size=5, batch_size=3, remainder="uneven", **SHUFFLE)
         dataset.load_state_dict(states[0])
-        keys = [key for batch in list(torch_data.DataLoader(dataset, batch_size=3, num_workers=2,
-                                                            collate_fn=keys_of))[:2] for key in batch]
+        keys = [
+            key
+            for batch in list(torch_data.DataLoader(dataset, batch_size=3, num_workers=2, collate_fn=keys_of))[:2]
+            for key in batch
+        ]
         second_parts.append(keys)
         second_states.append(dataset.state_dict(len(keys)))
     assert second_states[0]["total"] - second_states[0]["left"] == 16 + 5 * 6
     third, _ = run_ranks(index, 1, 1, state=second_states[0], remainder="uneven")
     assert Counter(k for part in first + second_parts + third for k in part) == Counter(
-        f"k{i:03d}" for i in range(NSAMPLES))
+        f"k{i:03d}" for i in range(NSAMPLES)
+    )
 
 
 def test_equal_lengths_and_dataloader_len(index):
@@ -128,8 +138,9 @@ def test_equal_lengths_and_dataloader_len(index):
 
 def test_a_state_for_another_order_is_refused(index):
     state = ShardDataset(index, world_size=2, rank=0, batch_size=BATCH, **SHUFFLE).state_dict(8)
-    other = ShardDataset(index, world_size=3, rank=1, batch_size=2, shuffle_buffer=16, seed=12,
-                         randomize_shard_order=True)
+    other = ShardDataset(
+        index, world_size=3, rank=1, batch_size=2, shuffle_buffer=16, seed=12, randomize_shard_order=True
+    )
     with pytest.raises(UsageError, match="seed: saved 11, now 12"):
         other.load_state_dict(state)
     with pytest.raises(UsageError, match="samples_seen=99"):

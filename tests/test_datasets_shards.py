@@ -62,8 +62,7 @@ def collect(index: Path, world: int, workers: int, **kwargs) -> list[list[list[s
 @pytest.mark.parametrize("world, workers", [(1, 1), (2, 1), (3, 2), (4, 3), (2, 8)])
 def test_ranks_and_workers_are_disjoint_and_complete(packed, world, workers):
     # remainder="uneven": each sample exactly once, ranks differ by one (the default pads to equal counts)
-    parts = collect(packed, world, workers, shuffle_buffer=10, seed=4, randomize_shard_order=True,
-                    remainder="uneven")
+    parts = collect(packed, world, workers, shuffle_buffer=10, seed=4, randomize_shard_order=True, remainder="uneven")
     everything = [key for rank in parts for worker in rank for key in worker]
     assert Counter(everything) == Counter(list(expected_samples()))  # each sample exactly once
     per_rank = [sum(len(worker) for worker in rank) for rank in parts]
@@ -146,8 +145,9 @@ def test_dataloader_with_workers(packed, workers, start):
     for rank in range(2):
         dataset = ShardDataset(str(packed), rank=rank, world_size=2, shuffle_buffer=8, seed=5, remainder="uneven")
         assert isinstance(dataset, torch_data.IterableDataset)
-        loader = torch_data.DataLoader(dataset, batch_size=4, num_workers=workers, collate_fn=keys_of,
-                                       multiprocessing_context=start)
+        loader = torch_data.DataLoader(
+            dataset, batch_size=4, num_workers=workers, collate_fn=keys_of, multiprocessing_context=start
+        )
         seen += [key for batch in loader for key in batch]
     assert Counter(seen) == Counter(list(expected_samples()))
 

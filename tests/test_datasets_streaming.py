@@ -38,9 +38,13 @@ def remote_pack(rclone_server, tmp_path_factory) -> str:
     env = rclone_server.env
     config = StoreConfig.from_env(env)
     bucket = f"stream-{uuid.uuid4().hex[:10]}"
-    boto3.client("s3", endpoint_url=config.endpoint_url, region_name="us-east-1",
-                 aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                 aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"]).create_bucket(Bucket=bucket)
+    boto3.client(
+        "s3",
+        endpoint_url=config.endpoint_url,
+        region_name="us-east-1",
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    ).create_bucket(Bucket=bucket)
     source = tmp_path_factory.mktemp("stream") / "src"
     source.mkdir()
     for key, data in expected().items():
@@ -82,9 +86,17 @@ def test_a_dataset_larger_than_the_cache_streams_within_the_limit(remote_pack, r
         for node in range(nodes):
             proxy = stack.enter_context(FaultProxy(rclone_env["AWS_ENDPOINT_URL"]))
             cache = tmp_path / f"node-{node}"
-            dataset = ShardDataset(remote_pack, config=StoreConfig.from_env(endpoint_url=proxy.url),
-                                   cache_dir=cache, cache_limit=limit, shuffle_buffer=10_000, seed=3,
-                                   rank=node, world_size=nodes, prefetch=2)
+            dataset = ShardDataset(
+                remote_pack,
+                config=StoreConfig.from_env(endpoint_url=proxy.url),
+                cache_dir=cache,
+                cache_limit=limit,
+                shuffle_buffer=10_000,
+                seed=3,
+                rank=node,
+                world_size=nodes,
+                prefetch=2,
+            )
             block = dataset.shuffle_block
             assert block == 4, "half of what the cache holds, by default"
             keys, peak, first = stream(dataset, proxy, cache)
@@ -200,9 +212,19 @@ def test_a_resume_of_a_resume_onto_other_node_counts_is_exact():
     seen: Counter[int] = Counter()
     state = None
     for world, per_node, take in [(8, 2, 15), (4, 1, 20), (12, 3, 7), (6, 2, None)]:
-        samplers = [NodeLocalSampler(counts, shuffle_buffer=40, seed=4, rank=rank, world_size=world,
-                                     local_world_size=per_node, remainder="uneven", shuffle_block=3)
-                    for rank in range(world)]
+        samplers = [
+            NodeLocalSampler(
+                counts,
+                shuffle_buffer=40,
+                seed=4,
+                rank=rank,
+                world_size=world,
+                local_world_size=per_node,
+                remainder="uneven",
+                shuffle_block=3,
+            )
+            for rank in range(world)
+        ]
         for sampler in samplers:
             if state is not None:
                 sampler.load_state_dict(state)
@@ -270,10 +292,19 @@ def test_dataloader_workers_stream_within_the_limit_too(remote_pack, rclone_env,
     limit = 8 * largest
     with FaultProxy(rclone_env["AWS_ENDPOINT_URL"]) as proxy:
         cache = tmp_path / "node"
-        dataset = ShardDataset(remote_pack, config=StoreConfig.from_env(endpoint_url=proxy.url), cache_dir=cache,
-                               cache_limit=limit, shuffle_buffer=10_000, seed=5, batch_size=8, prefetch=1)
-        loader = torch_data.DataLoader(dataset, batch_size=8, num_workers=2, collate_fn=lambda batch: batch,
-                                       multiprocessing_context="fork")
+        dataset = ShardDataset(
+            remote_pack,
+            config=StoreConfig.from_env(endpoint_url=proxy.url),
+            cache_dir=cache,
+            cache_limit=limit,
+            shuffle_buffer=10_000,
+            seed=5,
+            batch_size=8,
+            prefetch=1,
+        )
+        loader = torch_data.DataLoader(
+            dataset, batch_size=8, num_workers=2, collate_fn=lambda batch: batch, multiprocessing_context="fork"
+        )
         keys, peak = [], 0
         for batch in loader:
             keys += [sample["__key__"] for sample in batch]

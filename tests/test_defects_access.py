@@ -59,8 +59,11 @@ def test_a_cache_dir_the_user_cannot_read_is_exit_4(shared, command):
 
 def test_a_missing_directory_is_exit_3_in_hook_init_as_in_check(lading, tmp_path):
     missing = str(tmp_path / "no-such-model")
-    for args in (("hook", "init", missing), ("hook", "init", missing, "s3://b/train/", "/tmp/train"),
-                 ("check", missing)):
+    for args in (
+        ("hook", "init", missing),
+        ("hook", "init", missing, "s3://b/train/", "/tmp/train"),
+        ("check", missing),
+    ):
         one_line_error(lading(*args), 3, "does not exist", "no-such-model")
 
 
@@ -91,8 +94,7 @@ def test_mount_onto_a_mountpoint_we_may_not_reach_is_exit_4(shared):
 def test_mount_with_a_cache_dir_we_may_not_use_is_exit_4(shared):
     (shared / "mnt").mkdir(mode=0o777)
     os.chmod(shared / "mnt", 0o777)
-    result = run_unprivileged("mount", str(shared / "pets"), str(shared / "mnt"), "--cache-dir",
-                              str(shared / "locked"))
+    result = run_unprivileged("mount", str(shared / "pets"), str(shared / "mnt"), "--cache-dir", str(shared / "locked"))
     one_line_error(result, 4, "permission denied", "locked")
 
 

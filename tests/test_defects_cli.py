@@ -26,8 +26,13 @@ def bucket(s3_env: dict[str, str]) -> dict[str, str]:
     """s3://defects17/train/ holding img-000.jpg and labels.csv, on a freshly reset moto."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
     client.create_bucket(Bucket=BUCKET)
     client.put_object(Bucket=BUCKET, Key="train/img-000.jpg", Body=b"not really a jpeg")
     client.put_object(Bucket=BUCKET, Key="train/labels.csv", Body=b"img-000.jpg,cat\n")
@@ -35,6 +40,7 @@ def bucket(s3_env: dict[str, str]) -> dict[str, str]:
 
 
 # --- 7: `lading snapshot` ------------------------------------------------------------------------
+
 
 def test_snapshot_help_lists_its_options(lading):
     result = lading("snapshot", "--help")
@@ -71,12 +77,16 @@ def test_snapshot_diff_takes_global_flags_last(lading, bucket, tmp_path):
 
 # --- 9: one-line errors ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args, named", [
-    (("cat", "s3://b/x", "--part-size", "12Q"), "--part-size"),
-    (("sync", "s3://b/x", "--rank", "-1"), "--rank"),
-    (("sync", "s3://b/x", "--workers", "0"), "--workers"),
-    (("mount", "s3://b/x", "/mnt/x", "--workers", "0"), "--workers"),
-])
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (("cat", "s3://b/x", "--part-size", "12Q"), "--part-size"),
+        (("sync", "s3://b/x", "--rank", "-1"), "--rank"),
+        (("sync", "s3://b/x", "--workers", "0"), "--workers"),
+        (("mount", "s3://b/x", "/mnt/x", "--workers", "0"), "--workers"),
+    ],
+)
 def test_click_validated_option_is_one_line_usage_error(lading, args, named):
     line = one_line_error(lading(*args), 2)
     assert named in line and f"lading {args[0]} --help" in line
@@ -92,8 +102,10 @@ def test_lading_alone_still_prints_the_help(lading):
     assert result.returncode == 2 and "Commands:" in result.stderr + result.stdout
 
 
-@pytest.mark.parametrize("command", [("sync", "s3://nobucket17/train"), ("cat", "s3://nobucket17/train"),
-                                     ("snapshot", "s3://nobucket17/train", "-o")])
+@pytest.mark.parametrize(
+    "command",
+    [("sync", "s3://nobucket17/train"), ("cat", "s3://nobucket17/train"), ("snapshot", "s3://nobucket17/train", "-o")],
+)
 def test_missing_bucket_is_one_clean_line(lading, bucket, tmp_path, command):
     args = [*command, str(tmp_path / "out")] if command[0] != "cat" else list(command)
     line = one_line_error(lading(*args), 3)
@@ -104,30 +116,47 @@ def test_missing_bucket_is_one_clean_line(lading, bucket, tmp_path, command):
 def test_gcs_missing_bucket_message():
     from lading.stores.gcs.errors import from_response
 
-    err = from_response("notFound", 404, "404 GET https://storage.googleapis.com/storage/v1/b/nob/o: "
-                                         "The specified bucket does not exist.", "gs://nob/train/")
+    err = from_response(
+        "notFound",
+        404,
+        "404 GET https://storage.googleapis.com/storage/v1/b/nob/o: The specified bucket does not exist.",
+        "gs://nob/train/",
+    )
     assert err.exit_code == 3 and err.message == "bucket nob not found"
 
 
 # --- 8: flags that conflict or do nothing -----------------------------------------------------------
 
-@pytest.mark.parametrize("args, words", [
-    (("sync", "s3://b/x", "/tmp/x", "--no-cache", "--cache-dir", "/tmp/c"), "--no-cache and --cache-dir conflict"),
-    (("sync", "s3://b/x", "/tmp/x", "--balance", "bytes"), "--balance only makes sense with --distribution sharded"),
-    (("cat", "s3://b/x", "--seed", "3"), "--seed only makes sense with --shuffle"),
-    (("cat", "s3://b/x", "--balance", "bytes"), "--balance only makes sense with --distribution sharded"),
-    (("mount", "s3://b/x", "/tmp", "--balance", "bytes"), "--balance only makes sense with --distribution sharded"),
-    (("pack", "/tmp", "/tmp/out", "--seed", "3"), "--seed only makes sense with --shuffle"),
-    (("check", ".", "--bucket", "s3://b/x"), "--bucket only makes sense with --fix"),
-    (("check", ".", "--yes"), "--yes only makes sense with --fix"),
-])
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("sync", "s3://b/x", "/tmp/x", "--no-cache", "--cache-dir", "/tmp/c"), "--no-cache and --cache-dir conflict"),
+        (
+            ("sync", "s3://b/x", "/tmp/x", "--balance", "bytes"),
+            "--balance only makes sense with --distribution sharded",
+        ),
+        (("cat", "s3://b/x", "--seed", "3"), "--seed only makes sense with --shuffle"),
+        (("cat", "s3://b/x", "--balance", "bytes"), "--balance only makes sense with --distribution sharded"),
+        (("mount", "s3://b/x", "/tmp", "--balance", "bytes"), "--balance only makes sense with --distribution sharded"),
+        (("pack", "/tmp", "/tmp/out", "--seed", "3"), "--seed only makes sense with --shuffle"),
+        (("check", ".", "--bucket", "s3://b/x"), "--bucket only makes sense with --fix"),
+        (("check", ".", "--yes"), "--yes only makes sense with --fix"),
+    ],
+)
 def test_option_that_would_do_nothing_is_usage_error(lading, args, words):
     assert words in one_line_error(lading(*args), 2)
 
 
 def test_cache_dir_from_the_environment_does_not_conflict_with_no_cache(lading, bucket, tmp_path):
-    result = lading("sync", f"s3://{BUCKET}/train", str(tmp_path / "d"), "--no-cache", "-q",
-                    env={"LADING_CACHE_DIR": str(tmp_path / "cache")})
+    result = lading(
+        "sync",
+        f"s3://{BUCKET}/train",
+        str(tmp_path / "d"),
+        "--no-cache",
+        "-q",
+        env={"LADING_CACHE_DIR": str(tmp_path / "cache")},
+    )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "d" / "labels.csv").exists() and not (tmp_path / "cache").exists()
 
@@ -135,8 +164,19 @@ def test_cache_dir_from_the_environment_does_not_conflict_with_no_cache(lading, 
 def test_option_rules_accept_what_they_need(lading, bucket, tmp_path):
     result = lading("cat", f"s3://{BUCKET}/train", "--seed", "3", "--shuffle", "--dry-run")
     assert result.returncode == 0, result.stderr
-    result = lading("sync", f"s3://{BUCKET}/train", str(tmp_path / "d"), "--distribution", "sharded",
-                    "--balance", "bytes", "--world-size", "1", "--rank", "0")
+    result = lading(
+        "sync",
+        f"s3://{BUCKET}/train",
+        str(tmp_path / "d"),
+        "--distribution",
+        "sharded",
+        "--balance",
+        "bytes",
+        "--world-size",
+        "1",
+        "--rank",
+        "0",
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -195,8 +235,16 @@ def test_mount_over_a_non_empty_directory_warns(lading, bucket, tmp_path):
 
 # --- 9: messages that misled ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("command", [("sync", "{file}", "{dest}"), ("mount", "{file}", "{dest}", "-f"),
-                                     ("datasets", "list", "{file}"), ("snapshot", "{file}", "-o", "{dest}/s")])
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("sync", "{file}", "{dest}"),
+        ("mount", "{file}", "{dest}", "-f"),
+        ("datasets", "list", "{file}"),
+        ("snapshot", "{file}", "-o", "{dest}/s"),
+    ],
+)
 def test_a_file_as_source_is_named_a_file(lading, tmp_path, command):
     source = tmp_path / "data.csv"
     source.write_text("a,b\n")
@@ -212,8 +260,13 @@ def test_fetch_of_an_object_changed_since_the_snapshot_says_take_a_new_snapshot(
 
     snap = tmp_path / "train.snap.jsonl"
     assert lading("snapshot", f"s3://{BUCKET}/train", "-o", str(snap)).returncode == 0
-    boto3.client("s3", endpoint_url=bucket["AWS_ENDPOINT_URL"], region_name="us-east-1", aws_access_key_id="testing",
-                 aws_secret_access_key="testing").put_object(Bucket=BUCKET, Key="train/labels.csv", Body=b"new")
+    boto3.client(
+        "s3",
+        endpoint_url=bucket["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).put_object(Bucket=BUCKET, Key="train/labels.csv", Body=b"new")
     fetched = lading("fetch", str(snap), str(tmp_path / "out"), "-q")
     line = one_line_error(fetched, 1)
     assert "labels.csv changed since the snapshot" in line and line.endswith("(hint: take a new snapshot)")

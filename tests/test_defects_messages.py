@@ -27,11 +27,16 @@ def error_line(result: subprocess.CompletedProcess, code: int) -> str:
 
 
 def commands(uri: str, tmp_path: Path) -> list[list[str]]:
-    return [["sync", uri, str(tmp_path / "dest")], ["cat", uri], ["fetch", uri, str(tmp_path / "fetched")],
-            ["snapshot", uri, "-o", str(tmp_path / "s.snap.jsonl")]]
+    return [
+        ["sync", uri, str(tmp_path / "dest")],
+        ["cat", uri],
+        ["fetch", uri, str(tmp_path / "fetched")],
+        ["snapshot", uri, "-o", str(tmp_path / "s.snap.jsonl")],
+    ]
 
 
 # --- access denied ---------------------------------------------------------------------------------
+
 
 def test_access_denied_is_one_clean_line(lading, rclone_env, tmp_path):
     wrong = {"AWS_SECRET_ACCESS_KEY": "not-the-secret"}
@@ -47,13 +52,18 @@ def test_the_server_s_reason_for_a_denial_is_kept():
     from lading.stores.s3.errors import from_response
 
     explicit = "User: arn:aws:iam::1:user/u is not authorized to perform: s3:ListBucket with an explicit deny"
-    assert from_response("AccessDenied", 403, explicit, "s3://b/x/").message == f"access denied to s3://b/x/: {explicit}"
+    assert (
+        from_response("AccessDenied", 403, explicit, "s3://b/x/").message == f"access denied to s3://b/x/: {explicit}"
+    )
     assert from_response("AccessDenied", 403, "Access Denied", "s3://b/x/").message == "access denied to s3://b/x/"
-    assert from_response("InvalidAccessKeyId", 403, "", "s3://b/x/").message == \
-        "access denied to s3://b/x/: InvalidAccessKeyId"
+    assert (
+        from_response("InvalidAccessKeyId", 403, "", "s3://b/x/").message
+        == "access denied to s3://b/x/: InvalidAccessKeyId"
+    )
 
 
 # --- an endpoint that is not S3 --------------------------------------------------------------------
+
 
 @pytest.fixture
 def web_server(tmp_path: Path) -> Iterator[Server]:
@@ -62,9 +72,12 @@ def web_server(tmp_path: Path) -> Iterator[Server]:
     root = tmp_path / "www"
     root.mkdir()
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-                             "--directory", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     server = Server("http.server", port, proc)
     try:
         wait_http(server.url + "/", proc)
@@ -79,16 +92,20 @@ def test_a_plain_404_from_a_listing_says_the_endpoint_is_not_s3(lading, web_serv
     boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(Bucket="here26")
     for uri in ("s3://here26/train/a.bin", "s3://nothere26/train/"):  # S3's own answers: as before
         assert "did not answer as S3" not in error_line(lading("cat", uri), 3)
-    env = {"AWS_ENDPOINT_URL": web_server.url, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
-           "AWS_REGION": "us-east-1"}
+    env = {
+        "AWS_ENDPOINT_URL": web_server.url,
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_REGION": "us-east-1",
+    }
     for args in commands("s3://bucket26/train/", tmp_path):
         line = error_line(lading(*args, env=env), 3)
         assert "did not answer as S3" in line and "s3://bucket26/train/" in line, line
         assert "object not found" not in line
 
 
-
 # --- a full disk during sync -----------------------------------------------------------------------
+
 
 @pytest.fixture
 def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
@@ -114,6 +131,7 @@ def test_a_full_disk_during_sync_is_one_line_per_cause(lading, s3_env, small_tmp
 
 
 # --- an object changed since its snapshot ----------------------------------------------------------
+
 
 def test_an_object_changed_since_the_snapshot_is_named_once(lading, s3_env, tmp_path):
     import boto3

@@ -34,7 +34,10 @@ def s3(s3_env):
 
 # -- 1. an empty segment in a bucket location --------------------------------------------------------
 
-@pytest.mark.parametrize("text", ["s3://bkt//train", "s3://bkt/train//", "gs://bkt/a//b/", "s3://bkt//", "s3://bkt/a///b"])
+
+@pytest.mark.parametrize(
+    "text", ["s3://bkt//train", "s3://bkt/train//", "gs://bkt/a//b/", "s3://bkt//", "s3://bkt/a///b"]
+)
 def test_an_empty_segment_is_a_usage_error(text):
     from lading.core.errors import UsageError
     from lading.stores.uri import parse_uri
@@ -43,22 +46,26 @@ def test_an_empty_segment_is_a_usage_error(text):
         parse_uri(text)
 
 
-@pytest.mark.parametrize("text, prefix", [("s3://bkt/train/", "train/"), ("s3://bkt/", ""), ("s3://bkt", ""),
-                                          ("gs://bkt/a/b", "a/b")])
+@pytest.mark.parametrize(
+    "text, prefix", [("s3://bkt/train/", "train/"), ("s3://bkt/", ""), ("s3://bkt", ""), ("gs://bkt/a/b", "a/b")]
+)
 def test_locations_without_empty_segments_still_parse(text, prefix):
     from lading.stores.uri import parse_uri
 
     assert parse_uri(text).prefix == prefix
 
 
-@pytest.mark.parametrize("command", [
-    ("snapshot", f"s3://{BUCKET}//train", "-o", "{tmp}/f.snap.jsonl"),
-    ("snapshot", f"s3://{BUCKET}/train//", "-o", "{tmp}/f.snap.jsonl"),
-    ("cat", "--dry-run", f"s3://{BUCKET}//train"),
-    ("sync", f"s3://{BUCKET}//train", "{tmp}/dest"),
-    ("sync", f"s3://{BUCKET}/train//", "{tmp}/dest"),
-    ("mount", f"s3://{BUCKET}//train", "{tmp}/mnt"),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("snapshot", f"s3://{BUCKET}//train", "-o", "{tmp}/f.snap.jsonl"),
+        ("snapshot", f"s3://{BUCKET}/train//", "-o", "{tmp}/f.snap.jsonl"),
+        ("cat", "--dry-run", f"s3://{BUCKET}//train"),
+        ("sync", f"s3://{BUCKET}//train", "{tmp}/dest"),
+        ("sync", f"s3://{BUCKET}/train//", "{tmp}/dest"),
+        ("mount", f"s3://{BUCKET}//train", "{tmp}/mnt"),
+    ],
+)
 def test_an_empty_segment_is_refused_by_every_command(s3, lading, tmp_path, command):
     (tmp_path / "mnt").mkdir()
     result = lading(*[part.format(tmp=tmp_path) for part in command])
@@ -80,9 +87,16 @@ def test_a_listed_key_outside_the_prefix_is_an_error_never_cut(s3):
 
 # -- 2. a relative source in the default (detached) mode ---------------------------------------------
 
+
 def _mount_in(cwd: Path, source: str, mountpoint: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lading", "mount", source, mountpoint, "--json"],
-                          capture_output=True, text=True, cwd=cwd, env={**os.environ, **env}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "lading", "mount", source, mountpoint, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, **env},
+        timeout=120,
+    )
 
 
 def _unmounted(mountpoint: Path, result: subprocess.CompletedProcess) -> None:
@@ -125,6 +139,7 @@ def test_mount_options_resolve_a_relative_source(tmp_path, monkeypatch):
 
 
 # -- 3. write failures of snapshot -o and pack are exit 4 / 6 -----------------------------------------
+
 
 @pytest.fixture
 def full_disk(tmp_path):
@@ -200,6 +215,7 @@ def test_pack_onto_a_full_disk_is_exit_6(lading, shared_dir, full_disk):
 
 # -- 4. a malformed endpoint is a usage error naming where it came from --------------------------------
 
+
 @pytest.mark.parametrize("endpoint", ["not-a-url", "ftp://127.0.0.1:1", "http://", "http://host:port"])
 def test_a_malformed_endpoint_is_a_usage_error_in_the_library(endpoint):
     from lading.core.errors import UsageError
@@ -249,6 +265,7 @@ def test_a_malformed_endpoint_variable_is_exit_2_in_every_command(s3, lading, tm
 
 # -- 6. the suite never writes into the user's node cache ------------------------------------------
 
+
 def test_the_suite_points_the_node_cache_away_from_home():
     from lading.datasets import default_cache_root
 
@@ -256,8 +273,12 @@ def test_the_suite_points_the_node_cache_away_from_home():
     ours = default_cache_root()
     assert ours != home_cache and home_cache not in ours.parents
     assert Path(tempfile.gettempdir()) in ours.resolve().parents or "pytest" in str(ours)
-    shown = subprocess.run([sys.executable, "-c", "from lading.datasets import default_cache_root as d; print(d())"],
-                           capture_output=True, text=True, check=True).stdout.strip()
+    shown = subprocess.run(
+        [sys.executable, "-c", "from lading.datasets import default_cache_root as d; print(d())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert Path(shown) == ours  # subprocesses (the CLI, DataLoader workers) inherit it
 
 
@@ -268,12 +289,26 @@ def test_a_dataset_read_leaves_the_home_cache_alone(s3, tmp_path):
     pets = tmp_path / "pets"
     pets.mkdir()
     (pets / "0001.txt").write_text("one")
-    packed = subprocess.run([sys.executable, "-m", "lading", "pack", str(pets), f"s3://{BUCKET}/suite-cache-check",
-                             "--name", "pets", "--version", "v1", "--json"], capture_output=True, text=True)
+    packed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lading",
+            "pack",
+            str(pets),
+            f"s3://{BUCKET}/suite-cache-check",
+            "--name",
+            "pets",
+            "--version",
+            "v1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert packed.returncode == 0, packed.stderr
     index = json.loads(packed.stdout)["index"]
-    code = ("import sys; from lading.datasets import ShardDataset; "
-            "print(sum(1 for _ in ShardDataset(sys.argv[1])))")
+    code = "import sys; from lading.datasets import ShardDataset; print(sum(1 for _ in ShardDataset(sys.argv[1])))"
     read = subprocess.run([sys.executable, "-c", code, index], capture_output=True, text=True)
     assert read.returncode == 0 and read.stdout.strip() == "1", read.stderr
     entry = "*paths_suite-cache-check_pets_v1-*"  # this test's shard folder (location_folder)
@@ -290,8 +325,7 @@ def test_the_demo_leaves_home_alone(tmp_path):
     env = {name: value for name, value in os.environ.items() if name not in ("XDG_CACHE_HOME", "LADING_CACHE_DIR")}
     env["HOME"] = str(home)
     demos_before = set(Path("/tmp").glob("lading-demo.*"))
-    result = subprocess.run(["bash", str(REPO / ".ci" / "demo")], capture_output=True, text=True, env=env,
-                            timeout=600)
+    result = subprocess.run(["bash", str(REPO / ".ci" / "demo")], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
     assert "every sample exactly once" in result.stdout
     assert "\x1b" not in result.stdout + result.stderr, "terminal escapes written into redirected output"

@@ -82,7 +82,7 @@ def cut_snapshot(tmp_path: Path, lading) -> tuple[Path, Path, Path]:
     assert lading("snapshot", str(source), "-o", str(whole)).returncode == 0
     cut = tmp_path / "cut.snap.jsonl.gz"
     data = whole.read_bytes()
-    cut.write_bytes(data[:len(data) // 2])
+    cut.write_bytes(data[: len(data) // 2])
     return source, whole, cut
 
 
@@ -96,10 +96,12 @@ def one_line(result, code: int) -> str:
 @pytest.mark.parametrize("command", ["sync", "sync --snapshot", "cat", "snapshot diff"])
 def test_a_truncated_snapshot_is_exit_2_naming_the_file(cut_snapshot, lading, tmp_path, command):
     source, whole, cut = cut_snapshot
-    args = {"sync": ["sync", str(cut), str(tmp_path / "dest")],
-            "sync --snapshot": ["sync", str(source), str(tmp_path / "dest"), "--snapshot", str(cut)],
-            "cat": ["cat", str(cut)],
-            "snapshot diff": ["snapshot", "diff", str(whole), str(cut)]}[command]
+    args = {
+        "sync": ["sync", str(cut), str(tmp_path / "dest")],
+        "sync --snapshot": ["sync", str(source), str(tmp_path / "dest"), "--snapshot", str(cut)],
+        "cat": ["cat", str(cut)],
+        "snapshot diff": ["snapshot", "diff", str(whole), str(cut)],
+    }[command]
     line = one_line(lading(*args), 2)
     assert str(cut) in line and "truncated" in line
     assert not (tmp_path / "dest").exists()

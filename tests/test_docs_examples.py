@@ -99,7 +99,7 @@ def blocks(path: Path) -> list[Example]:
             index += 1
             continue
         end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
-        example = Example(path, index + 1, match.group(1), "\n".join(lines[index + 1:end]) + "\n")
+        example = Example(path, index + 1, match.group(1), "\n".join(lines[index + 1 : end]) + "\n")
         above = next((lines[i] for i in range(index - 1, -1, -1) if lines[i].strip()), "")
         marker = MARKER.search(above)
         if marker:
@@ -121,12 +121,17 @@ def examples() -> list[Example]:
 
 # ---------------------------------------------------------------------------------------- set-ups
 
+
 def s3_client(env: dict[str, str]):
     import boto3
 
-    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+    )
 
 
 def jpeg(colour: tuple[int, int, int]) -> bytes:
@@ -158,8 +163,9 @@ def setup_pets(client, env: dict[str, str], cwd: Path) -> None:
         (source / f"pet{i:04d}.jpg").write_bytes(jpeg((i * 8, 100, 200)))
         (source / f"pet{i:04d}.cls").write_text(str(i % 2))
         (source / f"pet{i:04d}.json").write_text(json.dumps({"id": i}))
-    result = run_lading("pack", str(source), "s3://bucket/datasets", "--name", "pets", "--version", "v1",
-                        "-q", env=env, cwd=cwd)
+    result = run_lading(
+        "pack", str(source), "s3://bucket/datasets", "--name", "pets", "--version", "v1", "-q", env=env, cwd=cwd
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -182,11 +188,14 @@ def setup_manifest(client, env: dict[str, str], cwd: Path) -> None:
     ensure_bucket(client, "bucket")
     client.put_object(Bucket="bucket", Key="data/img/1.jpg", Body=jpeg((1, 2, 3)))
     client.put_object(Bucket="bucket", Key="data/img/2.jpg", Body=jpeg((4, 5, 6)))
-    lines = [{"source-ref": "s3://bucket/data/img/1.jpg", "class": 3},
-             {"source-ref": "s3://bucket/data/img/2.jpg", "class": 5}]
+    lines = [
+        {"source-ref": "s3://bucket/data/img/1.jpg", "class": 3},
+        {"source-ref": "s3://bucket/data/img/2.jpg", "class": 5},
+    ]
     (cwd / "train.manifest").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    result = run_lading("sync", "s3://bucket/data", str(cwd / "data"), "--manifest", "train.manifest", "-q",
-                        env=env, cwd=cwd)
+    result = run_lading(
+        "sync", "s3://bucket/data", str(cwd / "data"), "--manifest", "train.manifest", "-q", env=env, cwd=cwd
+    )
     assert result.returncode == 0, result.stderr
 
 
@@ -194,17 +203,28 @@ def setup_cache(client, env: dict[str, str], cwd: Path) -> None:
     ensure_bucket(client, "bucket")
 
 
-SETUP_FUNCTIONS = {"bucket": setup_bucket, "pets": setup_pets, "records": setup_records,
-                   "snapshot": setup_snapshot, "manifest": setup_manifest, "cache": setup_cache}
+SETUP_FUNCTIONS = {
+    "bucket": setup_bucket,
+    "pets": setup_pets,
+    "records": setup_records,
+    "snapshot": setup_snapshot,
+    "manifest": setup_manifest,
+    "cache": setup_cache,
+}
 
 
 # ------------------------------------------------------------------------------------------- tests
 
+
 def example_env(example: Example, tmp_path: Path, server_env: dict[str, str]) -> dict[str, str]:
     """The process environment of an example: no cloud settings of the user's, a private cache."""
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("AWS_", "LADING_", "STORAGE_EMULATOR", "GOOGLE_", "RANK", "WORLD_SIZE",
-                                   "LOCAL_RANK", "LOCAL_WORLD_SIZE"))}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(
+            ("AWS_", "LADING_", "STORAGE_EMULATOR", "GOOGLE_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+        )
+    }
     if "local" not in example.needs:
         env.update(server_env)
     env["LADING_CACHE_DIR"] = str(tmp_path / "node-cache")
@@ -219,16 +239,30 @@ def command(example: Example, script: Path) -> list[str]:
     if example.language == "bash":
         return ["bash", "-euo", "pipefail", str(script)]
     if example.torchrun:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={example.torchrun}", str(script)]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={example.torchrun}",
+            str(script),
+        ]
     return [sys.executable, str(script)]
 
 
 def run_in_group(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     """Run an example in a process group of its own, and end whatever it left running (a server
     it started in the background, say) when it is done."""
-    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         stdout, stderr = proc.communicate(timeout=240)
     finally:
@@ -274,7 +308,8 @@ def test_example_runs(example: Example, tmp_path: Path, moto_server) -> None:
         shutil.rmtree(env["TMPDIR"], ignore_errors=True)
     assert result.returncode == 0, (
         f"{example.id} failed (exit {result.returncode})\n--- stdout\n{result.stdout[-3000:]}"
-        f"\n--- stderr\n{result.stderr[-3000:]}")
+        f"\n--- stderr\n{result.stderr[-3000:]}"
+    )
     # an example follows the fork rule it teaches: no worker forked after the I/O core started
     assert "obstore is not fork-safe" not in result.stderr, f"{example.id}:\n{result.stderr[-3000:]}"
 
@@ -297,5 +332,3 @@ def test_skips_are_few() -> None:
     """Skipping is for fragments that cannot run here, sparingly."""
     skipped = [e.id for e in ALL if e.skip]
     assert len(skipped) <= max(3, len(ALL) // 4), skipped
-
-

@@ -30,23 +30,34 @@ def test_the_install_line_is_one_that_works_today():
     assert install_command() in render_block([HookEntry("s3://b/x/", "/data/x")])
     if not PUBLISHED:  # the published name is kept ready (lading.core.install), not shown as working
         sources = [REPO / "README.md", *PAGES, *(REPO / "staging").rglob("*.py"), *(REPO / "cli").glob("*.py")]
-        said = [str(p.relative_to(REPO)) for p in sources if p.name != "install.py" and any(
-            re.search(rf"pip install '?{DISTRIBUTION}\b", line) and "once published" not in line.lower()
-            for line in p.read_text().splitlines())]
+        said = [
+            str(p.relative_to(REPO))
+            for p in sources
+            if p.name != "install.py"
+            and any(
+                re.search(rf"pip install '?{DISTRIBUTION}\b", line) and "once published" not in line.lower()
+                for line in p.read_text().splitlines()
+            )
+        ]
         assert said == [], f"pages or messages install {DISTRIBUTION}, which is not on the package index yet"
 
 
 def test_the_node_cache_location_is_said_as_the_code_decides_it():
-    assert default_cache_root({}).as_posix() == CACHE_ROOT_RULE.rsplit("else ", 1)[1].replace("<uid>", "") + \
-        default_cache_root({}).name.rsplit("-", 1)[1]
+    assert (
+        default_cache_root({}).as_posix()
+        == CACHE_ROOT_RULE.rsplit("else ", 1)[1].replace("<uid>", "") + default_cache_root({}).name.rsplit("-", 1)[1]
+    )
     assert default_cache_root({"XDG_CACHE_HOME": "/x"}) == Path("/x/lading")
     assert default_cache_root({"XDG_CACHE_HOME": "/x", "LADING_CACHE_DIR": "/c"}) == Path("/c")
     for path in (["sync"], ["cache"], ["cache", "list"], ["cache", "clear"], ["datasets", "show"]):
         shown = run_lading(*path, "--help")
         squeezed = "".join(shown.stdout.split())  # click wraps (and hyphen-breaks) the help
         assert "".join(CACHE_ROOT_RULE.split()) in squeezed, f"lading {' '.join(path)} --help"
-    wrong = [str(p.relative_to(REPO)) for p in [REPO / "README.md", *PAGES, REPO / ".ci" / "demo"]
-             if ".cache/lading" in p.read_text() and str(p.relative_to(REPO)) not in REWRITTEN_ELSEWHERE]
+    wrong = [
+        str(p.relative_to(REPO))
+        for p in [REPO / "README.md", *PAGES, REPO / ".ci" / "demo"]
+        if ".cache/lading" in p.read_text() and str(p.relative_to(REPO)) not in REWRITTEN_ELSEWHERE
+    ]
     assert wrong == [], "pages that put the node cache in ~/.cache/lading"
 
 
@@ -74,13 +85,19 @@ def test_the_library_sets_no_environment_variable_but_tokio_worker_threads():
     for path in (REPO / "staging").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else None
-            if target is not None and ast.unparse(target) == "os.environ" and node.func.attr in (
-                    "setdefault", "update", "pop", "__setitem__", "clear"):
+            if (
+                target is not None
+                and ast.unparse(target) == "os.environ"
+                and node.func.attr in ("setdefault", "update", "pop", "__setitem__", "clear")
+            ):
                 writes.append((path.name, ast.unparse(node.args[0]) if node.args else ""))
             if isinstance(node, (ast.Assign, ast.Delete)):
                 targets = node.targets
-                writes += [(path.name, ast.unparse(t.slice)) for t in targets
-                           if isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ"]
+                writes += [
+                    (path.name, ast.unparse(t.slice))
+                    for t in targets
+                    if isinstance(t, ast.Subscript) and ast.unparse(t.value) == "os.environ"
+                ]
             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.putenv", "os.unsetenv"):
                 writes.append((path.name, ast.unparse(node.func)))
     assert writes == [("process.py", "'TOKIO_WORKER_THREADS'")], writes

@@ -38,8 +38,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The site, built once, strictly (a warning fails the build)."""
     mkdocs_or_skip()
     out = tmp_path_factory.mktemp("site")
-    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return out
 
@@ -52,8 +57,11 @@ def page_text(site: Path, page: str) -> str:
 
 def command_paths() -> list[list[str]]:
     """Every command and subcommand, as a path below ``lading``."""
-    return [docs_reference.command_path(ctx) for name in docs_reference.top_level_names()
-            for ctx in docs_reference.walk([name])]
+    return [
+        docs_reference.command_path(ctx)
+        for name in docs_reference.top_level_names()
+        for ctx in docs_reference.walk([name])
+    ]
 
 
 def help_options(path: list[str]) -> set[str]:

@@ -87,18 +87,25 @@ def test_truncated_and_throttled_responses_are_retried(s3, proxy, lading, tmp_pa
 
 def test_persistent_failure_leaves_nothing_under_the_final_name(s3, proxy, lading, tmp_path):
     proxy.add_fault("slowdown", rate=1.0, method="GET", path_prefix=f"/{BUCKET}/data.csv")
-    result = lading("fetch", f"s3://{BUCKET}/data.csv", str(tmp_path / "d.csv"),
-                    env={"AWS_ENDPOINT_URL": proxy.url, "LADING_RETRIES": "2"})
+    result = lading(
+        "fetch",
+        f"s3://{BUCKET}/data.csv",
+        str(tmp_path / "d.csv"),
+        env={"AWS_ENDPOINT_URL": proxy.url, "LADING_RETRIES": "2"},
+    )
     assert result.returncode == 5 and "lading: error:" in result.stderr
     assert not (tmp_path / "d.csv").exists()
 
 
-@pytest.mark.parametrize("uri, code", [
-    (f"s3://{BUCKET}/nothing-here", 3),
-    ("s3://no-such-bucket-lading/x", 3),
-    ("s3:/malformed", 2),
-    ("ftp://host/x", 2),
-])
+@pytest.mark.parametrize(
+    "uri, code",
+    [
+        (f"s3://{BUCKET}/nothing-here", 3),
+        ("s3://no-such-bucket-lading/x", 3),
+        ("s3:/malformed", 2),
+        ("ftp://host/x", 2),
+    ],
+)
 def test_bad_sources(s3, lading, tmp_path, uri, code):
     result = lading("fetch", uri, str(tmp_path / "out"))
     assert result.returncode == code, result.stderr
@@ -117,8 +124,11 @@ def test_gcs_object_and_prefix(gcs_env, lading, tmp_path):
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    client = storage.Client(project="test", credentials=AnonymousCredentials(),
-                            client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]})
+    client = storage.Client(
+        project="test",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]},
+    )
     bucket = client.bucket("fetch-gcs")
     if not bucket.exists():
         client.create_bucket("fetch-gcs")

@@ -31,6 +31,7 @@ def s3(s3_env):
 
 # -- an unwritable DEST is exit 4 ------------------------------------------------------------------
 
+
 @pytest.fixture
 def unwritable_dir():
     """A directory the test process owns (0755) that user ``nobody`` can enter but not write."""
@@ -41,12 +42,15 @@ def unwritable_dir():
     shutil.rmtree(parent, ignore_errors=True)
 
 
-@pytest.mark.parametrize("command", [
-    ("sync", f"s3://{BUCKET}/data", "{dest}"),
-    ("sync", f"s3://{BUCKET}/data", "{dest}/new-subdir"),
-    ("fetch", f"s3://{BUCKET}/data/a.txt", "{dest}/"),
-    ("fetch", f"s3://{BUCKET}/data/", "{dest}"),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("sync", f"s3://{BUCKET}/data", "{dest}"),
+        ("sync", f"s3://{BUCKET}/data", "{dest}/new-subdir"),
+        ("fetch", f"s3://{BUCKET}/data/a.txt", "{dest}/"),
+        ("fetch", f"s3://{BUCKET}/data/", "{dest}"),
+    ],
+)
 def test_a_dest_the_user_cannot_write_is_exit_4(s3, unwritable_dir, command):
     if os.geteuid() != 0:
         os.chmod(unwritable_dir, 0o555)
@@ -56,12 +60,15 @@ def test_a_dest_the_user_cannot_write_is_exit_4(s3, unwritable_dir, command):
     assert os.listdir(unwritable_dir) == []
 
 
-@pytest.mark.parametrize("command", [
-    ("sync", f"s3://{BUCKET}/data", "{dest}"),
-    ("sync", f"s3://{BUCKET}/data", "{dest}/sub"),
-    ("fetch", f"s3://{BUCKET}/data/a.txt", "{dest}/"),
-    ("fetch", f"s3://{BUCKET}/data/", "{dest}"),
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("sync", f"s3://{BUCKET}/data", "{dest}"),
+        ("sync", f"s3://{BUCKET}/data", "{dest}/sub"),
+        ("fetch", f"s3://{BUCKET}/data/a.txt", "{dest}/"),
+        ("fetch", f"s3://{BUCKET}/data/", "{dest}"),
+    ],
+)
 def test_a_read_only_file_system_is_exit_4(s3, lading, read_only_mount, command):
     result = lading(*[part.format(dest=read_only_mount) for part in command])
     one_line_error(result, 4, "read-only file system")
@@ -91,6 +98,7 @@ def test_lock_and_local_errors_translate_in_the_library(tmp_path, monkeypatch):
 
 # -- usage errors instead of internal errors -------------------------------------------------------
 
+
 def test_fetch_into_a_file_with_a_trailing_slash_is_a_usage_error(s3, lading, tmp_path):
     (tmp_path / "file").write_text("mine")
     for dest in (f"{tmp_path}/file/", f"{tmp_path}/file/deeper/"):
@@ -117,6 +125,7 @@ def test_hook_init_says_what_is_missing(lading, tmp_path):
 
 
 # -- a mistyped prefix is "nothing at", exit 3 -------------------------------------------------------
+
 
 def test_a_mistyped_prefix_syncs_nothing_and_says_so(s3, lading, tmp_path):
     dest = tmp_path / "dest"
@@ -168,6 +177,7 @@ def test_mount_of_an_empty_prefix_is_refused_unless_allowed(tmp_path):
 
 # -- every unsafe key in the first report ------------------------------------------------------------
 
+
 def test_unsafe_keys_and_clashes_are_reported_together(s3, lading, tmp_path):
     for key in ("clash/a", "clash/a/b", "clash/evil/../x", "clash/ok.txt"):
         s3.put_object(Bucket=BUCKET, Key=key, Body=b"x")
@@ -195,6 +205,7 @@ def test_a_manifest_with_unsafe_keys_and_clashes_is_reported_at_once(tmp_path):
 
 # -- global flags anywhere on the line ----------------------------------------------------------------
 
+
 def test_global_flags_work_after_the_subcommand(lading, tmp_path):
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "a.txt").write_text("a")
@@ -212,6 +223,7 @@ def test_global_flags_work_after_the_subcommand(lading, tmp_path):
 
 
 # -- one object: one hidden file, never the user's file, sync's JSON fields ----------------------------
+
 
 def test_single_object_fetch_leaves_one_marker_and_refuses_foreign_files(s3, lading, tmp_path):
     dest = tmp_path / "d"
@@ -262,6 +274,7 @@ def test_a_directory_at_the_object_path_is_a_usage_error(s3, lading, tmp_path):
 
 # -- Ctrl-C stops pack within a second ------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def big_tree(tmp_path_factory):
     """4,000 samples of 48 KiB (~190 MB): a pack of it runs for seconds, in 16 MB tasks."""
@@ -280,8 +293,13 @@ def test_ctrl_c_stops_pack_within_a_second_and_leaves_nothing(big_tree, tmp_path
     import time
 
     dest = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "lading", "pack", str(big_tree), str(dest)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lading", "pack", str(big_tree), str(dest)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
     def ready() -> bool:
         staging = list(dest.glob(".*.lading-pack-*")) if dest.exists() else []
@@ -311,8 +329,19 @@ def test_ctrl_c_stops_pack_within_a_second_and_leaves_nothing(big_tree, tmp_path
 
 # -- help: every command has examples and exit codes; one name for parallelism; no dependency noise -----
 
-HELP_COMMANDS = [("check",), ("sync",), ("topology",), ("mount",), ("unmount",), ("pack",), ("hook",),
-                 ("hook", "init"), ("hook", "run"), ("fetch",), ("bind-mounts",)]
+HELP_COMMANDS = [
+    ("check",),
+    ("sync",),
+    ("topology",),
+    ("mount",),
+    ("unmount",),
+    ("pack",),
+    ("hook",),
+    ("hook", "init"),
+    ("hook", "run"),
+    ("fetch",),
+    ("bind-mounts",),
+]
 
 
 @pytest.mark.parametrize("command", HELP_COMMANDS, ids=" ".join)
@@ -321,7 +350,7 @@ def test_every_command_help_has_the_shape_of_check(lading, command):
     assert result.returncode == 0, result.stderr
     text = result.stdout
     assert text.index("Examples:") < text.index("Exit codes:") < text.index("Options:"), text
-    examples = text[text.index("Examples:"):text.index("Exit codes:")]
+    examples = text[text.index("Examples:") : text.index("Exit codes:")]
     assert f"lading {' '.join(command)}" in examples or (command == ("hook",) and "lading hook init" in examples)
 
 
@@ -342,18 +371,21 @@ from google.api_core import _python_version_support as support
 support.check_python_version("google.api_core", today=datetime.date(2031, 1, 1))
 warnings.warn("other warnings still show", UserWarning)
 """
-    prelude = ("from lading.cli.main import main\n"
-               "try:\n    main(['topology', '--json'])\nexcept SystemExit:\n    pass\n")
+    prelude = "from lading.cli.main import main\ntry:\n    main(['topology', '--json'])\nexcept SystemExit:\n    pass\n"
     plain = subprocess.run([sys.executable, "-c", script.format(prelude="")], capture_output=True, text=True)
     assert "FutureWarning" in plain.stderr  # the check does warn on that date
     cli = subprocess.run([sys.executable, "-c", script.format(prelude=prelude)], capture_output=True, text=True)
     assert "FutureWarning" not in cli.stderr and "other warnings still show" in cli.stderr, cli.stderr
-    library = subprocess.run([sys.executable, "-c", script.format(prelude="import lading.sync, lading.stores\n")],
-                             capture_output=True, text=True)
+    library = subprocess.run(
+        [sys.executable, "-c", script.format(prelude="import lading.sync, lading.stores\n")],
+        capture_output=True,
+        text=True,
+    )
     assert "FutureWarning" in library.stderr  # the library leaves the application's filters alone
 
 
 # -- a broken manifest, a .detignore that ignores everything ----------------------------------------------
+
 
 @pytest.mark.parametrize("text", ["{not json", '[{"prefix": "s3://first-use/data/"}, "a.txt",', '{"a": 1}'])
 def test_a_manifest_that_is_not_valid_json_is_a_usage_error(lading, tmp_path, text):
@@ -383,6 +415,7 @@ def test_a_detignore_that_ignores_everything_is_warned_about(lading, tmp_path, d
 
 
 # -- the mount's log: user-level wording, consistent stats, no libfuse noise ---------------------------
+
 
 def _needs_fuse() -> None:
     if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
@@ -427,8 +460,12 @@ def test_foreground_mount_prints_no_libfuse_noise(tmp_path):
     (tmp_path / "src" / "a.txt").write_text("a")
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "lading", "mount", str(tmp_path / "src"), str(mountpoint), "-f"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lading", "mount", str(tmp_path / "src"), str(mountpoint), "-f"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not os.path.ismount(mountpoint):
@@ -448,12 +485,14 @@ def test_foreground_mount_prints_no_libfuse_noise(tmp_path):
 
 
 def test_libfuse_messages_other_than_the_noise_still_show():
-    script = ("import ctypes\n"
-              "from lading.mounts.fuse_lib import load_mfusepy\n"
-              "log = load_mfusepy()._libfuse.fuse_log\n"
-              "log(3, b'Ignoring invalid max threads value %u > max (%u).\\n', ctypes.c_uint(4294967295), "
-              "ctypes.c_uint(100000))\n"
-              "log(3, b'fuse: %s %d\\n', b'kept', ctypes.c_int(7))\n")
+    script = (
+        "import ctypes\n"
+        "from lading.mounts.fuse_lib import load_mfusepy\n"
+        "log = load_mfusepy()._libfuse.fuse_log\n"
+        "log(3, b'Ignoring invalid max threads value %u > max (%u).\\n', ctypes.c_uint(4294967295), "
+        "ctypes.c_uint(100000))\n"
+        "log(3, b'fuse: %s %d\\n', b'kept', ctypes.c_int(7))\n"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     if result.returncode != 0 and "cannot load libfuse" in result.stderr:
         pytest.skip("no libfuse")
@@ -463,20 +502,29 @@ def test_libfuse_messages_other_than_the_noise_still_show():
 
 # -- .ci/setup: no noise that looks like a failure, real errors and the exit status kept --------------
 
+
 def _quiet(function: str, command: str, tmp_path: Path, env: dict[str, str] | None = None):
     script = f"set -euo pipefail; . {REPO}/.ci/quiet.sh; {function} {command}"
-    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path,
-                          env={**os.environ, **(env or {})}, timeout=60)
+    return subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+    )
 
 
 def test_setup_drops_debconf_notes_but_keeps_apt_errors_and_status(tmp_path):
     fake_apt = tmp_path / "apt-get"
-    fake_apt.write_text("#!/bin/sh\n"
-                        "echo 'Selecting previously unselected package fuse3.'\n"
-                        "echo 'debconf: delaying package configuration, since apt-utils is not installed' >&2\n"
-                        "echo 'debconf: unable to initialize frontend: Dialog' >&2\n"
-                        "echo 'E: Unable to locate package fuse9' >&2\n"
-                        "exit 100\n")
+    fake_apt.write_text(
+        "#!/bin/sh\n"
+        "echo 'Selecting previously unselected package fuse3.'\n"
+        "echo 'debconf: delaying package configuration, since apt-utils is not installed' >&2\n"
+        "echo 'debconf: unable to initialize frontend: Dialog' >&2\n"
+        "echo 'E: Unable to locate package fuse9' >&2\n"
+        "exit 100\n"
+    )
     fake_apt.chmod(0o755)
     result = _quiet("quiet_apt", f"{fake_apt} install -y fuse3", tmp_path)
     assert result.returncode == 100

@@ -35,15 +35,19 @@ def proxy(s3_env):
 
 def run_loader(kind: str, uri: str, endpoint_env: dict[str, str], *extra: str) -> tuple[dict, str]:
     env = {**os.environ, **endpoint_env}
-    done = subprocess.run([sys.executable, str(SCRIPT), kind, uri, *extra], env=env, capture_output=True,
-                          text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), kind, uri, *extra], env=env, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
 
 def object_gets(proxy: FaultProxy, prefix: str) -> list:
-    return [seen for seen in proxy.requests
-            if seen.method == "GET" and seen.path.startswith(prefix) and not seen.query.startswith("list-type")]
+    return [
+        seen
+        for seen in proxy.requests
+        if seen.method == "GET" and seen.path.startswith(prefix) and not seen.query.startswith("list-type")
+    ]
 
 
 def is_obstore(seen) -> bool:
@@ -62,15 +66,15 @@ def test_forked_workers_read_store_objects_through_obstore(proxy, small_objects)
     assert sorted(got["samples"]) == sorted(len(body) for body in small_objects.values())
     assert len(got["workers"]) == 2 and got["parent"] not in got["workers"]
     gets = object_gets(proxy, f"/{BUCKET}/data/")
-    assert len(gets) == NOBJECTS and all(is_obstore(seen) for seen in gets), \
-        {seen.headers.get("User-Agent") for seen in gets}
+    assert len(gets) == NOBJECTS and all(is_obstore(seen) for seen in gets), {
+        seen.headers.get("User-Agent") for seen in gets
+    }
     assert "forked after obstore started" not in stderr
 
 
 def test_a_parent_that_read_first_makes_workers_fall_back_with_one_warning_each(proxy, small_objects):
     proxy.add_fault("truncate", first=1, method="GET", path_prefix=f"/{BUCKET}/data/obj-02")
-    got, stderr = run_loader("store", f"s3://{BUCKET}/data", {"AWS_ENDPOINT_URL": proxy.url},
-                             "--parent-reads-first")
+    got, stderr = run_loader("store", f"s3://{BUCKET}/data", {"AWS_ENDPOINT_URL": proxy.url}, "--parent-reads-first")
     assert sorted(got["samples"]) == sorted(len(body) for body in small_objects.values())
     gets = object_gets(proxy, f"/{BUCKET}/data/")
     worker_gets = [seen for seen in gets if not seen.path.endswith("obj-000.bin")]
@@ -83,8 +87,11 @@ def test_a_parent_that_read_first_makes_workers_fall_back_with_one_warning_each(
     cut = [seen for seen in gets if seen.fault == "truncate"]
     assert len(cut) == 1
     again = [seen for seen in gets if seen.path == cut[0].path and seen.fault is None]
-    assert again and again[-1].headers.get("Range", "").startswith("bytes=") \
+    assert (
+        again
+        and again[-1].headers.get("Range", "").startswith("bytes=")
         and not again[-1].headers.get("Range").startswith("bytes=0-")
+    )
 
 
 def _pack_into_s3(tmp_path: Path, s3_env: dict[str, str], endpoint: str) -> str:
@@ -103,12 +110,12 @@ def _pack_into_s3(tmp_path: Path, s3_env: dict[str, str], endpoint: str) -> str:
 @pytest.mark.parametrize("kind", ["packed", "shards"])
 def test_forked_workers_read_packs_through_obstore(kind, proxy, s3_env, tmp_path):
     index = _pack_into_s3(tmp_path, s3_env, s3_env["AWS_ENDPOINT_URL"])
-    got, stderr = run_loader(kind, index, {"AWS_ENDPOINT_URL": proxy.url,
-                                           "LADING_CACHE_DIR": str(tmp_path / "cache")})
+    got, stderr = run_loader(kind, index, {"AWS_ENDPOINT_URL": proxy.url, "LADING_CACHE_DIR": str(tmp_path / "cache")})
     assert sorted(got["samples"]) == [f"k{i:03d}" for i in range(40)]
     shard_gets = [seen for seen in object_gets(proxy, f"/{BUCKET}/packed/") if ".tar" in seen.path]
-    assert shard_gets and all(is_obstore(seen) for seen in shard_gets), \
-        {seen.headers.get("User-Agent") for seen in shard_gets}
+    assert shard_gets and all(is_obstore(seen) for seen in shard_gets), {
+        seen.headers.get("User-Agent") for seen in shard_gets
+    }
     assert "forked after obstore started" not in stderr
 
 
@@ -126,9 +133,15 @@ def _gcs_objects(gcs_env, tmp_path, bucket: str, count: int = 12) -> None:
 
 def _object_reads(proxy: FaultProxy, bucket: str) -> list:
     """GETs of the objects' bytes: obstore's object paths or the SDK's media downloads."""
-    return [seen for seen in proxy.requests if seen.method == "GET" and (
-        unquote(seen.path).startswith(f"/{bucket}/data/o")
-        or (unquote(seen.path).startswith(f"/download/storage/v1/b/{bucket}/o/") and "alt=media" in seen.query))]
+    return [
+        seen
+        for seen in proxy.requests
+        if seen.method == "GET"
+        and (
+            unquote(seen.path).startswith(f"/{bucket}/data/o")
+            or (unquote(seen.path).startswith(f"/download/storage/v1/b/{bucket}/o/") and "alt=media" in seen.query)
+        )
+    ]
 
 
 def test_forked_workers_read_gcs_through_obstore(gcs_env, tmp_path):
@@ -139,8 +152,9 @@ def test_forked_workers_read_gcs_through_obstore(gcs_env, tmp_path):
         got, stderr = run_loader("store", f"gs://{bucket}/data", {"STORAGE_EMULATOR_HOST": proxy.url})
     assert sorted(got["samples"]) == [500 + i for i in range(12)]
     reads = _object_reads(proxy, bucket)
-    assert len(reads) >= 12 and all(is_obstore(seen) for seen in reads), \
-        {seen.headers.get("User-Agent") for seen in reads}
+    assert len(reads) >= 12 and all(is_obstore(seen) for seen in reads), {
+        seen.headers.get("User-Agent") for seen in reads
+    }
     assert "forked after obstore started" not in stderr
 
 
@@ -149,11 +163,13 @@ def test_gcs_workers_fall_back_to_the_sdk_when_the_parent_read_first(gcs_env, tm
     with FaultProxy(gcs_env["STORAGE_EMULATOR_HOST"]) as proxy:
         _gcs_objects(gcs_env, tmp_path, bucket)
         proxy.reset_counts()
-        got, stderr = run_loader("store", f"gs://{bucket}/data", {"STORAGE_EMULATOR_HOST": proxy.url},
-                                 "--parent-reads-first")
+        got, stderr = run_loader(
+            "store", f"gs://{bucket}/data", {"STORAGE_EMULATOR_HOST": proxy.url}, "--parent-reads-first"
+        )
     assert sorted(got["samples"]) == [500 + i for i in range(12)]
     workers = [seen for seen in _object_reads(proxy, bucket) if "o00" not in unquote(seen.path)]
-    assert len(workers) >= 11 and not any(is_obstore(seen) for seen in workers), \
-        {seen.headers.get("User-Agent") for seen in workers}
+    assert len(workers) >= 11 and not any(is_obstore(seen) for seen in workers), {
+        seen.headers.get("User-Agent") for seen in workers
+    }
     warnings = [line for line in stderr.splitlines() if "forked after obstore started" in line]
     assert len(warnings) == 2 and len({line.split()[0] for line in warnings}) == 2

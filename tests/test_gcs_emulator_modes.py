@@ -47,8 +47,9 @@ def gcs_server_foreign(server_logs: Path) -> Iterator[Server]:
 @pytest.fixture(params=MODES)
 def emulator(request: pytest.FixtureRequest) -> tuple[str, Server]:
     """(mode, server) for each way of starting fake-gcs-server."""
-    name = {"public-host": "gcs_server", "default": "gcs_server_default",
-            "foreign-host": "gcs_server_foreign"}[request.param]
+    name = {"public-host": "gcs_server", "default": "gcs_server_default", "foreign-host": "gcs_server_foreign"}[
+        request.param
+    ]
     return request.param, request.getfixturevalue(name)
 
 
@@ -57,8 +58,9 @@ def sdk_bucket(endpoint: str):
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    client = storage.Client(project="test", credentials=AnonymousCredentials(),
-                            client_options={"api_endpoint": endpoint})
+    client = storage.Client(
+        project="test", credentials=AnonymousCredentials(), client_options={"api_endpoint": endpoint}
+    )
     bucket = client.bucket(BUCKET)
     if not bucket.exists():
         client.create_bucket(BUCKET)
@@ -88,8 +90,9 @@ def test_sync_of_a_prefix(emulator, tmp_path: Path, lading) -> None:
     put(bucket, {f"data/{key}": body for key, body in objects.items()})
     put(bucket, {"elsewhere/x.bin": b"not synced"})
     with FaultProxy(server.url) as proxy:
-        result = lading("sync", f"gs://{BUCKET}/data", str(tmp_path / "out"), "--json",
-                        env={"STORAGE_EMULATOR_HOST": proxy.url})
+        result = lading(
+            "sync", f"gs://{BUCKET}/data", str(tmp_path / "out"), "--json", env={"STORAGE_EMULATOR_HOST": proxy.url}
+        )
         assert result.returncode == 0, result.stderr
         assert read_tree(tmp_path / "out") == objects
         gets = proxy.count("GET", path_prefix=media_path(ROUTE[mode]))
@@ -112,8 +115,9 @@ def test_ranged_reads_choose_the_route_once(emulator, caplog: pytest.LogCaptureF
         assert store.route == ROUTE[mode]
         assert proxy.count("HEAD") <= 2  # the route was probed once, not per read
         assert proxy.count("GET", path_prefix=media_path(ROUTE[mode])) >= 9
-    notes = [record for record in caplog.records if "reading" in record.getMessage()
-             and record.name.startswith("lading")]
+    notes = [
+        record for record in caplog.records if "reading" in record.getMessage() and record.name.startswith("lading")
+    ]
     expected = ROUTE_LOG[ROUTE[mode]]
     assert [record.levelno for record in notes] == ([] if expected is None else [expected])
 
@@ -157,7 +161,7 @@ def test_mount_reads(emulator, tmp_path: Path) -> None:
         fd = os.open(mnt.path / "a/b/two.bin", os.O_RDONLY)
         try:
             for offset in (0, 999_999, 1_400_000):
-                assert os.pread(fd, 50_000, offset) == objects["a/b/two.bin"][offset:offset + 50_000]
+                assert os.pread(fd, 50_000, offset) == objects["a/b/two.bin"][offset : offset + 50_000]
         finally:
             os.close(fd)
 

@@ -8,14 +8,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-PROBE = ("import json, os, tempfile, pathlib; print(json.dumps({'tmp': tempfile.gettempdir(), "
-         "'home': str(pathlib.Path.home()), 'wids': os.environ.get('WIDS_CACHE'), "
-         "'cache': os.environ.get('XDG_CACHE_HOME'), 'lading_cache': os.environ.get('LADING_CACHE_DIR')}))")
+PROBE = (
+    "import json, os, tempfile, pathlib; print(json.dumps({'tmp': tempfile.gettempdir(), "
+    "'home': str(pathlib.Path.home()), 'wids': os.environ.get('WIDS_CACHE'), "
+    "'cache': os.environ.get('XDG_CACHE_HOME'), 'lading_cache': os.environ.get('LADING_CACHE_DIR')}))"
+)
 
 
 def test_subprocesses_get_the_sessions_own_tmpdir_home_and_caches(tmp_path):
-    seen = json.loads(subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                                     check=True).stdout)
+    seen = json.loads(subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout)
     root = Path(seen["tmp"])
     assert root.name.startswith("lading-t") and root != Path("/tmp"), seen
     assert Path(tempfile.gettempdir()) == root and tmp_path.is_relative_to(root), "pytest's folders are inside"

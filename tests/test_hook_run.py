@@ -18,8 +18,12 @@ from proxies import FaultProxy
 BUCKET = "lading-hook"
 SECRET = "lading-secret-VALUE-4242"
 TOKEN = "lading-session-token-VALUE-4343"
-DATA = {"data/train-0.bin": os.urandom(150_000), "data/train-1.bin": os.urandom(2_000),
-        "data/sub/labels.csv": b"id,label\n1,cat\n2,dog\n", "other/skip.bin": b"not staged"}
+DATA = {
+    "data/train-0.bin": os.urandom(150_000),
+    "data/train-1.bin": os.urandom(2_000),
+    "data/sub/labels.csv": b"id,label\n1,cat\n2,dog\n",
+    "other/skip.bin": b"not staged",
+}
 
 
 @pytest.fixture
@@ -37,10 +41,16 @@ def det_env(proxy: FaultProxy, config: dict, **extra: str) -> dict[str, str]:
     env = {
         "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
         "HOME": os.environ.get("HOME", "/tmp"),
-        "DET_SLOT_IDS": "[0,1]", "DET_TRIAL_ID": "17", "DET_TASK_TYPE": "TRIAL",
+        "DET_SLOT_IDS": "[0,1]",
+        "DET_TRIAL_ID": "17",
+        "DET_TASK_TYPE": "TRIAL",
         "DET_EXPERIMENT_CONFIG": json.dumps(config),
-        "AWS_ENDPOINT_URL": proxy.url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": SECRET,
-        "AWS_SESSION_TOKEN": TOKEN, "AWS_DEFAULT_REGION": "us-east-1", "LADING_RETRIES": "2",
+        "AWS_ENDPOINT_URL": proxy.url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_SESSION_TOKEN": TOKEN,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "LADING_RETRIES": "2",
     }
     if "PYTHONPATH" in os.environ:
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
@@ -49,8 +59,14 @@ def det_env(proxy: FaultProxy, config: dict, **extra: str) -> dict[str, str]:
 
 
 def start_hook(context: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(["bash", "-c", "set -e; set -x; source startup-hook.sh; echo HOOK-DONE"],
-                            cwd=context, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        ["bash", "-c", "set -e; set -x; source startup-hook.sh; echo HOOK-DONE"],
+        cwd=context,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
@@ -96,8 +112,11 @@ def test_two_containers_download_once_then_a_restart_makes_no_get(proxy, tmp_pat
     for key in staged:
         assert proxy.counts[("GET", f"/{BUCKET}/{key}")] == 1, key  # one download for both containers
     for root in (dest, tmp_path / "node" / "train-rank0", tmp_path / "node" / "train-rank1"):
-        got = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*")
-               if p.is_file() and p.name not in RESERVED_NAMES | {VIEW_RECORD}}  # lading's own records
+        got = {
+            p.relative_to(root).as_posix(): p.read_bytes()
+            for p in root.rglob("*")
+            if p.is_file() and p.name not in RESERVED_NAMES | {VIEW_RECORD}
+        }  # lading's own records
         assert got == {key.removeprefix("data/"): body for key, body in staged.items()}
     view_file = tmp_path / "node" / "train-rank1" / "train-0.bin"
     assert view_file.stat().st_ino == (dest / "train-0.bin").stat().st_ino  # a hard link, not a copy
@@ -133,9 +152,10 @@ def test_bad_data_section_fails_the_hook(proxy, tmp_path):
 
 def test_sharded_views_split_the_keys_between_slots(proxy, tmp_path, lading):
     dest = tmp_path / "shards"
-    config = {"resources": {"slots_per_trial": 2},
-              "data": {"datasets": [{"source": f"s3://{BUCKET}/data/", "dest": str(dest),
-                                     "distribution": "sharded"}]}}
+    config = {
+        "resources": {"slots_per_trial": 2},
+        "data": {"datasets": [{"source": f"s3://{BUCKET}/data/", "dest": str(dest), "distribution": "sharded"}]},
+    }
     result = lading("hook", "run", "--json", env=det_env(proxy, config))
     assert result.returncode == 0, result.stderr
     keys = sorted(key.removeprefix("data/") for key in DATA if key.startswith("data/"))
@@ -143,22 +163,31 @@ def test_sharded_views_split_the_keys_between_slots(proxy, tmp_path, lading):
     assert json.loads(result.stdout)["datasets"][0]["files"] == len(keys)  # lading sync's field names
     # a new key shifts the assignment: each view follows it, no key left in two shards
     boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1").put_object(
-        Bucket=BUCKET, Key="data/a-first.bin", Body=b"new")
+        Bucket=BUCKET, Key="data/a-first.bin", Body=b"new"
+    )
     assert lading("hook", "run", env=det_env(proxy, config)).returncode == 0
     keys = sorted(keys + ["a-first.bin"])
     assert _shards(tmp_path) == [set(keys[0::2]), set(keys[1::2])]
 
 
 def _shards(tmp_path: Path) -> list[set[str]]:
-    return [{p.relative_to(tmp_path / f"shards-rank{i}").as_posix()
-             for p in (tmp_path / f"shards-rank{i}").rglob("*") if p.is_file() and p.name != VIEW_RECORD}
-            for i in (0, 1)]
+    return [
+        {
+            p.relative_to(tmp_path / f"shards-rank{i}").as_posix()
+            for p in (tmp_path / f"shards-rank{i}").rglob("*")
+            if p.is_file() and p.name != VIEW_RECORD
+        }
+        for i in (0, 1)
+    ]
 
 
 def test_sharded_across_containers_is_refused(proxy, tmp_path, lading):
-    config = {"resources": {"slots_per_trial": 8},
-              "data": {"datasets": [{"source": f"s3://{BUCKET}/data/", "dest": str(tmp_path / "s"),
-                                     "distribution": "sharded"}]}}
+    config = {
+        "resources": {"slots_per_trial": 8},
+        "data": {
+            "datasets": [{"source": f"s3://{BUCKET}/data/", "dest": str(tmp_path / "s"), "distribution": "sharded"}]
+        },
+    }
     result = lading("hook", "run", env=det_env(proxy, config))
     assert result.returncode == 2 and "lading sync --distribution sharded" in result.stderr
 

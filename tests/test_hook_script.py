@@ -58,21 +58,31 @@ def test_cli_init_dry_run_changes_nothing(lading, tmp_path):
     assert not (tmp_path / "startup-hook.sh").exists()
 
 
-@pytest.mark.parametrize("args, message, code", [
-    (("s3://bucket/x/", "relative/dest"), "absolute", 2),
-    (("s3:/bucket", "/tmp/x"), "malformed", 2),
-    (("/no/such/context", "s3://bucket/x/", "/tmp/x"), "does not exist", 3),  # as in `lading check`
-])
+@pytest.mark.parametrize(
+    "args, message, code",
+    [
+        (("s3://bucket/x/", "relative/dest"), "absolute", 2),
+        (("s3:/bucket", "/tmp/x"), "malformed", 2),
+        (("/no/such/context", "s3://bucket/x/", "/tmp/x"), "does not exist", 3),  # as in `lading check`
+    ],
+)
 def test_cli_init_bad_input_is_a_usage_error(lading, tmp_path, args, message, code):
     result = lading("hook", "init", *args, cwd=tmp_path)
     assert result.returncode == code and message in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def _source(context: Path, path_env: str,
-            script: str = "set -e; set -x; source startup-hook.sh; echo AFTER-SOURCE") -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", script], cwd=context, capture_output=True, text=True,
-                          env={"PATH": path_env, "DET_SLOT_IDS": "[0,1]"}, timeout=60)
+def _source(
+    context: Path, path_env: str, script: str = "set -e; set -x; source startup-hook.sh; echo AFTER-SOURCE"
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", script],
+        cwd=context,
+        capture_output=True,
+        text=True,
+        env={"PATH": path_env, "DET_SLOT_IDS": "[0,1]"},
+        timeout=60,
+    )
 
 
 def test_missing_lading_fails_the_task_with_a_message(tmp_path):

@@ -31,8 +31,17 @@ def _tree(root: Path) -> set[str]:
 
 # -- '.' and '..': in URIs (exit 2) and as keys that become paths ---------------------------------
 
-@pytest.mark.parametrize("uri", [f"s3://{BUCKET}/..", f"s3://{BUCKET}/a/../b", f"s3://{BUCKET}/prefix/.",
-                                 f"s3://{BUCKET}/./x", f"gs://{BUCKET}/a/.."])
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        f"s3://{BUCKET}/..",
+        f"s3://{BUCKET}/a/../b",
+        f"s3://{BUCKET}/prefix/.",
+        f"s3://{BUCKET}/./x",
+        f"gs://{BUCKET}/a/..",
+    ],
+)
 @pytest.mark.parametrize("command", ["sync", "fetch"])
 def test_dot_segments_in_uris_are_usage_errors(lading, tmp_path, uri, command):
     dest = tmp_path / "dest"
@@ -65,9 +74,13 @@ def test_single_object_key_goes_through_the_key_safety_check(tmp_path, monkeypat
 
 # -- names of NAME_MAX bytes -------------------------------------------------------------------------
 
+
 def _long_objects(s3) -> dict[str, bytes]:
-    objects = {f"long/{LONG}": b"255 bytes of name", f"long/sub/{LONG_UTF8}": b"accented",
-               f"long/{'m' * 250}.bin": b"near the limit"}
+    objects = {
+        f"long/{LONG}": b"255 bytes of name",
+        f"long/sub/{LONG_UTF8}": b"accented",
+        f"long/{'m' * 250}.bin": b"near the limit",
+    }
     for key, body in objects.items():
         s3.put_object(Bucket=BUCKET, Key=key, Body=body)
     return objects
@@ -138,6 +151,7 @@ def test_ranged_download_with_a_255_byte_name_resumes_by_its_sidecar(tmp_path):
 
 
 # -- the node cache is per user ------------------------------------------------------------------------
+
 
 def test_the_default_node_cache_is_private_to_the_user():
     from lading.sync.cache import default_cache_root  # the one rule of sync's and the datasets' cache
@@ -221,6 +235,7 @@ def test_a_planted_entry_in_a_shared_root_is_never_linked(s3, tmp_path):
 
 # -- keys read back from .lading-view.json are untrusted -------------------------------------------------
 
+
 def test_a_crafted_view_record_cannot_delete_outside_the_view(tmp_path):
     from lading.hooks.stage import VIEW_RECORD, build_views, view_root
 
@@ -236,8 +251,18 @@ def test_a_crafted_view_record_cannot_delete_outside_the_view(tmp_path):
         victim.parent.mkdir(exist_ok=True)
         victim.write_text("keep me")
     (view / "link").symlink_to(tmp_path / "elsewhere")  # a symlinked directory inside the view
-    crafted = ["../victim.txt", "../train/a.bin", "/etc/hostname", "link/x.txt", "sub/../../victim.txt",
-               "a.bin", ["not", "a", "key"], {"nor": "this"}, 7, "sub/b.bin"]
+    crafted = [
+        "../victim.txt",
+        "../train/a.bin",
+        "/etc/hostname",
+        "link/x.txt",
+        "sub/../../victim.txt",
+        "a.bin",
+        ["not", "a", "key"],
+        {"nor": "this"},
+        7,
+        "sub/b.bin",
+    ]
     (view / VIEW_RECORD).write_text(json.dumps(crafted))
     changed = build_views(staged, files, {0: ["sub/b.bin"]})  # a.bin left this view: only it goes
     assert changed == 1

@@ -38,18 +38,23 @@ def test_collisions_found_despite_sort_interleaving():
     assert sorted(find_collisions(keys)) == [("a", "a/b"), ("c/d", "c/d/e")]
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("s3://bucket/pre/fix", ("s3", "bucket", "pre/fix")),
-    ("s3://bucket", ("s3", "bucket", "")),
-    ("gs://my.bucket/x/", ("gs", "my.bucket", "x/")),
-    ("file:///tmp/x", ("file", "", "/tmp/x")),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("s3://bucket/pre/fix", ("s3", "bucket", "pre/fix")),
+        ("s3://bucket", ("s3", "bucket", "")),
+        ("gs://my.bucket/x/", ("gs", "my.bucket", "x/")),
+        ("file:///tmp/x", ("file", "", "/tmp/x")),
+    ],
+)
 def test_uris_parse(text, expected):
     uri = parse_uri(text)
     assert (uri.scheme, uri.bucket, uri.prefix) == expected
 
 
-@pytest.mark.parametrize("text", ["s3://", "s3:/bucket", "ftp://host/x", "s3://UPPER/x", "s3://a/x", "file://rel/x", ""])
+@pytest.mark.parametrize(
+    "text", ["s3://", "s3:/bucket", "ftp://host/x", "s3://UPPER/x", "s3://a/x", "file://rel/x", ""]
+)
 def test_malformed_uris_refused(text):
     with pytest.raises(UsageError):
         parse_uri(text)

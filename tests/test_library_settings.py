@@ -45,7 +45,9 @@ def bucket_uri(request) -> str:
 def test_from_env_reads_the_emulators(s3_env, gcs_env):
     config = StoreConfig.from_env()
     assert config.endpoint_url == s3_env["AWS_ENDPOINT_URL"]
-    assert config.gcs_endpoint is not None and config.gcs_endpoint.endswith(gcs_env["STORAGE_EMULATOR_HOST"].split("//")[-1])
+    assert config.gcs_endpoint is not None and config.gcs_endpoint.endswith(
+        gcs_env["STORAGE_EMULATOR_HOST"].split("//")[-1]
+    )
     assert StoreConfig.from_env(endpoint_url="http://127.0.0.1:1").endpoint_url == "http://127.0.0.1:1"  # flag wins
 
 

@@ -31,11 +31,14 @@ def test_local_source(tmp_path):
     assert keys_under(manifest, str(tmp_path)) == ["x/y"]
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("[1, 2", "invalid JSON"),
-    ('["a", "b"]', "starts with"),
-    ('[{"prefix": "s3://bkt/"}, 3]', "element 1"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("[1, 2", "invalid JSON"),
+        ('["a", "b"]', "starts with"),
+        ('[{"prefix": "s3://bkt/"}, 3]', "element 1"),
+    ],
+)
 def test_malformed(text, needle):
     with pytest.raises(UsageError, match=needle):
         parse_manifest(text)

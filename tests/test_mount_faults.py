@@ -124,8 +124,13 @@ def test_ctrl_c_while_listing_leaves_no_daemon_and_no_mount(own_moto, tmp_path: 
     mountpoint.mkdir()
     os.killpg(own_moto.proc.pid, signal.SIGSTOP)  # the listing hangs
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "lading", "mount", f"s3://{BUCKET}", str(mountpoint)],
-                                cwd=REPO, env={**os.environ, **own_moto.env}, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lading", "mount", f"s3://{BUCKET}", str(mountpoint)],
+            cwd=REPO,
+            env={**os.environ, **own_moto.env},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         # the command and its daemon (a forked copy with the same command line) are both up
         wait_for(lambda: len(_processes_mentioning(str(mountpoint))) >= 2, 20, "the daemon to start")
         proc.send_signal(signal.SIGINT)

@@ -29,6 +29,6 @@ def test_gcs_bucket_reads_byte_identical(gcs_env, tmp_path: Path) -> None:
         fd = os.open(mnt.path / "a/b/two.bin", os.O_RDONLY)
         try:
             for offset in (0, 999_999, 1_400_000):
-                assert os.pread(fd, 50_000, offset) == objects["a/b/two.bin"][offset:offset + 50_000]
+                assert os.pread(fd, 50_000, offset) == objects["a/b/two.bin"][offset : offset + 50_000]
         finally:
             os.close(fd)

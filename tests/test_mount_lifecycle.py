@@ -66,9 +66,24 @@ def test_foreground_stays_attached_until_ctrl_c(bucket, tmp_path: Path) -> None:
     mountpoint.mkdir()
     env = {**os.environ, **bucket}
     log = tmp_path / "fg.log"
-    proc = subprocess.Popen([sys.executable, "-m", "lading", "mount", f"s3://{BUCKET}", str(mountpoint), "--foreground",
-                             "--log-file", str(log)],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lading",
+            "mount",
+            f"s3://{BUCKET}",
+            str(mountpoint),
+            "--foreground",
+            "--log-file",
+            str(log),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: os.path.ismount(mountpoint) or proc.poll() is not None, 30, "the foreground mount")
         assert proc.poll() is None
@@ -103,13 +118,18 @@ def test_bad_input_is_a_one_line_error_and_nothing_is_mounted(bucket, tmp_path: 
         (["mount", "s3://no-such-bucket-here", str(target), "--timeout", "2"], 3, "no-such-bucket-here"),
         (["mount", "ftp://x/y", str(target)], 2, "unsupported scheme"),
         (["mount", f"s3://{BUCKET}", str(target), "--max-memory", "12Q"], 2, "invalid size"),
-        (["mount", f"s3://{BUCKET}", str(target), "--distribution", "sharded", "--rank", "3",
-          "--world-size", "2"], 2, "rank"),
-        (["mount", f"s3://{BUCKET}", str(target), "--cache-dir", str(tmp_path / "file" / "cache")], 2,
-         "as the disk cache"),
+        (
+            ["mount", f"s3://{BUCKET}", str(target), "--distribution", "sharded", "--rank", "3", "--world-size", "2"],
+            2,
+            "rank",
+        ),
+        (
+            ["mount", f"s3://{BUCKET}", str(target), "--cache-dir", str(tmp_path / "file" / "cache")],
+            2,
+            "as the disk cache",
+        ),
         (["mount", f"s3://{BUCKET}", str(target), "--log-file", str(tmp_path / "file" / "log")], 2, "log file"),
-        (["mount", f"s3://{BUCKET}", str(target), "-f", "--log-file", str(tmp_path / "file" / "log")], 2,
-         "log file"),
+        (["mount", f"s3://{BUCKET}", str(target), "-f", "--log-file", str(tmp_path / "file" / "log")], 2, "log file"),
         (["unmount", str(target)], 3, "not a mount point"),
     ]
     for args, code, text in cases:

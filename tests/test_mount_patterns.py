@@ -61,7 +61,7 @@ def test_random_reads_fetch_at_most_four_times_what_they_read(proxy, bucket, tmp
         fd = os.open(mnt.path / "big.bin", os.O_RDONLY)
         try:
             for offset in offsets:
-                assert os.pread(fd, 4096, offset) == body[offset:offset + 4096]
+                assert os.pread(fd, 4096, offset) == body[offset : offset + 4096]
         finally:
             os.close(fd)
         fetched = proxy.body_bytes[f"/{BUCKET}/big.bin"]
@@ -74,11 +74,11 @@ def test_misses_a_small_gap_apart_are_one_get(proxy, bucket, tmp_path: Path) -> 
         fd = os.open(mnt.path / "big.bin", os.O_RDONLY)
         try:
             # The daemon fetches the 16 KiB block around this 4 KiB and keeps the rest of it ...
-            assert os.pread(fd, 4096, at + 16384) == body[at + 16384:at + 20480]
+            assert os.pread(fd, 4096, at + 16384) == body[at + 16384 : at + 20480]
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # ... which the kernel no longer has
             proxy.reset_counts()
             # Two misses with that block between them: one GET, not two.
-            assert os.pread(fd, 49152, at) == body[at:at + 49152]
+            assert os.pread(fd, 49152, at) == body[at : at + 49152]
         finally:
             os.close(fd)
         assert _gets(proxy, "big.bin") == 1

@@ -56,8 +56,7 @@ def test_stat_sizes_modes_and_listing(mnt: Path) -> None:
     for key, body in VISIBLE.items():
         st = os.stat(mnt / key)
         assert st.st_size == len(body) and stat.S_ISREG(st.st_mode), key
-    assert sorted(os.listdir(mnt)) == ["clash", "deep", "empty.bin", "large", "many", "marked", "one.txt",
-                                       "small"]
+    assert sorted(os.listdir(mnt)) == ["clash", "deep", "empty.bin", "large", "many", "marked", "one.txt", "small"]
     assert os.listdir(mnt / "marked") == ["inside.txt"]
     assert (mnt / "clash").is_dir() and os.listdir(mnt / "clash") == ["child.txt"]
     assert (mnt / "deep/x/y/z").is_dir()
@@ -74,7 +73,7 @@ def test_ranged_and_random_offset_reads(mnt: Path) -> None:
         for _ in range(60):
             offset = rng.randrange(0, len(body) + 10)
             size = rng.choice([1, 17, 4096, 65536, 300_000, 1 << 20])
-            assert os.pread(fd, size, offset) == body[offset:offset + size], (offset, size)
+            assert os.pread(fd, size, offset) == body[offset : offset + size], (offset, size)
         assert os.pread(fd, 100, len(body) - 10) == body[-10:]
         assert os.pread(fd, 100, len(body) + 5) == b""
     finally:
@@ -132,18 +131,22 @@ def hashlib_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-@pytest.mark.parametrize("operation", [
-    lambda m: open(m / "new.txt", "w"),
-    lambda m: open(m / "one.txt", "r+b"),
-    lambda m: open(m / "one.txt", "ab"),
-    lambda m: os.unlink(m / "one.txt"),
-    lambda m: os.mkdir(m / "newdir"),
-    lambda m: os.rmdir(m / "deep/x/y/z"),
-    lambda m: os.rename(m / "one.txt", m / "two.txt"),
-    lambda m: os.truncate(m / "one.txt", 0),
-    lambda m: os.chmod(m / "one.txt", 0o777),
-    lambda m: os.symlink("one.txt", m / "link"),
-], ids=["create", "open-rw", "append", "unlink", "mkdir", "rmdir", "rename", "truncate", "chmod", "symlink"])
+@pytest.mark.parametrize(
+    "operation",
+    [
+        lambda m: open(m / "new.txt", "w"),
+        lambda m: open(m / "one.txt", "r+b"),
+        lambda m: open(m / "one.txt", "ab"),
+        lambda m: os.unlink(m / "one.txt"),
+        lambda m: os.mkdir(m / "newdir"),
+        lambda m: os.rmdir(m / "deep/x/y/z"),
+        lambda m: os.rename(m / "one.txt", m / "two.txt"),
+        lambda m: os.truncate(m / "one.txt", 0),
+        lambda m: os.chmod(m / "one.txt", 0o777),
+        lambda m: os.symlink("one.txt", m / "link"),
+    ],
+    ids=["create", "open-rw", "append", "unlink", "mkdir", "rmdir", "rename", "truncate", "chmod", "symlink"],
+)
 def test_writes_fail_with_erofs(mnt: Path, operation) -> None:
     with pytest.raises(OSError) as caught:
         operation(mnt)

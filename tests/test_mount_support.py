@@ -37,8 +37,9 @@ def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> 
     """Run ``lading`` in a subprocess."""
     full = dict(os.environ)
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "lading", *args], capture_output=True, text=True,
-                          env=full, cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "lading", *args], capture_output=True, text=True, env=full, cwd=REPO, timeout=timeout
+    )
 
 
 def force_unmount(mountpoint: Path) -> None:
@@ -96,8 +97,13 @@ def s3_client(env: dict[str, str]):
     """A boto3 client for the test server (test set-up only)."""
     import boto3
 
-    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
 
 
 def put_objects(env: dict[str, str], bucket: str, objects: dict[str, bytes]) -> None:

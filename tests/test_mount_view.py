@@ -16,8 +16,7 @@ from test_mount_support import cli, mounted, put_objects
 
 BUCKET = "mount-view"
 RNG = random.Random(5)
-OBJECTS = {f"train/{c}/{i:03d}.jpg": RNG.randbytes(RNG.randrange(100, 3000))
-           for c in ("cat", "dog") for i in range(13)}
+OBJECTS = {f"train/{c}/{i:03d}.jpg": RNG.randbytes(RNG.randrange(100, 3000)) for c in ("cat", "dog") for i in range(13)}
 OBJECTS["README"] = b"read me\n"
 
 
@@ -37,8 +36,19 @@ def test_sharded_view_shows_exactly_this_ranks_keys(bucket, tmp_path: Path, bala
     seen: set[str] = set()
     for rank in range(3):
         expected = {o.key for o in select_for_rank(infos, rank, 3, "sharded", balance)}
-        with mounted(f"s3://{BUCKET}", tmp_path / f"r{rank}", "--distribution", "sharded", "--balance", balance,
-                     "--rank", str(rank), "--world-size", "3", env=bucket) as mnt:
+        with mounted(
+            f"s3://{BUCKET}",
+            tmp_path / f"r{rank}",
+            "--distribution",
+            "sharded",
+            "--balance",
+            balance,
+            "--rank",
+            str(rank),
+            "--world-size",
+            "3",
+            env=bucket,
+        ) as mnt:
             shown = _files(mnt.path)
             assert shown == expected
             for key in shown:
@@ -88,9 +98,20 @@ def test_one_get_per_small_file_and_a_warm_disk_cache_skips_the_store(moto_serve
 
 
 def test_tree_rules_markers_shadowing_and_unsafe_keys() -> None:
-    infos = [ObjectInfo(k, s, "v") for k, s in [
-        ("a", 1), ("a/b", 2), ("empty/", 0), ("m/", 0), ("m/x", 3), ("bad/../x", 1), ("c//d", 1),
-        ("notempty/", 5), ("z", 4)]]
+    infos = [
+        ObjectInfo(k, s, "v")
+        for k, s in [
+            ("a", 1),
+            ("a/b", 2),
+            ("empty/", 0),
+            ("m/", 0),
+            ("m/x", 3),
+            ("bad/../x", 1),
+            ("c//d", 1),
+            ("notempty/", 5),
+            ("z", 4),
+        ]
+    ]
     tree = Tree(infos)
     assert tree.children("") == ("a", "empty", "m", "z")
     assert tree.is_dir("a") and tree.file_index("a") is None  # the directory wins

@@ -52,8 +52,13 @@ def test_fetch_summary_is_on_stderr(tree: Path, tmp_path: Path) -> None:
 
 def test_no_ansi_escapes_when_not_a_terminal(tree: Path, tmp_path: Path) -> None:
     """Piped (a log, a CI job): plain text, whatever the command renders with."""
-    for args in (["check", str(tree)], ["sync", str(tree), str(tmp_path / "d")], ["pack", str(tree), str(tmp_path / "p")],
-                 ["cache", "list"], ["topology"]):
+    for args in (
+        ["check", str(tree)],
+        ["sync", str(tree), str(tmp_path / "d")],
+        ["pack", str(tree), str(tmp_path / "p")],
+        ["cache", "list"],
+        ["topology"],
+    ):
         result = run_lading(*args, env=env_for(tmp_path))
         assert result.returncode in (0, 1), (args, result.stderr)
         assert ESC not in result.stdout and ESC not in result.stderr, args

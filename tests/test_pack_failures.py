@@ -182,6 +182,7 @@ def test_kill_9_mid_pack_leaves_no_index_and_next_pack_cleans_up(tmp_path):
 
 # --- the CLI --------------------------------------------------------------------------------
 
+
 def test_cli_json_summary(lading, tmp_path):
     source, dest = tmp_path / "images", tmp_path / "out"
     make_source(source)
@@ -199,8 +200,9 @@ def test_cli_json_summary(lading, tmp_path):
 def test_cli_dry_run_writes_nothing(lading, tmp_path):
     source, dest = tmp_path / "src", tmp_path / "out"
     make_source(source)
-    result = lading("pack", str(source), str(dest), "--shard-size", "20KB", "--dry-run", "--json",
-                    "--name", "ds", "--version", "v3")
+    result = lading(
+        "pack", str(source), str(dest), "--shard-size", "20KB", "--dry-run", "--json", "--name", "ds", "--version", "v3"
+    )
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["dry_run"] is True and plan["index"] == "ds/v3/ds.index.json"
@@ -208,13 +210,16 @@ def test_cli_dry_run_writes_nothing(lading, tmp_path):
     assert not dest.exists()
 
 
-@pytest.mark.parametrize("args, code, words", [
-    (["--shard-size", "12 parsecs"], 2, "invalid size"),
-    (["--shard-size", "0"], 2, "invalid size"),
-    (["--seed", "3"], 2, "--seed only makes sense with --shuffle"),
-    (["--name", "../evil"], 2, "not usable in shard names"),
-    (["--version", "v 1"], 2, "not usable in shard names"),
-])
+@pytest.mark.parametrize(
+    "args, code, words",
+    [
+        (["--shard-size", "12 parsecs"], 2, "invalid size"),
+        (["--shard-size", "0"], 2, "invalid size"),
+        (["--seed", "3"], 2, "--seed only makes sense with --shuffle"),
+        (["--name", "../evil"], 2, "not usable in shard names"),
+        (["--version", "v 1"], 2, "not usable in shard names"),
+    ],
+)
 def test_cli_usage_errors(lading, tmp_path, args, code, words):
     source = tmp_path / "src"
     make_source(source, count=2)
@@ -250,8 +255,12 @@ def test_cli_refusals(lading, tmp_path):
 def test_ctrl_c_mid_pack_removes_everything(tmp_path):
     source, dest, marker = tmp_path / "src", tmp_path / "out", tmp_path / "marker"
     make_source(source)
-    proc = subprocess.Popen([sys.executable, "-c", KILLABLE, str(source), str(dest), str(marker)], cwd=REPO,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE, str(source), str(dest), str(marker)],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while not marker.exists():

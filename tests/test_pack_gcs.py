@@ -11,8 +11,12 @@ from lading.stores import StoreConfig, open_store
 
 
 def test_pack_into_gcs_and_stream_back(gcs_env, tmp_path):
-    config = StoreConfig(gcs_anonymous=True, gcs_endpoint=gcs_env["STORAGE_EMULATOR_HOST"],
-                         retry=RetryPolicy(attempts=2, base_delay=0.005, max_delay=0.01), timeout=10)
+    config = StoreConfig(
+        gcs_anonymous=True,
+        gcs_endpoint=gcs_env["STORAGE_EMULATOR_HOST"],
+        retry=RetryPolicy(attempts=2, base_delay=0.005, max_delay=0.01),
+        timeout=10,
+    )
     store = open_store("gs://lading-pack-gcs", config)
     client = store._client.get()  # test setup only: create the bucket the emulator starts without
     if not client.bucket("lading-pack-gcs").exists():
@@ -30,10 +34,10 @@ def test_pack_into_gcs_and_stream_back(gcs_env, tmp_path):
     assert len(summary["shards"]) >= 3
 
     listing = {info.key: info for info in open_store(dest, config).list()}
-    index = json.loads(open_store(dest, config).read_range("ds/v2/ds.index.json", 0,
-                                                            listing["ds/v2/ds.index.json"].size))
-    assert [s["etag"] for s in index["shardlist"]] == [listing[f"ds/v2/{s['url']}"].version
-                                                      for s in index["shardlist"]]
+    index = json.loads(
+        open_store(dest, config).read_range("ds/v2/ds.index.json", 0, listing["ds/v2/ds.index.json"].size)
+    )
+    assert [s["etag"] for s in index["shardlist"]] == [listing[f"ds/v2/{s['url']}"].version for s in index["shardlist"]]
     dataset = ShardDataset(summary["index"], config=config, shuffle_buffer=4, seed=3)
     got = {sample["__key__"]: (sample["bin"], sample["txt"]) for sample in dataset}
     assert got == expected

@@ -61,7 +61,7 @@ def make_source(root: Path, count: int = 60) -> dict[str, bytes]:
 
 def listing(s3, prefix: str) -> dict[str, bytes]:
     keys = [item["Key"] for item in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix).get("Contents", [])]
-    return {key[len(prefix):]: s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() for key in keys}
+    return {key[len(prefix) :]: s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() for key in keys}
 
 
 def without_timing(index: bytes) -> dict:
@@ -72,8 +72,9 @@ def test_ray_and_local_engines_write_identical_shards_and_indexes(ray_cluster, s
     make_source(tmp_path / "src")
     settings = config(s3_env["AWS_ENDPOINT_URL"])
     for engine, dest in (("local", f"s3://{BUCKET}/local"), ("ray", f"s3://{BUCKET}/ray")):
-        plan = plan_pack(str(tmp_path / "src"), dest, PackOptions("ds", shard_size=15_000, shuffle=True, seed=3),
-                         settings)
+        plan = plan_pack(
+            str(tmp_path / "src"), dest, PackOptions("ds", shard_size=15_000, shuffle=True, seed=3), settings
+        )
         (run_pack if engine == "local" else run_pack_ray)(plan, str(tmp_path / "src"), dest, settings)
     local, on_ray = listing(s3, "local/"), listing(s3, "ray/")
     assert sorted(local) == sorted(on_ray), "the same objects, and no receipts left behind"
@@ -94,7 +95,8 @@ def test_bucket_source_on_ray_reads_back_exactly(ray_cluster, s3, s3_env, tmp_pa
     assert sorted(samples) == sorted({key.rsplit(".", 1)[0] for key in files})
     assert all(samples[key.rsplit(".", 1)[0]][key.rsplit(".", 1)[1]] == data for key, data in files.items())
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
-        [s.name for s in plan.shards] + ["raw.index.json", "raw.manifest.json", "raw.offsets.safetensors"])
+        [s.name for s in plan.shards] + ["raw.index.json", "raw.manifest.json", "raw.offsets.safetensors"]
+    )
 
 
 def test_cli_engine_ray_joins_the_cluster(ray_cluster, lading, tmp_path):
@@ -102,8 +104,21 @@ def test_cli_engine_ray_joins_the_cluster(ray_cluster, lading, tmp_path):
     local = lading("pack", str(tmp_path / "src"), str(tmp_path / "local"), "--name", "ds", "--shard-size", "10KB")
     assert local.returncode == 0, local.stderr
     # relative paths: the workers' working directory is not the CLI's
-    run = lading("pack", "src", "ray", "--name", "ds", "--shard-size", "10KB",
-                 "--engine", "ray", "--ray-address", ray_cluster, "--json", cwd=tmp_path)
+    run = lading(
+        "pack",
+        "src",
+        "ray",
+        "--name",
+        "ds",
+        "--shard-size",
+        "10KB",
+        "--engine",
+        "ray",
+        "--ray-address",
+        ray_cluster,
+        "--json",
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr
     summary = json.loads(run.stdout)
     names = sorted(p.name for p in (tmp_path / "local").iterdir())
@@ -140,8 +155,14 @@ def test_task_killed_mid_shard_is_retried_and_the_pack_is_exact(ray_cluster, s3,
         settings = config(proxy.url)
         plan = plan_pack(f"s3://{BUCKET}/raw", dest, PackOptions("ds", shard_size=12_000), settings)
         # the 10th object GET: its worker is killed while reading the members of its shard
-        proxy.add_fault("slowdown", first=1, method="GET", path_prefix=f"/{BUCKET}/raw/", after=9,
-                        then=lambda: _kill_a_shard_task(killed))
+        proxy.add_fault(
+            "slowdown",
+            first=1,
+            method="GET",
+            path_prefix=f"/{BUCKET}/raw/",
+            after=9,
+            then=lambda: _kill_a_shard_task(killed),
+        )
         run_pack_ray(plan, f"s3://{BUCKET}/raw", dest, settings)
     assert killed, "no shard task was running when the fault fired"
     run_pack(plan, f"s3://{BUCKET}/raw", f"s3://{BUCKET}/local", config(s3_env["AWS_ENDPOINT_URL"]))
@@ -170,8 +191,11 @@ def test_failed_pack_leaves_no_index_and_a_rerun_reuses_the_shards_written(ray_c
         proxy.clear_faults()
         proxy.reset_counts()
         run_pack_ray(plan, str(tmp_path / "src"), dest, settings)
-        puts = Counter(seen.path.rsplit("/", 1)[1] for seen in proxy.requests
-                       if seen.method == "PUT" and seen.path.endswith(".tar"))
+        puts = Counter(
+            seen.path.rsplit("/", 1)[1]
+            for seen in proxy.requests
+            if seen.method == "PUT" and seen.path.endswith(".tar")
+        )
     assert "ds-000002.tar" in puts and not set(puts) & written, "a shard already written was written again"
     run_pack(plan, str(tmp_path / "src"), f"s3://{BUCKET}/local", config(s3_env["AWS_ENDPOINT_URL"]))
     again, local = listing(s3, "again/"), listing(s3, "local/")
@@ -180,8 +204,9 @@ def test_failed_pack_leaves_no_index_and_a_rerun_reuses_the_shards_written(ray_c
 
 
 def rows(count: int) -> list[dict]:
-    return [{"__key__": f"n{i % 4}/x{i:04d}", "bin": os.urandom(300 + i), "cls": i, "txt": f"row {i}"}
-            for i in range(count)]
+    return [
+        {"__key__": f"n{i % 4}/x{i:04d}", "bin": os.urandom(300 + i), "cls": i, "txt": f"row {i}"} for i in range(count)
+    ]
 
 
 def test_shard_sink_output_read_once_by_shard_dataset_packed_dataset_and_wids(ray_cluster, s3, s3_env, tmp_path):
@@ -191,8 +216,9 @@ def test_shard_sink_output_read_once_by_shard_dataset_packed_dataset_and_wids(ra
     dataset.write_datasink(sink)
     index = json.loads(s3.get_object(Bucket=BUCKET, Key="sink/imgs.index.json")["Body"].read())
     objects = listing(s3, "sink/")
-    assert sorted(objects) == sorted([s["url"] for s in index["shardlist"]]
-                                     + ["imgs.index.json", "imgs.manifest.json", "imgs.offsets.safetensors"])
+    assert sorted(objects) == sorted(
+        [s["url"] for s in index["shardlist"]] + ["imgs.index.json", "imgs.manifest.json", "imgs.offsets.safetensors"]
+    )
     assert len(index["shardlist"]) >= 4 and sum(s["nsamples"] for s in index["shardlist"]) == 400
 
     seen = Counter()
@@ -207,7 +233,8 @@ def test_shard_sink_output_read_once_by_shard_dataset_packed_dataset_and_wids(ra
     wids = pytest.importorskip("wids")
     local = tmp_path / "sink"
     ray.data.from_items(list(written.values()), override_num_blocks=3).write_datasink(
-        ShardSink(str(local), name="imgs", shard_size=30_000))
+        ShardSink(str(local), name="imgs", shard_size=30_000)
+    )
     read = wids.ShardListDataset(str(local / "imgs.index.json"))
     keys = Counter(read[i]["__key__"] for i in range(len(read)))
     assert len(read) == 400 and set(keys) == set(written) and set(keys.values()) == {1}
@@ -226,13 +253,17 @@ def test_shard_sink_write_task_killed_mid_shard_leaves_no_orphan(ray_cluster, s3
         return batch
 
     dataset = ray.data.from_items(list(written.values()), override_num_blocks=2).map_batches(
-        crash_once, batch_size=10, batch_format="pandas")
+        crash_once, batch_size=10, batch_format="pandas"
+    )
     dataset.write_datasink(ShardSink(f"s3://{BUCKET}/retried", name="imgs", shard_size=8_000))
     assert marker.exists(), "the write task never crashed"
     index = json.loads(s3.get_object(Bucket=BUCKET, Key="retried/imgs.index.json")["Body"].read())
     listed = {s["url"] for s in index["shardlist"]}
-    assert set(listing(s3, "retried/")) == listed | {"imgs.index.json", "imgs.manifest.json",
-                                                      "imgs.offsets.safetensors"}
+    assert set(listing(s3, "retried/")) == listed | {
+        "imgs.index.json",
+        "imgs.manifest.json",
+        "imgs.offsets.safetensors",
+    }
     seen = Counter(sample["__key__"] for sample in ShardDataset(f"s3://{BUCKET}/retried/imgs.index.json"))
     assert seen == Counter(list(written))
 
@@ -256,12 +287,19 @@ def test_only_the_ray_modules_import_ray():
             if path in allowed or path.parent in allowed:
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )
                 offenders += [f"{path.relative_to(TOP)}: {name}" for name in names if name.split(".")[0] == "ray"]
     assert offenders == []
-    code = ("import sys, lading, lading.pack, lading.datalayer, lading.datasets, lading.cli.main, lading.cli.cmd_pack; "
-            "assert 'ray' not in sys.modules, 'ray imported'")
+    code = (
+        "import sys, lading, lading.pack, lading.datalayer, lading.datasets, lading.cli.main, lading.cli.cmd_pack; "
+        "assert 'ray' not in sys.modules, 'ray imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=TOP)
 
 
@@ -269,9 +307,28 @@ def test_ctrl_c_cancels_the_tasks_exits_130_and_leaves_no_index(ray_cluster, tmp
     make_source(tmp_path / "src", count=400)
     dest = tmp_path / "out"
     env = dict(os.environ, LADING_PROGRESS_SECONDS="0")
-    proc = subprocess.Popen([sys.executable, "-m", "lading", "pack", str(tmp_path / "src"), str(dest), "--name", "ds",
-                             "--shard-size", "1", "--engine", "ray", "--ray-address", ray_cluster],
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=TOP)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lading",
+            "pack",
+            str(tmp_path / "src"),
+            str(dest),
+            "--name",
+            "ds",
+            "--shard-size",
+            "1",
+            "--engine",
+            "ray",
+            "--ray-address",
+            ray_cluster,
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=TOP,
+    )
     for line in proc.stderr:  # a progress line: shards are being written
         if line.startswith("lading pack:") and " 0 shard(s) done" not in line:
             break
@@ -287,10 +344,16 @@ def test_ctrl_c_cancels_the_tasks_exits_130_and_leaves_no_index(ray_cluster, tmp
 
 def test_engine_ray_without_ray_installed_is_a_usage_error(lading, tmp_path):
     make_source(tmp_path / "src", count=3)
-    code = ("import sys; sys.modules['ray'] = None  # as if Ray were not installed\n"
-            "from lading.cli.main import main; sys.argv[0] = 'lading'; main()")
-    run = subprocess.run([sys.executable, "-c", code, "pack", str(tmp_path / "src"), str(tmp_path / "out"),
-                          "--engine", "ray"], capture_output=True, text=True, cwd=TOP)
+    code = (
+        "import sys; sys.modules['ray'] = None  # as if Ray were not installed\n"
+        "from lading.cli.main import main; sys.argv[0] = 'lading'; main()"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, "pack", str(tmp_path / "src"), str(tmp_path / "out"), "--engine", "ray"],
+        capture_output=True,
+        text=True,
+        cwd=TOP,
+    )
     assert run.returncode == 2, run.stderr
     assert run.stderr.count("\n") == 1 and "pip install './lading[ray]'" in run.stderr
     assert not (tmp_path / "out").exists()
@@ -311,8 +374,9 @@ def signed_by(seen) -> str:
     return found.group(1) if found else ""
 
 
-def test_ray_tasks_resolve_their_own_credentials_and_never_receive_the_drivers(ray_cluster, s3, s3_env, tmp_path,
-                                                                                monkeypatch):
+def test_ray_tasks_resolve_their_own_credentials_and_never_receive_the_drivers(
+    ray_cluster, s3, s3_env, tmp_path, monkeypatch
+):
     secret = f"driver-secret-{os.urandom(8).hex()}"
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "driver-key")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
@@ -325,8 +389,9 @@ def test_ray_tasks_resolve_their_own_credentials_and_never_receive_the_drivers(r
         ray.data.from_items(rows(30), override_num_blocks=2).write_datasink(sink)
         plan = plan_pack(str(tmp_path / "src"), f"s3://{BUCKET}/packed", PackOptions("p", shard_size=5_000), settings)
         run_pack_ray(plan, str(tmp_path / "src"), f"s3://{BUCKET}/packed", settings)
-        explicit = replace(settings, env_credentials=("explicit-key", "explicit-secret", None),
-                           credentials_from_environment=False)
+        explicit = replace(
+            settings, env_credentials=("explicit-key", "explicit-secret", None), credentials_from_environment=False
+        )
         plan = plan_pack(str(tmp_path / "src"), f"s3://{BUCKET}/given", PackOptions("p", shard_size=5_000), explicit)
         run_pack_ray(plan, str(tmp_path / "src"), f"s3://{BUCKET}/given", explicit)
     signers = {}
@@ -334,6 +399,8 @@ def test_ray_tasks_resolve_their_own_credentials_and_never_receive_the_drivers(r
         if seen.method == "PUT":
             kind = "shard" if seen.path.endswith(".tar") else "index" if seen.path.endswith(".index.json") else ""
             signers.setdefault((seen.path.split("/")[2], kind), set()).add(signed_by(seen))
-    assert signers[("sink", "shard")] == signers[("packed", "shard")] == {WORKER_KEYS[0]}, "tasks used the driver's keys"
+    assert signers[("sink", "shard")] == signers[("packed", "shard")] == {WORKER_KEYS[0]}, (
+        "tasks used the driver's keys"
+    )
     assert signers[("sink", "index")] == signers[("packed", "index")] == {"driver-key"}
     assert signers[("given", "shard")] == {"explicit-key"}, "keys given in the config travel with it"

@@ -44,7 +44,8 @@ def test_replaced_or_missing_shard_is_a_mismatch(tmp_path):
     listing = {info.key: info for info in LocalStore(bucket).list()}
     assert listing_mismatches(dataset, listing) == [
         f"{first}: ETag {listing[first].version} in the bucket, {dataset.shards[first][0]} in ds/v1/ds.index.json",
-        f"{last}: listed in ds/v1/ds.index.json but not in the bucket"]
+        f"{last}: listed in ds/v1/ds.index.json but not in the bucket",
+    ]
 
 
 def test_non_lading_indexes_are_ignored(tmp_path):

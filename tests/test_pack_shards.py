@@ -167,26 +167,33 @@ def test_cut_balanced_never_splits_and_keeps_order():
 
 # --- grouping edge cases --------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, expected", [
-    ("a.jpg", ("a", "jpg")),
-    ("dir/cat.0001.jpg", ("dir/cat", "0001.jpg")),
-    ("v1.2/img.seg.png", ("v1.2/img", "seg.png")),
-    ("a/b/c.tar.gz", ("a/b/c", "tar.gz")),
-])
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("a.jpg", ("a", "jpg")),
+        ("dir/cat.0001.jpg", ("dir/cat", "0001.jpg")),
+        ("v1.2/img.seg.png", ("v1.2/img", "seg.png")),
+        ("a/b/c.tar.gz", ("a/b/c", "tar.gz")),
+    ],
+)
 def test_split_name_follows_webdataset(name, expected):
     assert split_name(name) == expected
 
 
-@pytest.mark.parametrize("name, words", [
-    (".DS_Store", "starts with a dot"),
-    ("dir/.hidden.txt", "starts with a dot"),
-    ("README", "no extension"),
-    ("dir/Makefile", "no extension"),
-    ("a.", "empty part"),
-    ("a..b", "empty part"),
-    ("a.jpg.", "empty part"),
-    ("a.__key__", "starts with '__'"),
-])
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        (".DS_Store", "starts with a dot"),
+        ("dir/.hidden.txt", "starts with a dot"),
+        ("README", "no extension"),
+        ("dir/Makefile", "no extension"),
+        ("a.", "empty part"),
+        ("a..b", "empty part"),
+        ("a.jpg.", "empty part"),
+        ("a.__key__", "starts with '__'"),
+    ],
+)
 def test_refused_names(name, words):
     with pytest.raises(UsageError) as err:
         group_samples([ObjectInfo(name, 1, "v")])

@@ -11,8 +11,14 @@ import tarfile
 import pytest
 from lading.pack.tarread import TarFormatError, iter_files
 
-NAMES = ["a.txt", "empty.bin", "dir/" + "n" * 120 + ".json", "x" * 130 + "/" + "y" * 110 + ".txt",
-         "ünï/cødé.txt", "deep/" * 40 + "leaf.dat"]
+NAMES = [
+    "a.txt",
+    "empty.bin",
+    "dir/" + "n" * 120 + ".json",
+    "x" * 130 + "/" + "y" * 110 + ".txt",
+    "ünï/cødé.txt",
+    "deep/" * 40 + "leaf.dat",
+]
 
 
 def build(fmt: int, names: list[str] = NAMES) -> bytes:

@@ -33,8 +33,11 @@ def digests(directory: Path) -> dict[str, str]:
 
 
 def test_interleave_takes_one_task_of_each_shard_in_turn():
-    tasks = [WriteTask(shard, start, start + 1, 0, False) for shard, count in ((0, 3), (1, 1), (2, 2))
-             for start in range(count)]
+    tasks = [
+        WriteTask(shard, start, start + 1, 0, False)
+        for shard, count in ((0, 3), (1, 1), (2, 2))
+        for start in range(count)
+    ]
     order = interleave(tasks)
     assert sorted(order) == list(range(len(tasks)))
     assert [(tasks[i].shard, tasks[i].start) for i in order] == [(0, 0), (1, 0), (2, 0), (0, 1), (2, 1), (0, 2)]
@@ -58,8 +61,15 @@ def test_interleaved_write_reports_shards_in_order_and_every_byte(tmp_path, monk
     assert sum(counted) == plan.input_bytes
     sequential = tmp_path / "sequential"
     sequential.mkdir()
-    write_shards(plan, LocalSource(source), [sequential / s.name for s in plan.shards],
-                 lambda n: None, lambda n: None, processes_allowed=False, shards_ahead=1)
+    write_shards(
+        plan,
+        LocalSource(source),
+        [sequential / s.name for s in plan.shards],
+        lambda n: None,
+        lambda n: None,
+        processes_allowed=False,
+        shards_ahead=1,
+    )
     assert digests(out) == digests(sequential)
 
 
@@ -71,8 +81,14 @@ def test_threaded_write_counts_every_byte(tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
     counted: list[int] = []
-    write_shards(plan, LocalSource(source), [out / s.name for s in plan.shards], counted.append,
-                 lambda n: None, processes_allowed=False)
+    write_shards(
+        plan,
+        LocalSource(source),
+        [out / s.name for s in plan.shards],
+        counted.append,
+        lambda n: None,
+        processes_allowed=False,
+    )
     assert sum(counted) == plan.input_bytes
     assert writer._SPARE_BUFFERS == []  # released once the pack is written
 
@@ -156,9 +172,13 @@ def test_local_publisher_gets_interleaved_shards_complete(tmp_path, monkeypatch)
     monkeypatch.setattr(execute, "TASK_BYTES", 5000)
     plan = plan_pack(str(source), str(dest), PackOptions("ds", shard_size=25_000))
     publisher = LocalPublisher(dest, plan)
-    write_shards(plan, LocalSource(source), [publisher.shard_path(s) for s in plan.shards],
-                 lambda n: None, lambda number: publisher.commit_shard(plan.shards[number],
-                                                                      publisher.shard_path(plan.shards[number])))
+    write_shards(
+        plan,
+        LocalSource(source),
+        [publisher.shard_path(s) for s in plan.shards],
+        lambda n: None,
+        lambda number: publisher.commit_shard(plan.shards[number], publisher.shard_path(plan.shards[number])),
+    )
     assert [shard.name for shard, _ in publisher._done] == [shard.name for shard in plan.shards]
     publisher.abort()
 

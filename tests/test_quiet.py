@@ -15,10 +15,19 @@ from lading.cli.main import COMMANDS, lading as lading_group
 # command line (after `lading`, "{t}" is the test's directory) -> the one stderr line -q leaves
 # (a regex), or None for none; stdout (the command's data) is the same with and without -q.
 RUNS: dict[str, tuple[tuple[str, ...], str | None]] = {
-    "sync": (("sync", "{t}/src", "{t}/out-sync{q}"), r"^synced 3 file\(s\), 21 B to .*; 0 up to date, 0 deleted, 0 failed$"),
-    "pack": (("pack", "{t}/src", "{t}/out-pack{q}", "--name", "ds"), r"^packed 3 files \(3 samples, 21 B\) into 1 shard"),
+    "sync": (
+        ("sync", "{t}/src", "{t}/out-sync{q}"),
+        r"^synced 3 file\(s\), 21 B to .*; 0 up to date, 0 deleted, 0 failed$",
+    ),
+    "pack": (
+        ("pack", "{t}/src", "{t}/out-pack{q}", "--name", "ds"),
+        r"^packed 3 files \(3 samples, 21 B\) into 1 shard",
+    ),
     "snapshot": (("snapshot", "{t}/src", "-o", "{t}/a{q}.snap.jsonl"), r"^.*a-?q?\.snap\.jsonl: 3 objects, 21 B at "),
-    "snapshot diff": (("snapshot", "diff", "{t}/old.snap.jsonl", "{t}/a{q}.snap.jsonl"), r"^3 added, 0 removed, 0 changed$"),
+    "snapshot diff": (
+        ("snapshot", "diff", "{t}/old.snap.jsonl", "{t}/a{q}.snap.jsonl"),
+        r"^3 added, 0 removed, 0 changed$",
+    ),
     "fetch": (("fetch", "{t}/src/f1.txt", "{t}/fetched{q}/f1.txt"), r"-> .*fetched-?q?/f1.txt: 1 fetched \("),
     "hook init": (("hook", "init", "{t}/model{q}"), r"startup-hook.sh: updated$"),
     "hook run": (("hook", "run", "--config", "{t}/exp{q}.yaml"), r": 3 fetched \("),
@@ -62,7 +71,8 @@ def workspace(tmp_path: Path) -> Path:
         (tmp_path / f"model{q}").mkdir()
         (tmp_path / f"exp{q}.yaml").write_text(
             f"data:\n  datasets:\n    - source: {tmp_path}/src\n      dest: {tmp_path}/staged{q}\n"
-            f"bind_mounts:\n  - host_path: {tmp_path}\n    container_path: /data\n")
+            f"bind_mounts:\n  - host_path: {tmp_path}\n    container_path: /data\n"
+        )
     return tmp_path
 
 
@@ -76,8 +86,12 @@ def run(lading, args: tuple[str, ...], where: Path, quiet: bool):
 def test_quiet_leaves_only_errors_and_the_final_result(lading, workspace, name):
     args, final = RUNS[name]
     if name == "snapshot diff":
-        assert lading("snapshot", str(workspace / "old"), "-o", str(workspace / "old.snap.jsonl"),
-                      "--allow-empty").returncode == 0
+        assert (
+            lading(
+                "snapshot", str(workspace / "old"), "-o", str(workspace / "old.snap.jsonl"), "--allow-empty"
+            ).returncode
+            == 0
+        )
         for q in ("", "-q"):
             assert lading("snapshot", str(workspace / "src"), "-o", str(workspace / f"a{q}.snap.jsonl")).returncode == 0
     loud, quiet = run(lading, args, workspace, False), run(lading, args, workspace, True)

@@ -53,8 +53,9 @@ def silent() -> Iterator[SilentServer]:
 STATIC = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "LADING_TIMEOUT": "1"}
 
 
-@pytest.mark.parametrize("command", [["sync", "s3://silent-bucket/data", "{dest}"],
-                                     ["cat", "s3://silent-bucket/data/a.bin"]])
+@pytest.mark.parametrize(
+    "command", [["sync", "s3://silent-bucket/data", "{dest}"], ["cat", "s3://silent-bucket/data/a.bin"]]
+)
 def test_a_silent_endpoint_is_retried_aloud_and_given_up_on_soon(silent, tmp_path, lading, command, monkeypatch):
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_SESSION_TOKEN", "LADING_RETRIES"):
         monkeypatch.delenv(name, raising=False)

@@ -34,8 +34,13 @@ def key(i: int) -> str:
 def client_for(env: dict[str, str]):
     import boto3
 
-    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key="testing")
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +55,10 @@ def bucket(moto_server) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def snapshot(bucket, tmp_path_factory, ) -> Path:
+def snapshot(
+    bucket,
+    tmp_path_factory,
+) -> Path:
     from conftest import run_lading
 
     path = tmp_path_factory.mktemp("snap") / "data.snap.jsonl"
@@ -84,7 +92,8 @@ def test_the_file_is_sorted_small_and_readable_line_by_line(snapshot):
 
 
 def test_sync_from_a_snapshot_lists_nothing_heads_nothing_and_shards_like_a_listing(
-        lading, bucket, snapshot, proxy, tmp_path):
+    lading, bucket, snapshot, proxy, tmp_path
+):
     env = {**bucket, "AWS_ENDPOINT_URL": proxy.url}
     shard = ["--distribution", "sharded", "--rank", "3", "--world-size", "20"]
     planned = lading("sync", SOURCE, str(tmp_path / "planned"), *shard, "--dry-run", "--json", env=bucket)
@@ -146,7 +155,9 @@ def test_a_mirror_with_the_same_etags_syncs_from_the_snapshot(lading, bucket, tm
         assert json.loads(handle.readline())["lading_snapshot"] == 1
     result = lading("sync", f"s3://{MIRROR}/copy", str(tmp_path / "out"), "--snapshot", str(snap), env=bucket)
     assert result.returncode == 0, result.stderr
-    assert {p.name: p.read_bytes() for p in (tmp_path / "out").glob("*.bin")} == {f"f{i}.bin": body(i) for i in range(6)}
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").glob("*.bin")} == {
+        f"f{i}.bin": body(i) for i in range(6)
+    }
     client.put_object(Bucket=MIRROR, Key="copy/f2.bin", Body=b"drifted")
     drifted = lading("sync", f"s3://{MIRROR}/copy", str(tmp_path / "again"), "--snapshot", str(snap), env=bucket)
     assert drifted.returncode == 1 and "f2.bin" in drifted.stderr
@@ -171,8 +182,9 @@ def test_diff(lading, bucket, tmp_path):
 
 
 def test_stat_finds_keys_by_binary_search_and_refuses_bad_files(snapshot, tmp_path):
-    store = SnapshotStore(open_store(SOURCE, StoreConfig(endpoint_url="http://127.0.0.1:9", region="us-east-1")),
-                          snapshot)
+    store = SnapshotStore(
+        open_store(SOURCE, StoreConfig(endpoint_url="http://127.0.0.1:9", region="us-east-1")), snapshot
+    )
     for i in (0, 1, COUNT // 2 - 1, COUNT - 1):
         assert store.stat(key(i)).size == len(body(i))  # no request: the endpoint is dead
     from lading.core.errors import NotFound, UnsafeKey, UsageError
@@ -201,12 +213,20 @@ def test_binary_search_agrees_with_the_file_for_random_key_sets(tmp_path):
 
     rng = random.Random(1)
     for trial in range(150):
-        keys = sorted({"/".join(rng.choice(["a", "b", "ab", "ba", "x"]) for _ in range(rng.randint(1, 4)))
-                       for _ in range(rng.randint(0, 50))})
+        keys = sorted(
+            {
+                "/".join(rng.choice(["a", "b", "ab", "ba", "x"]) for _ in range(rng.randint(1, 4)))
+                for _ in range(rng.randint(0, 50))
+            }
+        )
         path = tmp_path / f"t{trial}.jsonl"
-        path.write_text('{"lading_snapshot": 1, "source": "/tmp"}\n' + "".join(
-            json.dumps({"key": k, "size": rng.randint(0, 10**rng.randint(0, 9)), "version": "v"}) + "\n"
-            for k in keys))
+        path.write_text(
+            '{"lading_snapshot": 1, "source": "/tmp"}\n'
+            + "".join(
+                json.dumps({"key": k, "size": rng.randint(0, 10 ** rng.randint(0, 9)), "version": "v"}) + "\n"
+                for k in keys
+            )
+        )
         store = SnapshotStore(open_store(str(tmp_path)), path)
         for k in keys:
             assert store.stat(k).key == k

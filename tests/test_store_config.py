@@ -17,11 +17,14 @@ def test_env_keys_become_static_credentials_hidden_from_repr():
     assert "s3cr3t" not in repr(config)
 
 
-@pytest.mark.parametrize("extra,kwargs", [
-    ({"AWS_PROFILE": "dev"}, {}),          # a profile in the environment: botocore's chain decides
-    ({}, {"profile": "dev"}),              # --profile: the profile wins over environment keys
-    ({}, {"no_sign_request": True}),       # unsigned requests carry no keys at all
-])
+@pytest.mark.parametrize(
+    "extra,kwargs",
+    [
+        ({"AWS_PROFILE": "dev"}, {}),  # a profile in the environment: botocore's chain decides
+        ({}, {"profile": "dev"}),  # --profile: the profile wins over environment keys
+        ({}, {"no_sign_request": True}),  # unsigned requests carry no keys at all
+    ],
+)
 def test_full_chain_kept_when_a_profile_or_no_signing_is_asked_for(extra, kwargs):
     assert store_config(env={**BASE, **extra}, **kwargs).env_credentials is None
 
@@ -64,7 +67,10 @@ def test_sync_with_env_keys_never_imports_botocore(s3_env, tmp_path):
     assert result.returncode == 0, result.stderr
     *_, exit_line, loaded = result.stdout.splitlines()
     assert exit_line == "exit 0", result.stderr
-    assert sorted(path.name for path in dest.iterdir() if not path.name.startswith(".lading")) == \
-        ["0.bin", "1.bin", "2.bin"]
+    assert sorted(path.name for path in dest.iterdir() if not path.name.startswith(".lading")) == [
+        "0.bin",
+        "1.bin",
+        "2.bin",
+    ]
     assert (dest / "2.bin").read_bytes() == b"xxx"
     assert loaded == "['obstore']"

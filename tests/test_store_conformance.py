@@ -131,12 +131,18 @@ def _bucket_name(request: pytest.FixtureRequest) -> str:
 
 
 def _s3_client(env: dict[str, str]) -> Any:
-    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_DEFAULT_REGION"],
-                        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                        config=Config(s3={"addressing_style": "path"},
-                                      request_checksum_calculation="when_required",
-                                      response_checksum_validation="when_required"))
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        region_name=env["AWS_DEFAULT_REGION"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        config=Config(
+            s3={"addressing_style": "path"},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        ),
+    )
 
 
 @pytest.fixture(params=BACKENDS)
@@ -163,8 +169,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.
     from google.cloud import storage
 
     env = request.getfixturevalue("gcs_env")
-    client = storage.Client(project="test", credentials=AnonymousCredentials(),
-                            client_options={"api_endpoint": env["STORAGE_EMULATOR_HOST"]})
+    client = storage.Client(
+        project="test",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": env["STORAGE_EMULATOR_HOST"]},
+    )
     handle = client.create_bucket(bucket)
     return Backend(name, "gs", bucket, env["STORAGE_EMULATOR_HOST"], handle, request=request)
 
@@ -174,8 +183,13 @@ def _md5(data: bytes) -> str:
 
 
 def _same_object(left: ObjectInfo, right: ObjectInfo) -> None:
-    assert (left.key, left.size, left.version, left.md5, left.crc32c) == \
-        (right.key, right.size, right.version, right.md5, right.crc32c)
+    assert (left.key, left.size, left.version, left.md5, left.crc32c) == (
+        right.key,
+        right.size,
+        right.version,
+        right.md5,
+        right.crc32c,
+    )
 
 
 # -- listing ------------------------------------------------------------------------------------
@@ -196,8 +210,9 @@ def _seed(backend: Backend, prefix: str) -> dict[str, bytes]:
 
 def _listings(proxy: FaultProxy, backend: Backend) -> int:
     """How many listing requests (S3 ListObjectsV2, GCS objects.list) the proxy saw."""
-    return proxy.count("GET", where=lambda seen: "list-type=2" in seen.query
-                       or seen.path == f"/storage/v1/b/{backend.bucket}/o")
+    return proxy.count(
+        "GET", where=lambda seen: "list-type=2" in seen.query or seen.path == f"/storage/v1/b/{backend.bucket}/o"
+    )
 
 
 def test_list_pages_through_everything_in_key_order(backend):
@@ -222,7 +237,8 @@ def test_list_a_prefix(backend):
     assert list(store.list("nothing/")) == []
     whole = backend.store("", page_size=3)
     assert [info.key for info in whole.list()] == sorted(
-        ["datax/not-mine", "other/z", *("data/" + key for key in objects)])
+        ["datax/not-mine", "other/z", *("data/" + key for key in objects)]
+    )
 
 
 def test_list_of_a_missing_bucket_is_not_found(backend):
@@ -244,16 +260,20 @@ def test_stat_matches_the_listing(backend):
     _same_object(info, next(iter(store.list())))
 
 
-@pytest.mark.parametrize(("start", "end", "want"), [
-    (0, 10, DATA[:10]),
-    (100, 1100, DATA[100:1100]),
-    (0, len(DATA), DATA),
-    (len(DATA) - 5, len(DATA) + 20, DATA[-5:]),  # end past the size: what there is
-    (3, 3, b""),  # empty range
-    (9, 3, b""),  # end before start
-    (len(DATA), len(DATA) + 10, b""),  # starts at the end
-    (len(DATA) + 5, len(DATA) + 10, b""),  # starts past the end
-], ids=["head", "middle", "whole", "past-end", "empty", "reversed", "at-end", "beyond"])
+@pytest.mark.parametrize(
+    ("start", "end", "want"),
+    [
+        (0, 10, DATA[:10]),
+        (100, 1100, DATA[100:1100]),
+        (0, len(DATA), DATA),
+        (len(DATA) - 5, len(DATA) + 20, DATA[-5:]),  # end past the size: what there is
+        (3, 3, b""),  # empty range
+        (9, 3, b""),  # end before start
+        (len(DATA), len(DATA) + 10, b""),  # starts at the end
+        (len(DATA) + 5, len(DATA) + 10, b""),  # starts past the end
+    ],
+    ids=["head", "middle", "whole", "past-end", "empty", "reversed", "at-end", "beyond"],
+)
 def test_read_range(backend, start, end, want):
     backend.put("r/obj", DATA)
     store = backend.store("r")
@@ -305,10 +325,20 @@ def test_download_writes_the_exact_bytes(backend, tmp_path):
 
 #: Small multipart / resumable settings: S3 parts cannot be under 5 MiB (but the last), so the
 #: S3 "large" object is two parts of 5 MiB + 64 KiB; GCS resumable chunks are 256 KiB.
-UPLOAD_TUNABLES = {"multipart_threshold": 1 << 20, "part_size": 5 << 20, "upload_workers": 2,
-                   "resumable_threshold": 256 << 10, "chunk_size": 256 << 10}
-LARGE = {"local": 1 << 20, "s3-moto": (5 << 20) + (64 << 10), "s3-rclone": (5 << 20) + (64 << 10),
-         "gcs-fake": (3 * (256 << 10)) + 1000, "snapshot": 1 << 20}
+UPLOAD_TUNABLES = {
+    "multipart_threshold": 1 << 20,
+    "part_size": 5 << 20,
+    "upload_workers": 2,
+    "resumable_threshold": 256 << 10,
+    "chunk_size": 256 << 10,
+}
+LARGE = {
+    "local": 1 << 20,
+    "s3-moto": (5 << 20) + (64 << 10),
+    "s3-rclone": (5 << 20) + (64 << 10),
+    "gcs-fake": (3 * (256 << 10)) + 1000,
+    "snapshot": 1 << 20,
+}
 
 
 def _check_upload(store: Store, src: Path, key: str, tmp_path: Path) -> None:
@@ -348,9 +378,17 @@ def test_upload_large(backend, tmp_path):
     for threshold in ("multipart_threshold", "resumable_threshold"):
         if hasattr(store, threshold):  # the multipart / resumable path, not one request
             assert src.stat().st_size > getattr(store, threshold)
-            assert proxy is not None and proxy.count("POST", where=lambda seen: (
-                "uploads" in seen.query.split("&")  # S3 CreateMultipartUpload
-                or "uploadType=resumable" in seen.query)) == 1  # a GCS resumable session
+            assert (
+                proxy is not None
+                and proxy.count(
+                    "POST",
+                    where=lambda seen: (
+                        "uploads" in seen.query.split("&")  # S3 CreateMultipartUpload
+                        or "uploadType=resumable" in seen.query
+                    ),
+                )
+                == 1
+            )  # a GCS resumable session
             assert proxy.count("PUT") >= 2  # parts or chunks
 
 
@@ -377,8 +415,13 @@ def test_read_many_and_read_each(backend):
     backend.put("b/empty", b"")
     store = backend.store("b")
     versions = {key: store.stat(key).version for key in [*objects, "empty"]}
-    requests = [RangeRequest("o0"), RangeRequest("o1", 10, 20), RangeRequest("o2", 5, None, versions["o2"]),
-                RangeRequest("o3", 5000, None), RangeRequest("empty", 0, None, versions["empty"])]
+    requests = [
+        RangeRequest("o0"),
+        RangeRequest("o1", 10, 20),
+        RangeRequest("o2", 5, None, versions["o2"]),
+        RangeRequest("o3", 5000, None),
+        RangeRequest("empty", 0, None, versions["empty"]),
+    ]
     want = [objects["o0"], objects["o1"][10:20], objects["o2"][5:], b"", b""]
     assert [bytes(view) for view in store.read_many(requests)] == want
     assert [bytes(view) for view in store.read_each(requests)] == want
@@ -432,8 +475,12 @@ def test_read_many_sends_its_requests_together(backend):
 def test_conditional_writes(backend):
     store = backend.store("w")
     if not backend.writable:
-        for write in (lambda: store.put("k", b"x"), lambda: store.put("k", b"x", if_absent=True),
-                      lambda: store.delete("k"), lambda: store.delete_many(["k"])):
+        for write in (
+            lambda: store.put("k", b"x"),
+            lambda: store.put("k", b"x", if_absent=True),
+            lambda: store.delete("k"),
+            lambda: store.delete_many(["k"]),
+        ):
             with pytest.raises(UsageError):
                 write()
         return
@@ -564,8 +611,12 @@ def test_a_resumed_download_never_mixes_versions(backend, tmp_path):
         else:
             assert dest.read_bytes() == old, "the download mixed two versions or took the new one"
         assert rule.fired == 1
-        media = [r for r in proxy.requests if r.method == "GET" and unquote(r.path) in (
-            f"/{backend.bucket}/c/obj", f"/download/storage/v1/b/{backend.bucket}/o/c/obj")]
+        media = [
+            r
+            for r in proxy.requests
+            if r.method == "GET"
+            and unquote(r.path) in (f"/{backend.bucket}/c/obj", f"/download/storage/v1/b/{backend.bucket}/o/c/obj")
+        ]
     assert len(media) >= 2 and media[0].fault == "truncate"  # the cut GET, then at least one more
 
 

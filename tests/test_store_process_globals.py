@@ -31,8 +31,12 @@ def test_the_region_is_discovered_once_per_process_and_off_the_loop(s3_env, capl
     boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"]).put_object(Bucket="regions", Key="a/x", Body=b"x")
     caplog.set_level(logging.DEBUG, logger="lading.stores.s3.store")
     with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
-        config = dataclasses.replace(StoreConfig.from_env(), endpoint_url=proxy.url, region=None,
-                                     retry=RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02))
+        config = dataclasses.replace(
+            StoreConfig.from_env(),
+            endpoint_url=proxy.url,
+            region=None,
+            retry=RetryPolicy(attempts=2, base_delay=0.01, max_delay=0.02),
+        )
         for prefix in ("a", "a/", "b"):  # three stores on one bucket
             store = open_store(f"s3://regions/{prefix}", config)
             store.read_many([RangeRequest("x")]) if prefix.startswith("a") else list(store.list())
@@ -76,8 +80,9 @@ SCRIPT = textwrap.dedent("""
 def test_the_runtime_thread_cap_is_for_forked_workers_only(s3_env):
     boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="cap")
     env = {name: value for name, value in os.environ.items() if name != "TOKIO_WORKER_THREADS"}
-    result = subprocess.run([sys.executable, "-c", SCRIPT, "s3://cap/data"], capture_output=True, text=True,
-                            env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "s3://cap/data"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:2] == ["parent None", "child 2"]
 
@@ -86,8 +91,9 @@ def test_the_runtime_thread_cap_is_for_forked_workers_only(s3_env):
 def test_a_cap_the_user_set_wins(s3_env, preset):
     boto3.client("s3", endpoint_url=s3_env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="cap")
     env = dict(os.environ, TOKIO_WORKER_THREADS=preset)
-    result = subprocess.run([sys.executable, "-c", SCRIPT, "s3://cap/data"], capture_output=True, text=True,
-                            env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "s3://cap/data"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:2] == [f"parent {preset}", f"child {preset}"]
 
@@ -120,8 +126,9 @@ def test_ctrl_c_lets_requests_in_flight_finish(s3_env):
     with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
         env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url)
         proxy.latency = 1.0
-        result = subprocess.run([sys.executable, "-c", INTERRUPTED, "s3://ctrlc"], capture_output=True, text=True,
-                                env=env, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-c", INTERRUPTED, "s3://ctrlc"], capture_output=True, text=True, env=env, timeout=120
+        )
         relayed = {path: proxy.body_bytes[path] for path in (f"/ctrlc/o{n}" for n in range(4))}
     assert (result.returncode, result.stdout.strip()) == (0, "interrupted"), result.stderr
     assert relayed == {path: size for path in relayed}  # every body went out whole

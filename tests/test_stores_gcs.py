@@ -120,8 +120,7 @@ def test_download_and_uploads(bucket, emulator, tmp_path):
     assert (info.key, info.size, info.md5) == ("s", 10, hashlib.md5(b"small file").hexdigest())
     progress: list[int] = []
     with FaultProxy(emulator) as proxy:
-        resumable = _store(proxy.url, f"gs://{bucket.name}/u", resumable_threshold=1 << 20,
-                           chunk_size=512 << 10)
+        resumable = _store(proxy.url, f"gs://{bucket.name}/u", resumable_threshold=1 << 20, chunk_size=512 << 10)
         info = resumable.upload(big, "deep/big", progress=progress.append)
         chunk_puts = proxy.count("PUT", path_prefix="/upload/")
     assert chunk_puts == 5  # 2 MiB + 17 bytes in 512 KiB chunks: a resumable session
@@ -149,8 +148,7 @@ def test_faults_are_retried_byte_identical(bucket, emulator, tmp_path):
         store.download("data.bin", tmp_path / "d.tmp", version=version)
         assert (tmp_path / "d.tmp").read_bytes() == data
         # GETs only: with an emulator the store HEADs the object path once to choose its route
-        downloads = [r for r in proxy.requests
-                     if r.method == "GET" and unquote(r.path) == f"/{bucket.name}/f/data.bin"]
+        downloads = [r for r in proxy.requests if r.method == "GET" and unquote(r.path) == f"/{bucket.name}/f/data.bin"]
         first = int(downloads[1].headers.get("Range").removeprefix("bytes=").split("-")[0])
         assert 0 < first <= len(data) // 2  # resumed from what had arrived, not restarted
         assert all(f"generation={version}" in r.query for r in downloads)
@@ -270,9 +268,11 @@ def test_small_upload_is_retried_and_progress_taken_back(bucket, emulator, tmp_p
 
 
 STATUS_QUERY_GAP = pytest.mark.xfail(
-    strict=True, reason="fake-gcs-server gap: a resumable-upload status query (Content-Range: "
+    strict=True,
+    reason="fake-gcs-server gap: a resumable-upload status query (Content-Range: "
     "bytes */N) finalises the upload with the bytes it has (200) instead of answering 308 with "
-    "the committed Range, so an upload cannot resume against it")
+    "the committed Range, so an upload cannot resume against it",
+)
 
 
 @STATUS_QUERY_GAP
@@ -318,20 +318,21 @@ def test_resumable_upload_restarts_when_nothing_was_committed(bucket, emulator, 
     data = os.urandom((1 << 20) + 3)
     (tmp_path / "big").write_bytes(data)
     with FaultProxy(emulator) as proxy:
-        store = _store(proxy.url, f"gs://{bucket.name}/up", resumable_threshold=512 << 10,
-                       chunk_size=256 << 10)
+        store = _store(proxy.url, f"gs://{bucket.name}/up", resumable_threshold=512 << 10, chunk_size=256 << 10)
         proxy.add_fault("reset", first=1, method="PUT")  # the very first chunk is lost
         progress: list[int] = []
         info = store.upload(tmp_path / "big", "big", progress=progress.append)
         puts = [r for r in proxy.requests if r.method == "PUT"]
     ranges = [r.headers.get("Content-Range") for r in puts]
     total = len(data)
-    assert ranges[:3] == [f"bytes 0-{(256 << 10) - 1}/{total}", f"bytes */{total}",
-                          f"bytes 0-{(256 << 10) - 1}/{total}"]
+    assert ranges[:3] == [
+        f"bytes 0-{(256 << 10) - 1}/{total}",
+        f"bytes */{total}",
+        f"bytes 0-{(256 << 10) - 1}/{total}",
+    ]
     assert len(ranges) == 2 + 5  # five chunks, one lost, one status query
     assert bucket.blob("up/big").download_as_bytes() == data and info.size == total == sum(progress)
-    assert [r.headers.get("X-Goog-Hash") for r in puts if "X-Goog-Hash" in r.headers] == \
-        [f"crc32c={_crc32c(data)}"]
+    assert [r.headers.get("X-Goog-Hash") for r in puts if "X-Goog-Hash" in r.headers] == [f"crc32c={_crc32c(data)}"]
 
 
 def test_no_sign_request_is_anonymous_on_gcs_too(bucket, emulator, monkeypatch, tmp_path):

@@ -8,8 +8,9 @@ import urllib.parse
 import pytest
 from proxies import FaultProxy
 
-_AUTH = ("AWS4-HMAC-SHA256 Credential=testing/20261121/us-east-1/s3/aws4_request, "
-         "SignedHeaders=host, Signature=" + "0" * 64)
+_AUTH = (
+    "AWS4-HMAC-SHA256 Credential=testing/20261121/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=" + "0" * 64
+)
 
 
 def _request(url: str, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:

@@ -135,9 +135,18 @@ def test_listing_matches_boto3_key_for_key(s3, endpoint):
 
     def reference() -> list[tuple]:
         pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="data/")
-        return [(item["Key"][5:], item["Size"], item["ETag"].strip('"'), item["ETag"].strip('"'),
-                 int(item["LastModified"].timestamp()))
-                for page in pages for item in page.get("Contents", ()) if not item["Key"].endswith("/")]
+        return [
+            (
+                item["Key"][5:],
+                item["Size"],
+                item["ETag"].strip('"'),
+                item["ETag"].strip('"'),
+                int(item["LastModified"].timestamp()),
+            )
+            for page in pages
+            for item in page.get("Contents", ())
+            if not item["Key"].endswith("/")
+        ]
 
     with SmallPages(endpoint, page_size=4) as proxy:
         store = _store(proxy.url)
@@ -351,8 +360,13 @@ def auth_moto(tmp_path_factory) -> Server:
     port = free_port()
     log = open(tmp_path_factory.mktemp("auth-moto") / "moto.log", "wb")
     env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="0")
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
     server = Server("moto-auth", port, proc)
     try:
         wait_http(f"{server.url}/moto-api/", proc)
@@ -476,4 +490,3 @@ def test_servers_that_ignore_range_still_give_the_right_bytes(s3, endpoint, tmp_
     # from then on the store asks for whole objects (pinned) and keeps the range asked for
     assert len(gets) == 2 and [seen.headers.get("Range") for seen in gets] == [None, None]
     assert [seen.headers.get("If-Match") for seen in gets] == [None, f'"{version}"']
-

@@ -16,8 +16,11 @@ def gcs_dataset(gcs_env):
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    client = storage.Client(project="test", credentials=AnonymousCredentials(),
-                            client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]})
+    client = storage.Client(
+        project="test",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]},
+    )
     bucket = client.bucket(BUCKET)
     if not bucket.exists():
         client.create_bucket(BUCKET)
@@ -31,8 +34,12 @@ def gcs_dataset(gcs_env):
 
 def media_gets(proxy) -> int:
     # obstore's media GETs are /BUCKET/OBJECT (the JSON API's are /download/...?alt=media)
-    return proxy.count("GET", where=lambda seen: "alt=media" in seen.query or not seen.path.startswith(
-        ("/storage/", "/download/", "/upload/")))
+    return proxy.count(
+        "GET",
+        where=lambda seen: (
+            "alt=media" in seen.query or not seen.path.startswith(("/storage/", "/download/", "/upload/"))
+        ),
+    )
 
 
 def test_gcs_sync_and_noop_rerun(gcs_dataset, gcs_env, tmp_path, lading):

@@ -27,8 +27,26 @@ def dataset(s3_env):
 
 def start_rank(rank: int, world: int, dest: str, cache: Path, env: dict[str, str], *extra: str) -> subprocess.Popen:
     full_env = {**os.environ, **env}
-    args = [sys.executable, "-m", "lading", "sync", SOURCE, dest, "--rank", str(rank), "--local-rank", str(rank),
-            "--world-size", str(world), "--local-world-size", str(world), "--cache-dir", str(cache), "--json", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "lading",
+        "sync",
+        SOURCE,
+        dest,
+        "--rank",
+        str(rank),
+        "--local-rank",
+        str(rank),
+        "--world-size",
+        str(world),
+        "--local-world-size",
+        str(world),
+        "--cache-dir",
+        str(cache),
+        "--json",
+        *extra,
+    ]
     return subprocess.Popen(args, cwd=REPO, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -68,8 +86,18 @@ def test_cache_on_another_filesystem_copies(dataset, s3_env, tmp_path, lading):
         pytest.skip("needs /dev/shm on a different filesystem than the test tmp dir")
     dest = Path(tempfile.mkdtemp(prefix="lading-exdev-", dir="/dev/shm"))
     try:
-        result = lading("sync", SOURCE, str(dest / "r{rank}"), "--local-world-size", "2", "--world-size", "2",
-                        "--cache-dir", str(tmp_path / "cache"), "--json")
+        result = lading(
+            "sync",
+            SOURCE,
+            str(dest / "r{rank}"),
+            "--local-world-size",
+            "2",
+            "--world-size",
+            "2",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--json",
+        )
         assert result.returncode == 0, result.stderr
         assert read_tree(dest / "r0") == dataset
         assert (dest / "r0" / sorted(dataset)[0]).stat().st_nlink == 1  # a copy, not a link
@@ -78,13 +106,29 @@ def test_cache_on_another_filesystem_copies(dataset, s3_env, tmp_path, lading):
 
 
 def test_sharded_ranks_bypass_sharing_and_no_cache_flag(dataset, s3_env, tmp_path, lading):
-    result = lading("sync", SOURCE, str(tmp_path / "s{rank}"), "--distribution", "sharded", "--rank", "1",
-                    "--world-size", "2", "--local-rank", "1", "--local-world-size", "2",
-                    "--cache-dir", str(tmp_path / "cache"), "--json")
+    result = lading(
+        "sync",
+        SOURCE,
+        str(tmp_path / "s{rank}"),
+        "--distribution",
+        "sharded",
+        "--rank",
+        "1",
+        "--world-size",
+        "2",
+        "--local-rank",
+        "1",
+        "--local-world-size",
+        "2",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     assert set(read_tree(tmp_path / "s1")) == set(sorted(dataset)[1::2])
-    result = lading("sync", SOURCE, str(tmp_path / "n"), "--local-world-size", "2", "--world-size", "2",
-                    "--no-cache", "--json")
+    result = lading(
+        "sync", SOURCE, str(tmp_path / "n"), "--local-world-size", "2", "--world-size", "2", "--no-cache", "--json"
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["cache"] is None
     assert read_tree(tmp_path / "n") == dataset

@@ -26,8 +26,13 @@ def test_kill_9_then_rerun_completes(s3_env, tmp_path, lading):
     objects = sample_objects(240, seed=11)
     put_objects(s3_client(s3_env), objects)
     dest = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "lading", "sync", SOURCE, str(dest), "--workers", "1"],
-                            cwd=REPO, env=dict(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lading", "sync", SOURCE, str(dest), "--workers", "1"],
+        cwd=REPO,
+        env=dict(os.environ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 60
     while journal_lines(dest) < 20 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)

@@ -92,8 +92,19 @@ def test_sharded_two_ranks_union_is_source(lading, dataset, tmp_path, balance):
     _, objects = dataset
     trees = []
     for rank in (0, 1):
-        result = lading("sync", SOURCE, str(tmp_path / "r{rank}"), "--distribution", "sharded",
-                        "--balance", balance, "--rank", str(rank), "--world-size", "2")
+        result = lading(
+            "sync",
+            SOURCE,
+            str(tmp_path / "r{rank}"),
+            "--distribution",
+            "sharded",
+            "--balance",
+            balance,
+            "--rank",
+            str(rank),
+            "--world-size",
+            "2",
+        )
         assert result.returncode == 0, result.stderr
         trees.append(read_tree(tmp_path / f"r{rank}"))
     assert trees[0] and trees[1]
@@ -123,8 +134,7 @@ def test_delete_removes_only_tracked_files(lading, dataset, tmp_path):
 def test_include_exclude(lading, dataset, tmp_path):
     _, objects = dataset
     dest = tmp_path / "out"
-    result = lading("sync", SOURCE, str(dest), "--include", "d1/*", "--include", "d2/*",
-                    "--exclude", "*-004.bin")
+    result = lading("sync", SOURCE, str(dest), "--include", "d1/*", "--include", "d2/*", "--exclude", "*-004.bin")
     assert result.returncode == 0, result.stderr
     expected = {k for k in objects if k.startswith(("d1/", "d2/")) and not k.endswith("-004.bin")}
     assert set(read_tree(dest)) == expected and expected
@@ -134,7 +144,9 @@ def test_manifest_json_and_plain(lading, dataset, tmp_path):
     _, objects = dataset
     chosen = sorted(objects)[:5]
     manifest = tmp_path / "m.json"
-    manifest.write_text(json.dumps([{"prefix": f"s3://{BUCKET}/data/d0/"}] + [k[3:] for k in chosen if k.startswith("d0/")]))
+    manifest.write_text(
+        json.dumps([{"prefix": f"s3://{BUCKET}/data/d0/"}] + [k[3:] for k in chosen if k.startswith("d0/")])
+    )
     result = lading("sync", SOURCE, str(tmp_path / "a"), "--manifest", str(manifest))
     assert result.returncode == 0, result.stderr
     assert set(read_tree(tmp_path / "a")) == {k for k in chosen if k.startswith("d0/")}
@@ -151,8 +163,19 @@ def test_manifest_json_and_plain(lading, dataset, tmp_path):
 def test_dry_run_json_is_the_plan_and_writes_nothing(lading, dataset, tmp_path):
     _, objects = dataset
     dest = tmp_path / "out"
-    result = lading("sync", SOURCE, str(dest), "--dry-run", "--json", "--distribution", "sharded",
-                    "--rank", "0", "--world-size", "3")
+    result = lading(
+        "sync",
+        SOURCE,
+        str(dest),
+        "--dry-run",
+        "--json",
+        "--distribution",
+        "sharded",
+        "--rank",
+        "0",
+        "--world-size",
+        "3",
+    )
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert set(plan) >= {"source", "dest", "rank", "world_size", "totals", "to_fetch", "up_to_date", "to_delete"}

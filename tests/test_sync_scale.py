@@ -31,9 +31,11 @@ def _objects(count: int = 3000, seed: int = 27) -> list[ObjectInfo]:
     keys = set()
     while len(keys) < count:
         folder = rng.choice(["a", "a-b", "a.b", "b", "b/c", "img", "img-x", "z"])
-        keys.add(f"{folder}/{rng.randrange(10 ** 6):06d}{rng.choice(['.jpg', '.png', '', '-x'])}")
-    return [ObjectInfo(key, rng.choice([0, 1, 7, 100, 4096, rng.randrange(10 ** 6)]), f"v{i}")
-            for i, key in enumerate(sorted(keys))]
+        keys.add(f"{folder}/{rng.randrange(10**6):06d}{rng.choice(['.jpg', '.png', '', '-x'])}")
+    return [
+        ObjectInfo(key, rng.choice([0, 1, 7, 100, 4096, rng.randrange(10**6)]), f"v{i}")
+        for i, key in enumerate(sorted(keys))
+    ]
 
 
 def _reference_owner(objects: list[ObjectInfo], world: int, balance: str) -> dict[str, int]:
@@ -51,8 +53,11 @@ def _reference_owner(objects: list[ObjectInfo], world: int, balance: str) -> dic
 
 
 def _reference_assignment(objects: list[ObjectInfo]) -> dict[str, dict[str, int]]:
-    return {f"{balance}/{world}": _reference_owner(objects, world, balance)
-            for balance in ("count", "bytes") for world in range(1, 6)}
+    return {
+        f"{balance}/{world}": _reference_owner(objects, world, balance)
+        for balance in ("count", "bytes")
+        for world in range(1, 6)
+    }
 
 
 def test_reference_is_the_old_assignment():
@@ -71,8 +76,9 @@ def test_streamed_sharding_equals_the_rule(balance, monkeypatch, tmp_path):
     for world in range(1, 6):
         owner = _reference_owner(objects, world, balance)
         for rank in range(world):
-            request = SyncRequest("mem://", tmp_path, distribution="sharded", balance=balance, rank=rank,
-                                  world_size=world)
+            request = SyncRequest(
+                "mem://", tmp_path, distribution="sharded", balance=balance, rank=rank, world_size=world
+            )
             with select_objects(ListedStore(shuffled), request) as selection:
                 got = [info.key for info in selection.objects()]
             assert got == sorted(key for key, r in owner.items() if r == rank)
@@ -113,8 +119,19 @@ def _empty_tree(root: Path, count: int, folders: int = 200) -> list[str]:
 
 
 def _plan_peak_kb(tmp_path: Path, count: int) -> int:
-    out = subprocess.run([sys.executable, "-c", _PLAN_SCRIPT, str(count), str(tmp_path / f"dest{count}"),
-                          str(tmp_path / f"plan{count}.json")], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _PLAN_SCRIPT,
+            str(count),
+            str(tmp_path / f"dest{count}"),
+            str(tmp_path / f"plan{count}.json"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     plan = json.loads((tmp_path / f"plan{count}.json").read_text())
     assert plan["totals"]["fetch_files"] == count and len(plan["to_fetch"]) == count
     return int(out.stdout.strip())
@@ -137,8 +154,18 @@ def _inodes(dest: Path) -> dict[str, int]:
     return found
 
 
-@pytest.mark.parametrize("count", [20_000, pytest.param(200_000, marks=pytest.mark.skipif(
-    not os.environ.get("LADING_BIG_TESTS"), reason="set LADING_BIG_TESTS=1 (about a minute)"))])
+@pytest.mark.parametrize(
+    "count",
+    [
+        20_000,
+        pytest.param(
+            200_000,
+            marks=pytest.mark.skipif(
+                not os.environ.get("LADING_BIG_TESTS"), reason="set LADING_BIG_TESTS=1 (about a minute)"
+            ),
+        ),
+    ],
+)
 def test_resync_moves_exactly_the_changed_keys(tmp_path, count):
     src, dest = tmp_path / "src", tmp_path / "dest"
     keys = _empty_tree(src, count)

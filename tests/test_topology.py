@@ -9,15 +9,41 @@ from lading.core.errors import UsageError
 from lading.selection.topology import detect_topology
 
 LAUNCHER_ENVS = {
-    "torchrun": ({"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"},
-                 "RANK"),
-    "horovod": ({"HOROVOD_RANK": "5", "HOROVOD_SIZE": "8", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "4",
-                 "HOROVOD_CROSS_RANK": "1"}, "HOROVOD_RANK"),
-    "openmpi": ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-                 "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "OMPI_COMM_WORLD_NODE_RANK": "1"}, "OMPI_COMM_WORLD_RANK"),
+    "torchrun": (
+        {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"},
+        "RANK",
+    ),
+    "horovod": (
+        {
+            "HOROVOD_RANK": "5",
+            "HOROVOD_SIZE": "8",
+            "HOROVOD_LOCAL_RANK": "1",
+            "HOROVOD_LOCAL_SIZE": "4",
+            "HOROVOD_CROSS_RANK": "1",
+        },
+        "HOROVOD_RANK",
+    ),
+    "openmpi": (
+        {
+            "OMPI_COMM_WORLD_RANK": "5",
+            "OMPI_COMM_WORLD_SIZE": "8",
+            "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+            "OMPI_COMM_WORLD_NODE_RANK": "1",
+        },
+        "OMPI_COMM_WORLD_RANK",
+    ),
     "mpich": ({"PMI_RANK": "5", "PMI_SIZE": "8", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}, "PMI_RANK"),
-    "slurm": ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "4(x2)",
-               "SLURM_NODEID": "1"}, "SLURM_PROCID"),
+    "slurm": (
+        {
+            "SLURM_PROCID": "5",
+            "SLURM_NTASKS": "8",
+            "SLURM_LOCALID": "1",
+            "SLURM_NTASKS_PER_NODE": "4(x2)",
+            "SLURM_NODEID": "1",
+        },
+        "SLURM_PROCID",
+    ),
 }
 
 
@@ -60,16 +86,23 @@ def test_missing_local_info_means_one_process_per_node():
     assert (topo.local_rank, topo.local_world_size, topo.node_rank) == (0, 1, 3)
 
 
-@pytest.mark.parametrize("env,explicit,needle", [
-    ({"RANK": "4", "WORLD_SIZE": "4"}, None, "rank 4 is outside"),
-    ({"RANK": "x", "WORLD_SIZE": "4"}, None, "RANK='x' is not an integer"),
-    ({}, {"rank": 1}, "rank 1 is outside"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, None, "local rank 2"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, None, "exceeds world size"),
-    ({"PMI_RANK": "0", "PMI_SIZE": "0"}, None, "at least 1"),
-    ({}, {"node_rank": 5, "world_size": 1}, "node rank 5 is outside 0..0"),
-    ({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "3"}, None, "node rank 3 is outside 0..2"),
-])
+@pytest.mark.parametrize(
+    "env,explicit,needle",
+    [
+        ({"RANK": "4", "WORLD_SIZE": "4"}, None, "rank 4 is outside"),
+        ({"RANK": "x", "WORLD_SIZE": "4"}, None, "RANK='x' is not an integer"),
+        ({}, {"rank": 1}, "rank 1 is outside"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, None, "local rank 2"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "4"}, None, "exceeds world size"),
+        ({"PMI_RANK": "0", "PMI_SIZE": "0"}, None, "at least 1"),
+        ({}, {"node_rank": 5, "world_size": 1}, "node rank 5 is outside 0..0"),
+        (
+            {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "3"},
+            None,
+            "node rank 3 is outside 0..2",
+        ),
+    ],
+)
 def test_invalid_values_are_usage_errors(env, explicit, needle):
     with pytest.raises(UsageError) as info:
         detect_topology(env, explicit)
@@ -77,8 +110,13 @@ def test_invalid_values_are_usage_errors(env, explicit, needle):
 
 
 def test_topology_command_text_and_json(lading):
-    env = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2",
-           "SLURM_NODEID": "0"}
+    env = {
+        "SLURM_PROCID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS_PER_NODE": "2",
+        "SLURM_NODEID": "0",
+    }
     result = lading("topology", "--json", env=env)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)

@@ -24,6 +24,7 @@ def no_file(tmp_path: Path) -> Path:
 
 # -- SageMaker -------------------------------------------------------------------------------------
 
+
 def test_sagemaker_toolkit_variables(tmp_path):
     env = {"SM_CURRENT_HOST": "algo-2", "SM_HOSTS": HOSTS, "SM_NUM_GPUS": "4"}
     topo = detect_topology(env, resource_config=no_file(tmp_path))
@@ -53,8 +54,9 @@ def test_sagemaker_cpu_hosts_run_one_process_each(tmp_path, gpus):
 
 def test_sagemaker_resourceconfig_without_the_toolkit(tmp_path):
     config = tmp_path / "resourceconfig.json"
-    config.write_text(json.dumps({"current_host": "algo-2", "hosts": ["algo-1", "algo-2"],
-                                  "network_interface_name": "eth0"}))
+    config.write_text(
+        json.dumps({"current_host": "algo-2", "hosts": ["algo-1", "algo-2"], "network_interface_name": "eth0"})
+    )
     topo = detect_topology({"HOME": "/root"}, resource_config=config)
     assert values(topo) == (1, 2, 0, 1, 1)
     assert topo.launcher == "sagemaker" and topo.sources["node_rank"] == str(config)
@@ -67,19 +69,30 @@ def test_sagemaker_resourceconfig_without_the_toolkit(tmp_path):
 
 def test_torchrun_started_by_sagemaker_wins(tmp_path):
     """SageMaker's torch_distributed runs torchrun on every host: its per-process variables win."""
-    env = {"SM_CURRENT_HOST": "algo-2", "SM_HOSTS": HOSTS, "SM_NUM_GPUS": "4",
-           "RANK": "6", "WORLD_SIZE": "12", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
+    env = {
+        "SM_CURRENT_HOST": "algo-2",
+        "SM_HOSTS": HOSTS,
+        "SM_NUM_GPUS": "4",
+        "RANK": "6",
+        "WORLD_SIZE": "12",
+        "LOCAL_RANK": "2",
+        "LOCAL_WORLD_SIZE": "4",
+        "GROUP_RANK": "1",
+    }
     topo = detect_topology(env, resource_config=no_file(tmp_path))
     assert values(topo) == (6, 12, 2, 4, 1) and topo.launcher == "torchrun"
 
 
-@pytest.mark.parametrize("env,needle", [
-    ({"SM_CURRENT_HOST": "algo-9", "SM_HOSTS": HOSTS}, "'algo-9' (SM_CURRENT_HOST) is not among the hosts"),
-    ({"SM_CURRENT_HOST": "algo-1", "SM_HOSTS": "algo-1,algo-2"}, "SM_HOSTS='algo-1,algo-2' is not a JSON list"),
-    ({"SM_CURRENT_HOST": "algo-1", "SM_HOSTS": "[]"}, "not a non-empty list"),
-    ({"SM_CURRENT_HOST": "algo-1", "SM_HOSTS": HOSTS, "SM_NUM_GPUS": "many"}, "SM_NUM_GPUS='many'"),
-    ({"SM_CURRENT_HOST": "algo-1"}, "SM_HOSTS is not"),
-])
+@pytest.mark.parametrize(
+    "env,needle",
+    [
+        ({"SM_CURRENT_HOST": "algo-9", "SM_HOSTS": HOSTS}, "'algo-9' (SM_CURRENT_HOST) is not among the hosts"),
+        ({"SM_CURRENT_HOST": "algo-1", "SM_HOSTS": "algo-1,algo-2"}, "SM_HOSTS='algo-1,algo-2' is not a JSON list"),
+        ({"SM_CURRENT_HOST": "algo-1", "SM_HOSTS": "[]"}, "not a non-empty list"),
+        ({"SM_CURRENT_HOST": "algo-1", "SM_HOSTS": HOSTS, "SM_NUM_GPUS": "many"}, "SM_NUM_GPUS='many'"),
+        ({"SM_CURRENT_HOST": "algo-1"}, "SM_HOSTS is not"),
+    ],
+)
 def test_sagemaker_bad_values_are_usage_errors(tmp_path, env, needle):
     with pytest.raises(UsageError) as info:
         detect_topology(env, resource_config=no_file(tmp_path))
@@ -106,9 +119,13 @@ def test_topology_command_inside_sagemaker(lading, tmp_path):
 
 # -- SageMaker channels: sync's default DEST ---------------------------------------------------------
 
+
 def test_channels_from_toolkit_variables_and_inputdataconfig(tmp_path):
-    env = {"SM_CHANNELS": '["training","test"]', "SM_CHANNEL_TRAINING": "/opt/ml/input/data/training",
-           "SM_CHANNEL_TEST": "/opt/ml/input/data/test"}
+    env = {
+        "SM_CHANNELS": '["training","test"]',
+        "SM_CHANNEL_TRAINING": "/opt/ml/input/data/training",
+        "SM_CHANNEL_TEST": "/opt/ml/input/data/test",
+    }
     assert channels(env) == {"test": "/opt/ml/input/data/test", "training": "/opt/ml/input/data/training"}
     assert channel_dest(env, "Training") == "/opt/ml/input/data/training"
     with pytest.raises(UsageError, match="2 channels: test, training"):
@@ -147,6 +164,7 @@ def test_sync_into_the_channel_directory(lading, tmp_path):
 
 # -- Kubernetes and Ray ------------------------------------------------------------------------------
 
+
 def test_pytorchjob_pod_before_torchrun_is_one_process_per_pod(tmp_path):
     """PyTorchJob sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE (pods) and RANK (the pod's index) per pod."""
     env = {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "4", "RANK": "2"}
@@ -172,8 +190,9 @@ def test_indexed_job_completion_index_is_the_node_rank(tmp_path):
     assert topo.sources["node_rank"] == "JOB_COMPLETION_INDEX"
     topo = detect_topology(env, {"world_size": 4}, resource_config=no_file(tmp_path))
     assert values(topo) == (3, 4, 0, 1, 3) and topo.sources["rank"] == "derived"
-    topo = detect_topology(env, {"world_size": 8, "local_world_size": 2, "local_rank": 1},
-                           resource_config=no_file(tmp_path))
+    topo = detect_topology(
+        env, {"world_size": 8, "local_world_size": 2, "local_rank": 1}, resource_config=no_file(tmp_path)
+    )
     assert values(topo) == (7, 8, 1, 2, 3)
     # torchrun inside the pod sets the per-process variables: they win
     topo = detect_topology({**env, "RANK": "1", "WORLD_SIZE": "2"}, resource_config=no_file(tmp_path))

@@ -29,8 +29,9 @@ SMALL_PARTS = TransferOptions(workers=4, part_size=4096, multipart_threshold=819
 
 
 def _store(endpoint: str, bucket: str):
-    return open_store(f"gs://{bucket}/data", StoreConfig(gcs_anonymous=True, gcs_endpoint=endpoint,
-                                                        retry=FAST_RETRY, timeout=10))
+    return open_store(
+        f"gs://{bucket}/data", StoreConfig(gcs_anonymous=True, gcs_endpoint=endpoint, retry=FAST_RETRY, timeout=10)
+    )
 
 
 @pytest.fixture

@@ -36,11 +36,15 @@ def test_kill_9_mid_download_then_rerun_fetches_only_the_unfinished_parts(s3_env
         release.wait(60)
 
     with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
-        proxy.add_fault("truncate", first=1, method="GET", path_prefix=f"/{BUCKET}/data/big.bin", after=3,
-                        then=stall)
+        proxy.add_fault("truncate", first=1, method="GET", path_prefix=f"/{BUCKET}/data/big.bin", after=3, then=stall)
         env = dict(os.environ, AWS_ENDPOINT_URL=proxy.url)
-        proc = subprocess.Popen([sys.executable, "-m", "lading", "sync", f"s3://{BUCKET}/data", str(dest)],
-                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lading", "sync", f"s3://{BUCKET}/data", str(dest)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             deadline = time.monotonic() + 90
             record = None

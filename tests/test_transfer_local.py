@@ -337,8 +337,7 @@ def test_a_resumed_download_with_a_small_lead_hashes_the_parts_on_disk_and_compl
     [result] = fetch_all(Wrapped(store, on_read=fail_on_seventh), _items(store, dest, {"big": data}), one_worker)
     assert not result.ok
     # parts 0-5 are on disk and unhashed by this run: part 6 is far past a lead of 1 part
-    tiny_lead = TransferOptions(workers=4, part_size=1000, multipart_threshold=3000, retry=NO_RETRY,
-                                part_concurrency=1)
+    tiny_lead = TransferOptions(workers=4, part_size=1000, multipart_threshold=3000, retry=NO_RETRY, part_concurrency=1)
     second = Wrapped(store)
     [result] = fetch_all(second, _items(store, dest, {"big": data}), tiny_lead)
 
@@ -352,8 +351,9 @@ def test_a_corrupt_part_under_a_small_lead_fails_the_item_without_hanging(tmp_pa
     data = os.urandom(5000)
     store = _make_source(tmp_path / "src", {"big": data})
     dest = tmp_path / "dest"
-    small_lead = TransferOptions(workers=4, part_size=1000, multipart_threshold=3000, retry=NO_RETRY,
-                                 part_concurrency=1)
+    small_lead = TransferOptions(
+        workers=4, part_size=1000, multipart_threshold=3000, retry=NO_RETRY, part_concurrency=1
+    )
 
     [result] = fetch_all(Wrapped(store, corrupt=True), _items(store, dest, {"big": data}), small_lead)
 

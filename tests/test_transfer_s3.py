@@ -37,8 +37,10 @@ def s3(s3_env):
 
 
 def _store(endpoint: str, prefix: str = "data", **settings) -> S3Store:
-    store = open_store(f"s3://{BUCKET}/{prefix}", StoreConfig(endpoint_url=endpoint, region="us-east-1",
-                                                             retry=FAST_RETRY, timeout=10, **settings))
+    store = open_store(
+        f"s3://{BUCKET}/{prefix}",
+        StoreConfig(endpoint_url=endpoint, region="us-east-1", retry=FAST_RETRY, timeout=10, **settings),
+    )
     assert isinstance(store, S3Store)
     return store
 
@@ -122,8 +124,7 @@ def test_persistent_failure_is_reported_per_item(s3, s3_env, tmp_path):
         store = _store(proxy.url)
         infos = list(store.list())
         proxy.add_fault("slowdown", rate=1.0, method="GET", path_prefix=f"/{BUCKET}/data/a")
-        results = {r.key: r for r in fetch_all(store, [TransferItem(i, tmp_path / i.key) for i in infos],
-                                               SMALL_PARTS)}
+        results = {r.key: r for r in fetch_all(store, [TransferItem(i, tmp_path / i.key) for i in infos], SMALL_PARTS)}
         attempts = proxy.count("GET", path_prefix=f"/{BUCKET}/data/a")
 
     assert isinstance(results["a"].error, TransientError) and not (tmp_path / "a").exists()
@@ -212,8 +213,10 @@ def test_missing_object_and_missing_bucket_are_not_found(s3, s3_env, tmp_path):
     assert isinstance(result.error, NotFound) and not (tmp_path / "ghost").exists()
     assert list(tmp_path.iterdir()) == []
 
-    missing = open_store("s3://no-such-bucket-here/x", StoreConfig(endpoint_url=s3_env["AWS_ENDPOINT_URL"],
-                                                                   region="us-east-1", retry=FAST_RETRY))
+    missing = open_store(
+        "s3://no-such-bucket-here/x",
+        StoreConfig(endpoint_url=s3_env["AWS_ENDPOINT_URL"], region="us-east-1", retry=FAST_RETRY),
+    )
     with pytest.raises(NotFound, match="bucket no-such-bucket-here not found"):
         list(missing.list())
 
@@ -278,8 +281,19 @@ def test_missing_credentials_and_unknown_profile_are_one_line_errors(s3, s3_env,
 
 #: Keys that a client must encode exactly: each pair differs only where a careless encoder
 #: (or a server reading '+' as a space, or decoding twice) would make them the same object.
-ODD_KEYS = ["a b/ü.bin", "a+b/ü.bin", "x=y&z;(1)!*'~", "x=y&z;(1)!*'~ ", "100%/done", "100%25/done",
-            "tab\there", "日本語/ファイル.txt", "sp  ace", "q?k=v#frag", "ends with+"]
+ODD_KEYS = [
+    "a b/ü.bin",
+    "a+b/ü.bin",
+    "x=y&z;(1)!*'~",
+    "x=y&z;(1)!*'~ ",
+    "100%/done",
+    "100%25/done",
+    "tab\there",
+    "日本語/ファイル.txt",
+    "sp  ace",
+    "q?k=v#frag",
+    "ends with+",
+]
 
 
 def test_odd_keys_are_addressed_exactly(s3, s3_env, tmp_path):
@@ -292,7 +306,7 @@ def test_odd_keys_are_addressed_exactly(s3, s3_env, tmp_path):
             assert store.read_range(key, 0, 100) == key.encode(), key  # obstore's GET
             assert store.stat(key).size == len(key.encode()), key  # obstore's HEAD
         results = _fetch(store, tmp_path / "out")
-        obstore_paths = [seen.path for seen in _object_gets(proxy)][:len(ODD_KEYS)]
+        obstore_paths = [seen.path for seen in _object_gets(proxy)][: len(ODD_KEYS)]
         proxy.reset_counts()
         reference = boto3.client("s3", endpoint_url=proxy.url, region_name="us-east-1")
         for key in ODD_KEYS:
@@ -373,12 +387,53 @@ def test_tls_endpoint_trusts_the_configured_ca_bundle(s3, s3_env, tmp_path, monk
     ca, ca_key, cert, key = (tmp_path / name for name in ("ca.pem", "ca-key.pem", "cert.pem", "key.pem"))
     extensions = tmp_path / "server.ext"
     extensions.write_text("subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-    for argv in (["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=lading test CA",
-                  "-keyout", ca_key, "-out", ca],
-                 ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", key,
-                  "-out", tmp_path / "server.csr"],
-                 ["x509", "-req", "-in", tmp_path / "server.csr", "-CA", ca, "-CAkey", ca_key, "-set_serial", "1",
-                  "-days", "1", "-extfile", extensions, "-out", cert]):
+    for argv in (
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=lading test CA",
+            "-keyout",
+            ca_key,
+            "-out",
+            ca,
+        ],
+        [
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            key,
+            "-out",
+            tmp_path / "server.csr",
+        ],
+        [
+            "x509",
+            "-req",
+            "-in",
+            tmp_path / "server.csr",
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-set_serial",
+            "1",
+            "-days",
+            "1",
+            "-extfile",
+            extensions,
+            "-out",
+            cert,
+        ],
+    ):
         subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True)
     data = os.urandom(20_000)
     _seed(s3, {"small": b"over tls", "large": data})
@@ -394,8 +449,7 @@ def test_tls_endpoint_trusts_the_configured_ca_bundle(s3, s3_env, tmp_path, monk
         refused = front.handshakes
 
         monkeypatch.setenv("AWS_CA_BUNDLE", str(ca))  # as users configure it
-        config = dataclasses.replace(StoreConfig.from_env(endpoint_url=endpoint, region="us-east-1"),
-                                     retry=FAST_RETRY)
+        config = dataclasses.replace(StoreConfig.from_env(endpoint_url=endpoint, region="us-east-1"), retry=FAST_RETRY)
         assert config.ca_bundle == str(ca)
         store = open_store(f"s3://{BUCKET}/data", config)
         assert isinstance(store, S3Store)

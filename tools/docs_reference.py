@@ -123,6 +123,7 @@ def render(name: str, level: int = 3) -> str:
 
 # ------------------------------------------------------------------------------------- API pages
 
+
 def module_file(module: str) -> Path:
     """The source file of ``lading.a.b``: ``staging/a/b.py`` or ``staging/a/b/__init__.py``."""
     parts = module.split(".")[1:]
@@ -146,7 +147,9 @@ def _defines(tree: ast.Module, name: str) -> bool:
     for node in tree.body:
         if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             return True
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         if any(getattr(target, "id", None) == name for target in targets):
             return True
     return False
@@ -189,6 +192,7 @@ def render_api(module: str) -> str:
 
 # ------------------------------------------------------------------------------------- mkdocs hook
 
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 (mkdocs' objects)
     """Replace each ``<!-- lading-reference: NAME -->`` line with the generated reference, and
     each ``<!-- lading-api: MODULE -->`` line with the module's API sections."""
@@ -196,10 +200,10 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001
     for line in markdown.splitlines():
         stripped = line.strip()
         if stripped.startswith("<!-- lading-reference:") and stripped.endswith("-->"):
-            name = stripped[len("<!-- lading-reference:"):-len("-->")].strip()
+            name = stripped[len("<!-- lading-reference:") : -len("-->")].strip()
             lines.append(render(name))
         elif stripped.startswith("<!-- lading-api:") and stripped.endswith("-->"):
-            lines.append(render_api(stripped[len("<!-- lading-api:"):-len("-->")].strip()))
+            lines.append(render_api(stripped[len("<!-- lading-api:") : -len("-->")].strip()))
         else:
             lines.append(line)
     return include("\n".join(lines) + "\n", Path(config["config_file_path"]).parent)
@@ -222,7 +226,7 @@ def include(markdown: str, root: Path) -> str:
     for line in markdown.splitlines():
         stripped = line.strip()
         if stripped.startswith("<!-- lading-include:") and stripped.endswith("-->"):
-            name, _, option = stripped[len("<!-- lading-include:"):-len("-->")].strip().partition(" ")
+            name, _, option = stripped[len("<!-- lading-include:") : -len("-->")].strip().partition(" ")
             text = (root / name).read_text()
             if name == "README.md":  # the README links into the site as docs/...; the site is docs/
                 text = text.replace("](docs/", "](")

@@ -21,15 +21,30 @@ from lading.context.walk import WalkResult, resolve_roots, walk_roots
 from lading.context.warnings import ContextWarning, content_warnings, nothing_uploaded_warning, walk_warnings
 
 __all__ = [
-    "CheckReport", "ContextWarning", "DET_LIMIT_BYTES", "DirStat", "Explanation", "Remedy",
-    "check_context", "det_size", "format_size", "parse_size",
+    "CheckReport",
+    "ContextWarning",
+    "DET_LIMIT_BYTES",
+    "DirStat",
+    "Explanation",
+    "Remedy",
+    "check_context",
+    "det_size",
+    "format_size",
+    "parse_size",
 ]
 
 
-def check_context(context_dir: str, includes: Sequence[str] = (), *, limit: int = DET_LIMIT_BYTES,
-                  config_path: str | None = None, explain_path: str | None = None,
-                  remedies: bool = True, progress: Callable[[int], None] | None = None,
-                  fork: bool = False) -> CheckReport:
+def check_context(
+    context_dir: str,
+    includes: Sequence[str] = (),
+    *,
+    limit: int = DET_LIMIT_BYTES,
+    config_path: str | None = None,
+    explain_path: str | None = None,
+    remedies: bool = True,
+    progress: Callable[[int], None] | None = None,
+    fork: bool = False,
+) -> CheckReport:
     """Walk the context (and includes) as det would, and build the report.
 
     Raises NotFound for a missing context, include or config; UsageError for a context that is
@@ -45,8 +60,9 @@ def check_context(context_dir: str, includes: Sequence[str] = (), *, limit: int 
     dirs = directory_stats(walked)
     det_bytes = {path: stat.det_bytes for path, stat in dirs.items()}
     report = CheckReport(roots=roots, limit_bytes=limit, walked=walked, dirs=dirs)
-    report.warnings = (walk_warnings(walked, roots) + content_warnings(walked, det_bytes)
-                       + nothing_uploaded_warning(walked, roots))
+    report.warnings = (
+        walk_warnings(walked, roots) + content_warnings(walked, det_bytes) + nothing_uploaded_warning(walked, roots)
+    )
     if config is not None and config_path is not None:
         report.warnings += config_warnings(config_path, config, roots, _uploaded_set(walked, config_path))
     if remedies and not report.fits:

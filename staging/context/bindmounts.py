@@ -34,8 +34,9 @@ class MountProblem:
         return {"message": self.message, "det_schema": self.det_schema}
 
 
-def validate_bind_mounts(config: Mapping[str, object],
-                         exists: Callable[[str], bool] | None = None) -> list[MountProblem]:
+def validate_bind_mounts(
+    config: Mapping[str, object], exists: Callable[[str], bool] | None = None
+) -> list[MountProblem]:
     """det's schema checks (shared with ``lading check --config``), the runtime's propagation
     values, and, when ``exists`` is given, whether each host path exists."""
     raw = config.get("bind_mounts")
@@ -50,12 +51,17 @@ def _beyond_det(index: int, entry: Mapping, exists: Callable[[str], bool] | None
     found = []
     propagation, host = entry.get("propagation"), entry.get("host_path")
     if isinstance(propagation, str) and propagation not in PROPAGATIONS:
-        found.append(MountProblem(f"bind_mounts[{index}]: propagation {propagation!r} is not one of "
-                                  f"{', '.join(PROPAGATIONS)} (det accepts it, the container runtime won't)",
-                                  det_schema=False))
+        found.append(
+            MountProblem(
+                f"bind_mounts[{index}]: propagation {propagation!r} is not one of "
+                f"{', '.join(PROPAGATIONS)} (det accepts it, the container runtime won't)",
+                det_schema=False,
+            )
+        )
     if exists is not None and isinstance(host, str) and host.startswith("/") and not exists(host):
-        found.append(MountProblem(f"bind_mounts[{index}]: host_path {host} does not exist on this machine",
-                                  det_schema=False))
+        found.append(
+            MountProblem(f"bind_mounts[{index}]: host_path {host} does not exist on this machine", det_schema=False)
+        )
     return found
 
 

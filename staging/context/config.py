@@ -46,17 +46,25 @@ def parse_config(text: str, origin: str) -> dict[str, Any]:
     return document
 
 
-def config_warnings(path: str, config: dict[str, Any], roots: Sequence[Root],
-                    uploaded: set[str]) -> list[ContextWarning]:
+def config_warnings(
+    path: str, config: dict[str, Any], roots: Sequence[Root], uploaded: set[str]
+) -> list[ContextWarning]:
     """Warn when the config itself is uploaded and when ``bind_mounts`` breaks det's schema."""
     found = []
     name = name_in_roots(path, roots)
     if name is not None and name in uploaded:
-        found.append(ContextWarning("config_in_context", name,
-                                    "the experiment config is inside the context, so it is uploaded "
-                                    f"too; add '/{name}' to .detignore if that is not intended"))
-    found += [ContextWarning("bind_mounts", "bind_mounts", problem)
-              for problem in bind_mount_problems(config.get("bind_mounts"))]
+        found.append(
+            ContextWarning(
+                "config_in_context",
+                name,
+                "the experiment config is inside the context, so it is uploaded "
+                f"too; add '/{name}' to .detignore if that is not intended",
+            )
+        )
+    found += [
+        ContextWarning("bind_mounts", "bind_mounts", problem)
+        for problem in bind_mount_problems(config.get("bind_mounts"))
+    ]
     return found
 
 
@@ -73,8 +81,7 @@ def bind_mount_problems(value: Any) -> list[str]:
             problems.append(f"{where} must be a mapping with host_path and container_path")
             continue
         problems += [f"{where}: unknown key '{key}'" for key in sorted(set(mount) - _BIND_MOUNT_KEYS, key=str)]
-        problems += [f"{where}: {key} is required" for key in ("host_path", "container_path")
-                     if key not in mount]
+        problems += [f"{where}: {key} is required" for key in ("host_path", "container_path") if key not in mount]
         host, container = mount.get("host_path"), mount.get("container_path")
         for key, item in (("host_path", host), ("container_path", container)):
             if key in mount and not isinstance(item, str):
@@ -88,4 +95,3 @@ def bind_mount_problems(value: Any) -> list[str]:
         if mount.get("propagation") is not None and not isinstance(mount.get("propagation"), str):
             problems.append(f"{where}: propagation must be a string")
     return problems
-

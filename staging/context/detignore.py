@@ -77,8 +77,10 @@ def compile_rules(lines: Iterable[str], source: str, first_line: int = 1) -> lis
                 pattern = pattern_class(line)
             except ValueError as err:
                 text = line.rstrip("\r\n")
-                raise UsageError(f"{source} line {number}: invalid pattern {text!r}: {err}",
-                                 hint="det would refuse this .detignore too") from err
+                raise UsageError(
+                    f"{source} line {number}: invalid pattern {text!r}: {err}",
+                    hint="det would refuse this .detignore too",
+                ) from err
             if pattern.include is not None:
                 rules.append(Rule(source, number, line.rstrip("\r\n"), pattern.include, pattern.regex))
     return rules
@@ -159,7 +161,7 @@ def _merge(sources: list[str]) -> "re.Pattern[str] | None":
     if not sources:
         return None
     sources = [_NAMED_GROUP.sub("(?:", source) for source in sources]
-    tails = [s[len(_ANY_DIR_PREFIX):] for s in sources if s.startswith(_ANY_DIR_PREFIX)]
+    tails = [s[len(_ANY_DIR_PREFIX) :] for s in sources if s.startswith(_ANY_DIR_PREFIX)]
     others = [s for s in sources if not s.startswith(_ANY_DIR_PREFIX)]
     parts = [f"(?:{s})" for s in others]
     if tails:

@@ -26,10 +26,13 @@ class Explanation:
         """JSON form."""
         rule = None
         if self.rule is not None:
-            rule = {"pattern": self.rule.text, "source": self.rule.source, "line": self.rule.line,
-                    "negated": not self.rule.ignores}
-        return {"path": self.path, "uploaded": self.uploaded, "kind": self.kind,
-                "reason": self.reason, "rule": rule}
+            rule = {
+                "pattern": self.rule.text,
+                "source": self.rule.source,
+                "line": self.rule.line,
+                "negated": not self.rule.ignores,
+            }
+        return {"path": self.path, "uploaded": self.uploaded, "kind": self.kind, "reason": self.reason, "rule": rule}
 
 
 def upload_name(roots: Sequence[Root], given: str) -> str:
@@ -38,8 +41,9 @@ def upload_name(roots: Sequence[Root], given: str) -> str:
     it (``data/x.bin``, ``<include>/x``)."""
     context = roots[0]
     cleaned = given.replace(os.sep, "/").strip("/") if not os.path.isabs(given) else given
-    if not os.path.isabs(given) and (os.path.lexists(os.path.join(context.path, cleaned))
-                                     or cleaned.split("/")[0] in {r.name for r in roots[1:]}):
+    if not os.path.isabs(given) and (
+        os.path.lexists(os.path.join(context.path, cleaned)) or cleaned.split("/")[0] in {r.name for r in roots[1:]}
+    ):
         return os.path.normpath(cleaned).replace(os.sep, "/")
     inside = name_in_roots(given, roots)
     if inside is not None:
@@ -77,13 +81,20 @@ def explain(roots: Sequence[Root], specs: Sequence[IgnoreSpec], name: str) -> Ex
         full = os.path.join(root.path, ancestor)
         blocked = _directory_decision(spec, ancestor)
         if blocked is not None:
-            return Explanation(name, False, _kind(os.path.join(root.path, rel)),
-                               f"its directory '{root.prefix}{ancestor}/' is ignored by {blocked.describe()}",
-                               blocked)
+            return Explanation(
+                name,
+                False,
+                _kind(os.path.join(root.path, rel)),
+                f"its directory '{root.prefix}{ancestor}/' is ignored by {blocked.describe()}",
+                blocked,
+            )
         if os.path.islink(full) and os.path.isdir(full):
-            return Explanation(name, False, _kind(os.path.join(root.path, rel)),
-                               f"'{root.prefix}{ancestor}' is a symlink to a directory: det uploads "
-                               "it empty and never looks inside")
+            return Explanation(
+                name,
+                False,
+                _kind(os.path.join(root.path, rel)),
+                f"'{root.prefix}{ancestor}' is a symlink to a directory: det uploads it empty and never looks inside",
+            )
     return _decide_leaf(spec, name, rel, os.path.join(root.path, rel))
 
 

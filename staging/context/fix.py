@@ -50,9 +50,14 @@ class FixItem:
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready form."""
-        return {"path": self.path + ("/" if self.is_dir else ""), "det_bytes": self.det_bytes,
-                "files": len(self.files), "bytes": sum(size for _, size in self.files),
-                "uri": self.uri if self.restore else None, "restore": self.restore}
+        return {
+            "path": self.path + ("/" if self.is_dir else ""),
+            "det_bytes": self.det_bytes,
+            "files": len(self.files),
+            "bytes": sum(size for _, size in self.files),
+            "uri": self.uri if self.restore else None,
+            "restore": self.restore,
+        }
 
 
 @dataclass
@@ -79,19 +84,24 @@ class FixPlan:
 
     def hook_entries(self) -> list[HookEntry]:
         """One ``lading fetch`` per restored path, into the same relative place."""
-        return [HookEntry(item.uri, item.path + ("/" if item.is_dir else ""))
-                for item in self.items if item.restore]
+        return [HookEntry(item.uri, item.path + ("/" if item.is_dir else "")) for item in self.items if item.restore]
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready form."""
-        return {"context": str(self.context), "bucket": self.bucket,
-                "items": [item.to_json() for item in self.items],
-                "detignore": str(self.context / DETIGNORE), "detignore_lines": self.detignore_lines,
-                "hook": str(self.context / HOOK_NAME),
-                "hook_entries": [{"source": e.source, "dest": e.dest} for e in self.hook_entries()],
-                "total_bytes_before": self.total_before, "total_bytes_after": self.total_after,
-                "limit_bytes": self.limit_bytes, "fits_after": self.fits_after,
-                "upload_bytes": self.upload_bytes}
+        return {
+            "context": str(self.context),
+            "bucket": self.bucket,
+            "items": [item.to_json() for item in self.items],
+            "detignore": str(self.context / DETIGNORE),
+            "detignore_lines": self.detignore_lines,
+            "hook": str(self.context / HOOK_NAME),
+            "hook_entries": [{"source": e.source, "dest": e.dest} for e in self.hook_entries()],
+            "total_bytes_before": self.total_before,
+            "total_bytes_after": self.total_after,
+            "limit_bytes": self.limit_bytes,
+            "fits_after": self.fits_after,
+            "upload_bytes": self.upload_bytes,
+        }
 
 
 @dataclass
@@ -106,9 +116,13 @@ class FixResult:
 
     def to_json(self) -> dict[str, object]:
         """JSON-ready form."""
-        return {"uploaded": self.uploaded, "uploaded_bytes": self.uploaded_bytes,
-                "already_there": self.already_there, "detignore_added": self.detignore_added,
-                "hook_changed": self.hook_changed}
+        return {
+            "uploaded": self.uploaded,
+            "uploaded_bytes": self.uploaded_bytes,
+            "already_there": self.already_there,
+            "detignore_added": self.detignore_added,
+            "hook_changed": self.hook_changed,
+        }
 
 
 def plan_fix(report: CheckReport, bucket: str) -> FixPlan:
@@ -117,12 +131,22 @@ def plan_fix(report: CheckReport, bucket: str) -> FixPlan:
         raise UsageError("--fix works on the context directory alone", "run it without -i/--include")
     base = parse_uri(bucket)
     if report.remedy is None:
-        raise ProblemFound("nothing to fix: the context fits") if report.fits else \
-            ProblemFound("no remedy was computed for this context")
+        raise (
+            ProblemFound("nothing to fix: the context fits")
+            if report.fits
+            else ProblemFound("no remedy was computed for this context")
+        )
     items = [_item(report, path, det_bytes, base) for path, det_bytes in report.remedy.paths]
     lines = [detignore_line(item.path, item.is_dir) for item in items]
-    return FixPlan(Path(report.roots[0].path), str(base), items, lines, report.total_bytes,
-                   report.remedy.total_after, report.limit_bytes)
+    return FixPlan(
+        Path(report.roots[0].path),
+        str(base),
+        items,
+        lines,
+        report.total_bytes,
+        report.remedy.total_after,
+        report.limit_bytes,
+    )
 
 
 def _item(report: CheckReport, path: str, det_bytes: int, base: StoreURI) -> FixItem:
@@ -151,8 +175,7 @@ def _matches(info: ObjectInfo, local: Path, size: int) -> bool:
     return info.size == size and (info.md5 is None or info.md5 == _md5(local))
 
 
-def _upload_one(store: Store, context: Path, rel: str, size: int,
-                on_bytes: Callable[[int], None]) -> bool:
+def _upload_one(store: Store, context: Path, rel: str, size: int, on_bytes: Callable[[int], None]) -> bool:
     """Upload one file unless already there; verify what the store reports. True when uploaded."""
     local = context.joinpath(*rel.split("/"))
     try:
@@ -161,8 +184,10 @@ def _upload_one(store: Store, context: Path, rel: str, size: int,
     except NotFound:
         pass
     if not _matches(store.upload(local, rel, on_bytes), local, size):  # upload returns the object's stat
-        raise ProblemFound(f"{store.url}: {rel} does not match the local file after upload",
-                           "nothing in the context was changed; rerun to retry")
+        raise ProblemFound(
+            f"{store.url}: {rel} does not match the local file after upload",
+            "nothing in the context was changed; rerun to retry",
+        )
     return True
 
 
@@ -174,17 +199,22 @@ def _check_prefixes(store: Store, plan: FixPlan) -> None:
         expected = {rel for rel, _ in item.files}
         extra = [info.key for info in store.list(item.path + "/") if info.key not in expected]
         if extra:
-            raise ProblemFound(f"{item.uri} also holds {len(extra)} object(s) that are not in the context "
-                               f"(e.g. {extra[0]}); the hook would download them too",
-                               "use a fresh --bucket prefix; nothing in the context was changed")
+            raise ProblemFound(
+                f"{item.uri} also holds {len(extra)} object(s) that are not in the context "
+                f"(e.g. {extra[0]}); the hook would download them too",
+                "use a fresh --bucket prefix; nothing in the context was changed",
+            )
 
 
-def apply_fix(plan: FixPlan, store: Store, on_bytes: Callable[[int], None] = lambda n: None,
-              workers: int = 8) -> FixResult:
+def apply_fix(
+    plan: FixPlan, store: Store, on_bytes: Callable[[int], None] = lambda n: None, workers: int = 8
+) -> FixResult:
     """Upload and verify everything, then edit ``.detignore`` and ``startup-hook.sh``."""
     if not plan.fits_after:
-        raise ProblemFound("even with these paths moved the context would still be over the limit",
-                           "nothing was changed; see `lading check` for what else is large")
+        raise ProblemFound(
+            "even with these paths moved the context would still be over the limit",
+            "nothing was changed; see `lading check` for what else is large",
+        )
     result = FixResult()
     jobs = [(rel, size) for item in plan.items if item.restore for rel, size in item.files]
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -22,13 +22,64 @@ from lading.context.walk import Root, walk_roots
 from lading.context.warnings import VENV_NAMES, is_data_like_dir
 
 DATA_SUFFIXES = (
-    ".bin", ".pt", ".pth", ".ckpt", ".safetensors", ".h5", ".hdf5", ".npy", ".npz", ".parquet",
-    ".arrow", ".feather", ".csv", ".tsv", ".jsonl", ".tfrecord", ".tfrecords", ".tar", ".zip",
-    ".gz", ".tgz", ".bz2", ".xz", ".zst", ".pkl", ".pickle", ".joblib", ".onnx", ".gguf", ".mdb",
-    ".lmdb", ".db", ".sqlite", ".mp4", ".wav", ".flac", ".jpg", ".jpeg", ".png", ".idx", ".data",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".safetensors",
+    ".h5",
+    ".hdf5",
+    ".npy",
+    ".npz",
+    ".parquet",
+    ".arrow",
+    ".feather",
+    ".csv",
+    ".tsv",
+    ".jsonl",
+    ".tfrecord",
+    ".tfrecords",
+    ".tar",
+    ".zip",
+    ".gz",
+    ".tgz",
+    ".bz2",
+    ".xz",
+    ".zst",
+    ".pkl",
+    ".pickle",
+    ".joblib",
+    ".onnx",
+    ".gguf",
+    ".mdb",
+    ".lmdb",
+    ".db",
+    ".sqlite",
+    ".mp4",
+    ".wav",
+    ".flac",
+    ".jpg",
+    ".jpeg",
+    ".png",
+    ".idx",
+    ".data",
 )
-CODE_SUFFIXES = (".py", ".pyx", ".sh", ".ipynb", ".yaml", ".yml", ".toml", ".cfg", ".ini", ".c", ".cc",
-                 ".cpp", ".h", ".cu")
+CODE_SUFFIXES = (
+    ".py",
+    ".pyx",
+    ".sh",
+    ".ipynb",
+    ".yaml",
+    ".yml",
+    ".toml",
+    ".cfg",
+    ".ini",
+    ".c",
+    ".cc",
+    ".cpp",
+    ".h",
+    ".cu",
+)
 _FILE_CANDIDATES = 2000  # only the largest files can matter for the remedy
 _GLOB_SPECIAL = re.compile(r"([\\*?\[])")
 
@@ -49,8 +100,10 @@ def plan_remedy(report: CheckReport) -> Remedy:
     for candidate in chosen:
         root, rel = _root_of(report.roots, candidate.path)
         lines.setdefault(root.path, []).append(detignore_line(rel, candidate.is_dir))
-    specs = [IgnoreSpec.for_root(root.path, lines.get(root.path, ())) if not root.is_file else
-             IgnoreSpec([]) for root in report.roots]
+    specs = [
+        IgnoreSpec.for_root(root.path, lines.get(root.path, ())) if not root.is_file else IgnoreSpec([])
+        for root in report.roots
+    ]
     after = walk_roots(report.roots, specs)
     total_after = sum(t.det_bytes for t in after.own.values())
     return Remedy(
@@ -64,8 +117,7 @@ def plan_remedy(report: CheckReport) -> Remedy:
 
 def is_environment(report: CheckReport, path: str) -> bool:
     """Whether ``path`` is a Python environment (by name, or a virtualenv the walk recognised)."""
-    return path in {w.path for w in report.warnings if w.kind == "virtualenv"} or \
-        posixpath.basename(path) in VENV_NAMES
+    return path in {w.path for w in report.warnings if w.kind == "virtualenv"} or posixpath.basename(path) in VENV_NAMES
 
 
 def detignore_line(rel: str, is_dir: bool) -> str:
@@ -108,8 +160,11 @@ def _mostly_data_dirs(report: CheckReport) -> set[str]:
         for ancestor in _self_and_ancestors(parent):
             data_below[ancestor] += size
     has_code = {ancestor for parent in code_parents for ancestor in _self_and_ancestors(parent)}
-    return {path for path, size in data_below.items()
-            if path not in has_code and path in report.dirs and size >= 0.9 * report.dirs[path].det_bytes}
+    return {
+        path
+        for path, size in data_below.items()
+        if path not in has_code and path in report.dirs and size >= 0.9 * report.dirs[path].det_bytes
+    }
 
 
 def _self_and_ancestors(path: str) -> list[str]:

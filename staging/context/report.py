@@ -21,8 +21,7 @@ class DirStat:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return {"path": self.path, "files": self.files, "size": self.raw_bytes,
-                "det_bytes": self.det_bytes}
+        return {"path": self.path, "files": self.files, "size": self.raw_bytes, "det_bytes": self.det_bytes}
 
 
 @dataclass
@@ -37,10 +36,13 @@ class Remedy:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form."""
-        return {"detignore_lines": self.lines,
-                "paths": [{"path": path, "det_bytes": size} for path, size in self.paths],
-                "total_bytes_after": self.total_after, "fits_after": self.fits_after,
-                "startup_hook_paths": self.hook_paths}
+        return {
+            "detignore_lines": self.lines,
+            "paths": [{"path": path, "det_bytes": size} for path, size in self.paths],
+            "total_bytes_after": self.total_after,
+            "fits_after": self.fits_after,
+            "startup_hook_paths": self.hook_paths,
+        }
 
 
 @dataclass
@@ -97,8 +99,12 @@ class CheckReport:
 
         doc = self.to_dict(top, with_files=False)
         files, sizes = self.walked.files, self.walked.sizes
-        entries = ",".join(['{"path": %s, "size": %d}' % (encode_basestring_ascii(files[i]), sizes[i])
-                            for i in self.sorted_file_indices()])
+        entries = ",".join(
+            [
+                '{"path": %s, "size": %d}' % (encode_basestring_ascii(files[i]), sizes[i])
+                for i in self.sorted_file_indices()
+            ]
+        )
         return json.dumps(doc)[:-1] + ', "files": [' + entries + "]}"
 
     def sorted_file_indices(self) -> list[int]:

@@ -38,7 +38,7 @@ def stat_sizes(paths: Sequence[str], readable: Readable | None, fork: bool = Fal
 def _stat_serial(paths: Sequence[str], readable: Readable | None) -> list[int]:
     sizes: list[int] = []
     for start in range(0, len(paths), _CHUNK):  # stat results are big: hold a few at a time
-        sizes += _stat_chunk(paths[start:start + _CHUNK], readable)
+        sizes += _stat_chunk(paths[start : start + _CHUNK], readable)
     return sizes
 
 
@@ -47,8 +47,7 @@ def _stat_chunk(paths: Sequence[str], readable: Readable | None) -> list[int]:
         infos = list(map(os.stat, paths))
     except OSError:
         return [_code(path, readable) for path in paths]
-    if all(map(stat.S_ISREG, [info.st_mode for info in infos])) and (
-            readable is None or all(map(readable, infos))):
+    if all(map(stat.S_ISREG, [info.st_mode for info in infos])) and (readable is None or all(map(readable, infos))):
         return [info.st_size for info in infos]
     return [_code(path, readable) for path in paths]
 
@@ -121,7 +120,7 @@ def _unpack(data: bytes) -> list[int]:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:

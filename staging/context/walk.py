@@ -60,8 +60,9 @@ def resolve_roots(context_dir: str, includes: Sequence[str] = ()) -> list[Root]:
     """Resolve the context and includes the way det's ``read_v1_context`` does, failing with
     NotFound for a missing path and UsageError for a context that is a file or a nameless include."""
     if os.path.isfile(context_dir):
-        raise UsageError(f"context path '{context_dir}' must be a directory",
-                         hint="use -i/--include to add a single file")
+        raise UsageError(
+            f"context path '{context_dir}' must be a directory", hint="use -i/--include to add a single file"
+        )
     context = os.path.realpath(context_dir)
     if not os.path.isdir(context):
         raise NotFound(f"context directory '{context_dir}' does not exist")
@@ -72,14 +73,19 @@ def resolve_roots(context_dir: str, includes: Sequence[str] = ()) -> list[Root]:
             raise NotFound(f"include '{include}' does not exist")
         name = os.path.basename(resolved)
         if not name:
-            raise UsageError(f"unable to determine the name of include '{include}'",
-                             hint="include a directory below /, not / itself")
+            raise UsageError(
+                f"unable to determine the name of include '{include}'", hint="include a directory below /, not / itself"
+            )
         roots.append(Root(given=include, path=resolved, name=name, is_file=os.path.isfile(resolved)))
     return roots
 
 
-def walk_roots(roots: Sequence[Root], specs: Sequence[IgnoreSpec],
-               progress: Callable[[int], None] | None = None, fork: bool = False) -> WalkResult:
+def walk_roots(
+    roots: Sequence[Root],
+    specs: Sequence[IgnoreSpec],
+    progress: Callable[[int], None] | None = None,
+    fork: bool = False,
+) -> WalkResult:
     """Walk every root with its spec; raise UsageError when top-level names collide (det does).
 
     ``progress`` is called with the number of files found so far after each directory. With
@@ -114,8 +120,9 @@ class _Sizer:
 
     BATCH = 50_000  # bounds the memory held between the walk and the stats
 
-    def __init__(self, result: WalkResult, readable: Readable | None,
-                 progress: Callable[[int], None] | None, fork: bool) -> None:
+    def __init__(
+        self, result: WalkResult, readable: Readable | None, progress: Callable[[int], None] | None, fork: bool
+    ) -> None:
         self.result, self.readable, self.progress, self.fork = result, readable, progress, fork
         self.pending: list[_Pending] = []
         self.waiting = 0
@@ -135,7 +142,7 @@ class _Sizer:
         codes = stat_sizes([source for p in self.pending for source in p.sources], self.readable, self.fork)
         offset = 0
         for pending in self.pending:
-            chunk = codes[offset:offset + len(pending.sources)]
+            chunk = codes[offset : offset + len(pending.sources)]
             offset += len(pending.sources)
             first = len(result.sizes)
             if chunk and min(chunk) >= 0:
@@ -209,8 +216,9 @@ def _list_directory(root: Root, rel: str, path: str, result: WalkResult) -> list
         return []
 
 
-def _unignored_files(root: Root, rel: str, entries: list[os.DirEntry], ignores: Callable[[str], object],
-                     result: WalkResult) -> tuple[list[str], list[str]]:
+def _unignored_files(
+    root: Root, rel: str, entries: list[os.DirEntry], ignores: Callable[[str], object], result: WalkResult
+) -> tuple[list[str], list[str]]:
     """The plain files of one directory that det keeps: their paths and their upload paths."""
     rels = [rel + entry.name for entry in entries]
     if rel + DETIGNORE in rels:
@@ -225,9 +233,15 @@ def _unignored_files(root: Root, rel: str, entries: list[os.DirEntry], ignores: 
     return kept, [prefix + path for path in kept_rels] if prefix else kept_rels
 
 
-def _visit_other_entry(root: Root, rel: str, entry: os.DirEntry, ignores: Callable[[str], object],
-                       result: WalkResult, stack: list[tuple[str, str]],
-                       others: list[tuple[str, os.DirEntry]]) -> None:
+def _visit_other_entry(
+    root: Root,
+    rel: str,
+    entry: os.DirEntry,
+    ignores: Callable[[str], object],
+    result: WalkResult,
+    stack: list[tuple[str, str]],
+    others: list[tuple[str, os.DirEntry]],
+) -> None:
     """A directory, a link or a special file, decided the way os.walk + det decide it."""
     rel_path = rel + entry.name
     try:
@@ -305,6 +319,8 @@ def _check_collisions(result: WalkResult) -> None:
     duplicates = sorted(name for name, count in top_level.items() if count > 1)
     if duplicates:
         names = ", ".join(repr(name) for name in duplicates)
-        raise UsageError(f"duplicate top-level path{'s' if len(duplicates) > 1 else ''} in the "
-                         f"upload: {names}", hint="an include has the same name as another include "
-                         "or as an entry at the top of the context; rename or drop one")
+        raise UsageError(
+            f"duplicate top-level path{'s' if len(duplicates) > 1 else ''} in the upload: {names}",
+            hint="an include has the same name as another include "
+            "or as an entry at the top of the context; rename or drop one",
+        )

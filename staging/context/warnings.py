@@ -12,30 +12,61 @@ from typing import Iterable, Iterator, Mapping, Sequence
 from lading.core.sizes import format_size
 from lading.context.walk import Root, WalkResult
 
-CACHE_DIRS = frozenset({".cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox", "node_modules",
-                        ".ipynb_checkpoints", ".hypothesis"})
-CHECKPOINT_DIRS = frozenset({"checkpoint", "checkpoints", "ckpt", "ckpts", "lightning_logs",
-                             "wandb", "mlruns", "saved_models"})
+CACHE_DIRS = frozenset(
+    {".cache", ".pytest_cache", ".ruff_cache", ".tox", ".nox", "node_modules", ".ipynb_checkpoints", ".hypothesis"}
+)
+CHECKPOINT_DIRS = frozenset(
+    {"checkpoint", "checkpoints", "ckpt", "ckpts", "lightning_logs", "wandb", "mlruns", "saved_models"}
+)
 DATA_DIRS = frozenset({"data", "dataset", "datasets", "_data", ".data"})
-SECRET_NAMES = (".env", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "credentials",
-                "credentials.json", ".netrc", ".pgpass", ".pypirc", ".htpasswd",
-                "application_default_credentials.json")
+SECRET_NAMES = (
+    ".env",
+    "id_rsa",
+    "id_dsa",
+    "id_ecdsa",
+    "id_ed25519",
+    "credentials",
+    "credentials.json",
+    ".netrc",
+    ".pgpass",
+    ".pypirc",
+    ".htpasswd",
+    "application_default_credentials.json",
+)
 #: regex fragments for one path segment ("*" is [^/\n]*)
-SECRET_GLOBS = (r"[^/\n]*\.pem", r"[^/\n]*\.key", r"[^/\n]*\.p12", r"[^/\n]*\.pfx",
-                r"\.env\.[^/\n]*", r"service-account[^/\n]*\.json", r"[^/\n]*[-_]credentials\.json")
+SECRET_GLOBS = (
+    r"[^/\n]*\.pem",
+    r"[^/\n]*\.key",
+    r"[^/\n]*\.p12",
+    r"[^/\n]*\.pfx",
+    r"\.env\.[^/\n]*",
+    r"service-account[^/\n]*\.json",
+    r"[^/\n]*[-_]credentials\.json",
+)
 VENV_NAMES = frozenset({".venv", "venv", "env", ".conda"})
 BULKY_DIR_BYTES = 1 << 20  # data and checkpoint directories below this are not worth a warning
 NOT_SECRET_SUFFIXES = (".example", ".sample", ".template", ".dist")
-_SECRET_NAME = re.compile(r"(?:^|/)(?:" + "|".join([*map(re.escape, SECRET_NAMES), *SECRET_GLOBS])
-                          + r")\Z")
-_SECRET_NEEDLES = (".env", "id_", "credentials", ".netrc", ".pgpass", ".pypirc", ".htpasswd", ".pem",
-                   ".key", ".p12", ".pfx", "service-account")
+_SECRET_NAME = re.compile(r"(?:^|/)(?:" + "|".join([*map(re.escape, SECRET_NAMES), *SECRET_GLOBS]) + r")\Z")
+_SECRET_NEEDLES = (
+    ".env",
+    "id_",
+    "credentials",
+    ".netrc",
+    ".pgpass",
+    ".pypirc",
+    ".htpasswd",
+    ".pem",
+    ".key",
+    ".p12",
+    ".pfx",
+    "service-account",
+)
 _VENV_MARKER = re.compile(r"(?:^|/)(?:pyvenv\.cfg|bin/activate)\Z")
 _VENV_NEEDLES = ("pyvenv.cfg", "bin/activate")
 
 _MESSAGES = {
     "nested_detignore": "det reads only the .detignore at the top of the context (or include); "
-                        "this one is ignored, so its rules do nothing",
+    "this one is ignored, so its rules do nothing",
     "symlinked_dir": "symlink to a directory: det uploads it as an empty directory",
     "broken_symlink": "broken symlink: det skips it",
     "unreadable_file": "not readable: det skips it",
@@ -66,8 +97,7 @@ def walk_warnings(walked: WalkResult, roots: Sequence[Root] = ()) -> list[Contex
         if kind == "nested_detignore" and roots:
             lines = _lifted_rules(roots, path)
             if lines:
-                message += "; to keep them, add to the top-level .detignore: " + ", ".join(
-                    repr(line) for line in lines)
+                message += "; to keep them, add to the top-level .detignore: " + ", ".join(repr(line) for line in lines)
         found.append(ContextWarning(kind, path, message))
     return found
 
@@ -86,16 +116,21 @@ def nothing_uploaded_warning(walked: WalkResult, roots: Sequence[Root]) -> list[
         present = False
     if not present:  # an empty context: nothing was dropped
         return []
-    return [ContextWarning("nothing_uploaded", root.given,
-                           "every file is ignored (by det's defaults and .detignore): det would upload "
-                           "nothing, not even the model code; check the .detignore patterns")]
+    return [
+        ContextWarning(
+            "nothing_uploaded",
+            root.given,
+            "every file is ignored (by det's defaults and .detignore): det would upload "
+            "nothing, not even the model code; check the .detignore patterns",
+        )
+    ]
 
 
 def _lifted_rules(roots: Sequence[Root], upload_path: str, max_lines: int = 10) -> list[str]:
     """The rules of a nested .detignore rewritten for the root's .detignore (gitignore meaning:
     relative to the directory that holds it)."""
     root = next((r for r in roots[1:] if upload_path.startswith(r.prefix)), roots[0])
-    rel = upload_path[len(root.prefix):]
+    rel = upload_path[len(root.prefix) :]
     directory = posixpath.dirname(rel)
     try:
         with open(os.path.join(root.path, rel), "r", errors="replace") as handle:
@@ -127,11 +162,16 @@ def content_warnings(walked: WalkResult, dir_bytes: Mapping[str, int]) -> list[C
 
 
 def _environment_warnings(files: list[str], dir_bytes: Mapping[str, int]) -> list[ContextWarning]:
-    venvs = {path[:-len(match.group(0))] or "." for path, match in _scan(files, _VENV_MARKER, _VENV_NEEDLES)}
-    return [ContextWarning("virtualenv", venv,
-                           f"a Python virtualenv ({format_size(dir_bytes.get(venv, 0))}) would be "
-                           "uploaded; keep it outside the context or add it to .detignore")
-            for venv in sorted(venvs)]
+    venvs = {path[: -len(match.group(0))] or "." for path, match in _scan(files, _VENV_MARKER, _VENV_NEEDLES)}
+    return [
+        ContextWarning(
+            "virtualenv",
+            venv,
+            f"a Python virtualenv ({format_size(dir_bytes.get(venv, 0))}) would be "
+            "uploaded; keep it outside the context or add it to .detignore",
+        )
+        for venv in sorted(venvs)
+    ]
 
 
 def _directory_warnings(dirs: Iterable[str], dir_bytes: Mapping[str, int]) -> list[ContextWarning]:
@@ -145,11 +185,16 @@ def _directory_warnings(dirs: Iterable[str], dir_bytes: Mapping[str, int]) -> li
         if kind is None or (kind != "cache" and size < BULKY_DIR_BYTES):
             continue
         reported.append(path)
-        what = {"cache": "a cache directory", "checkpoints": "a checkpoint directory",
-                "data": "a data directory"}[kind]
-        found.append(ContextWarning(kind, path, f"{what} ({format_size(size)}) would be uploaded "
-                                    f"with the code; add '/{path}/' to .detignore unless the "
-                                    "trial needs it"))
+        what = {"cache": "a cache directory", "checkpoints": "a checkpoint directory", "data": "a data directory"}[kind]
+        found.append(
+            ContextWarning(
+                kind,
+                path,
+                f"{what} ({format_size(size)}) would be uploaded "
+                f"with the code; add '/{path}/' to .detignore unless the "
+                "trial needs it",
+            )
+        )
     return found
 
 
@@ -170,14 +215,21 @@ def is_data_like_dir(name: str) -> bool:
 
 
 def _secret_warnings(files: list[str]) -> list[ContextWarning]:
-    return [ContextWarning("secret", path, "looks like a secret and would be uploaded to the master "
-                           "(and stored with the experiment); add it to .detignore")
-            for path, _ in _scan(files, _SECRET_NAME, _SECRET_NEEDLES)
-            if not path.endswith(NOT_SECRET_SUFFIXES)]
+    return [
+        ContextWarning(
+            "secret",
+            path,
+            "looks like a secret and would be uploaded to the master "
+            "(and stored with the experiment); add it to .detignore",
+        )
+        for path, _ in _scan(files, _SECRET_NAME, _SECRET_NEEDLES)
+        if not path.endswith(NOT_SECRET_SUFFIXES)
+    ]
 
 
-def _scan(paths: list[str], pattern: "re.Pattern[str]",
-          needles: tuple[str, ...]) -> Iterator[tuple[str, "re.Match[str]"]]:
+def _scan(
+    paths: list[str], pattern: "re.Pattern[str]", needles: tuple[str, ...]
+) -> Iterator[tuple[str, "re.Match[str]"]]:
     """(path, match) for each path that ``pattern`` matches, checking only paths that contain
     one of ``needles``: a C-speed substring search over all paths joined by newlines replaces a
     Python loop over every path (falls back to the loop if a file name contains a newline)."""

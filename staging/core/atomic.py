@@ -9,8 +9,9 @@ from typing import Iterable
 from lading.core.names import hidden_sibling
 
 
-def write_atomically(path: Path, text: str | Iterable[str], *, durable: bool = False, mode: int | None = None,
-                     tmp: Path | None = None) -> None:
+def write_atomically(
+    path: Path, text: str | Iterable[str], *, durable: bool = False, mode: int | None = None, tmp: Path | None = None
+) -> None:
     """Replace ``path`` with ``text`` (a string, or strings written one after another as they
     are produced): write a temporary beside it, then rename over it.
 

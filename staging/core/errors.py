@@ -80,8 +80,14 @@ class UnsafeKey(LadingError):
     exit_code = 1
 
 
-_BY_CODE: dict[int, type[LadingError]] = {1: ProblemFound, 2: UsageError, 3: NotFound, 4: AccessDenied,
-                                          5: TransientError, 6: LocalIOError}
+_BY_CODE: dict[int, type[LadingError]] = {
+    1: ProblemFound,
+    2: UsageError,
+    3: NotFound,
+    4: AccessDenied,
+    5: TransientError,
+    6: LocalIOError,
+}
 
 
 def exit_code_for_failures(codes: Iterable[int], succeeded: int) -> int:
@@ -104,8 +110,11 @@ def error_for_exit_code(code: int) -> type[LadingError]:
 
 
 #: errno values that mean "you may not write here": permission bits, immutable files, read-only mounts.
-_DENIED = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
-           errno.EROFS: "read-only file system"}
+_DENIED = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
+}
 #: errno values of a file system that cannot take the write (exit 6), with what to do.
 _LOCAL_IO = {
     errno.ENOSPC: "free space on that file system, or choose another destination",

@@ -26,8 +26,10 @@ def key_parts(key: str) -> tuple[str, ...]:
     parts = tuple(key.split("/"))
     for part in parts:
         if part in ("", ".", ".."):
-            raise UnsafeKey(f"refusing key {key!r}: it has an empty, '.' or '..' segment",
-                            "such a key would escape or alias the destination")
+            raise UnsafeKey(
+                f"refusing key {key!r}: it has an empty, '.' or '..' segment",
+                "such a key would escape or alias the destination",
+            )
     return parts
 
 

@@ -46,4 +46,3 @@ SYNC_BOOKKEEPING = frozenset((SYNC_STATE_NAME, SYNC_JOURNAL_NAME, SYNC_LOCK_NAME
 def is_sync_bookkeeping(key: str) -> bool:
     """Whether ``key`` (relative to a synced destination) is one of lading sync's own files."""
     return key in SYNC_BOOKKEEPING
-

@@ -112,8 +112,9 @@ class Attempts:
             if attempt > limit:
                 raise err
             if _ENDPOINTS.first_time(endpoint, attempt):
-                log.warning("no answer from %s (%s); retrying, attempt %d of %d", endpoint, _reason(err),
-                            attempt, limit)
+                log.warning(
+                    "no answer from %s (%s); retrying, attempt %d of %d", endpoint, _reason(err), attempt, limit
+                )
             return self.policy.delay(self.failures)
         if not isinstance(err, NoAnswer):
             note_answer(endpoint)  # an error status is an answer
@@ -167,5 +168,12 @@ def _reason(err: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-__all__ = ["Attempts", "DEFAULT_POLICY", "RetryPolicy", "SILENT_ATTEMPTS", "note_answer", "with_retries",
-           "with_retries_async"]
+__all__ = [
+    "Attempts",
+    "DEFAULT_POLICY",
+    "RetryPolicy",
+    "SILENT_ATTEMPTS",
+    "note_answer",
+    "with_retries",
+    "with_retries_async",
+]

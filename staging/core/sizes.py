@@ -7,9 +7,16 @@ import re
 from lading.core.errors import UsageError
 
 _UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 _SIZE = re.compile(r"^\s*(?P<number>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[A-Za-z]*)\s*$")
 
@@ -23,8 +30,11 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(text)
     unit = match.group("unit").lower() if match else ""
     if not match or unit not in _UNITS:
-        hint = "use MiB (1,048,576 bytes) or MB (1,000,000 bytes)" if unit in ("k", "m", "g", "t") \
+        hint = (
+            "use MiB (1,048,576 bytes) or MB (1,000,000 bytes)"
+            if unit in ("k", "m", "g", "t")
             else "plain bytes or a number with B, KB, MB, GB, KiB, MiB or GiB, e.g. 95MiB"
+        )
         raise UsageError(f"invalid size {text!r}", hint=hint)
     whole, _, fraction = match.group("number").partition(".")
     value = int((whole or "0") + fraction) * _UNITS[unit] // 10 ** len(fraction)  # exact, rounded down

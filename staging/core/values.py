@@ -13,8 +13,18 @@ from typing import Any
 from lading.core.errors import UsageError
 
 #: type name -> member suffix
-SUFFIX = {"bytes": "bin", "str": "txt", "bool": "bool", "int": "cls", "float": "float", "json": "json",
-          "numpy": "npy", "numpy-scalar": "scalar.npy", "tensor": "tensor.npy", "torch": "pth"}
+SUFFIX = {
+    "bytes": "bin",
+    "str": "txt",
+    "bool": "bool",
+    "int": "cls",
+    "float": "float",
+    "json": "json",
+    "numpy": "npy",
+    "numpy-scalar": "scalar.npy",
+    "tensor": "tensor.npy",
+    "torch": "pth",
+}
 
 
 def _json_safe(value: Any, where: str) -> None:
@@ -27,13 +37,17 @@ def _json_safe(value: Any, where: str) -> None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise UsageError(f"{where}: a dict key {key!r} is not a string, so JSON would change it",
-                                 "use string keys, or encode the value yourself (bytes)")
+                raise UsageError(
+                    f"{where}: a dict key {key!r} is not a string, so JSON would change it",
+                    "use string keys, or encode the value yourself (bytes)",
+                )
             _json_safe(item, where)
         return
-    raise UsageError(f"{where}: a {type(value).__name__} inside a list or dict cannot be stored as JSON"
-                     + (" (a tuple would come back as a list)" if isinstance(value, tuple) else ""),
-                     "use lists, dicts, strings and numbers there, or store it as a field of its own")
+    raise UsageError(
+        f"{where}: a {type(value).__name__} inside a list or dict cannot be stored as JSON"
+        + (" (a tuple would come back as a list)" if isinstance(value, tuple) else ""),
+        "use lists, dicts, strings and numbers there, or store it as a field of its own",
+    )
 
 
 def _is_instance(value: Any, module: str, name: str) -> bool:
@@ -69,8 +83,10 @@ def encode_value(value: Any, where: str) -> tuple[str, bytes]:
         return "json", json.dumps(value, ensure_ascii=False).encode("utf-8")
     if _is_instance(value, "numpy", "ndarray"):
         if value.dtype.hasobject:
-            raise UsageError(f"{where}: a numpy array of Python objects cannot be stored without pickle",
-                             "convert it to a numeric or string dtype")
+            raise UsageError(
+                f"{where}: a numpy array of Python objects cannot be stored without pickle",
+                "convert it to a numeric or string dtype",
+            )
         return "numpy", _npy(value)
     if _is_instance(value, "numpy", "generic"):
         if value.dtype.hasobject:
@@ -78,9 +94,11 @@ def encode_value(value: Any, where: str) -> tuple[str, bytes]:
         return "numpy-scalar", _npy(value)
     if _is_instance(value, "torch", "Tensor"):
         return _tensor(value)
-    raise UsageError(f"{where}: values of type {type(value).__module__}.{type(value).__qualname__} are not "
-                     "stored", "use bytes, str, int, float, bool, None, lists/dicts of those, numpy arrays "
-                     "or torch tensors (an image: its encoded bytes, or a numpy array)")
+    raise UsageError(
+        f"{where}: values of type {type(value).__module__}.{type(value).__qualname__} are not stored",
+        "use bytes, str, int, float, bool, None, lists/dicts of those, numpy arrays "
+        "or torch tensors (an image: its encoded bytes, or a numpy array)",
+    )
 
 
 def _tensor(value: Any) -> tuple[str, bytes]:

@@ -50,8 +50,11 @@ class Spool:
             self.path = self.folder / "members"
             self._handle = open(self.path, "wb")
         except OSError as err:
-            raise local_error(err, f"create a spool file in {directory or tempfile.gettempdir()}",
-                              "pass spool_dir= (a local directory with room for the dataset)") from err
+            raise local_error(
+                err,
+                f"create a spool file in {directory or tempfile.gettempdir()}",
+                "pass spool_dir= (a local directory with room for the dataset)",
+            ) from err
         self.infos: list[ObjectInfo] = []
         self.nbytes = 0
 
@@ -101,8 +104,14 @@ class VersionPublisher:
     """pack's Publisher for a datalayer build: shards and documents into ``build-<id>/``, then
     the index at the version's top, created only if absent, while the claim is ours."""
 
-    def __init__(self, store: Store, location: Location, claim: Claim,
-                 finalize: Callable[[dict[str, Any]], dict[str, Any]], spool_dir: str | os.PathLike[str] | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        location: Location,
+        claim: Claim,
+        finalize: Callable[[dict[str, Any]], dict[str, Any]],
+        spool_dir: str | os.PathLike[str] | None,
+    ) -> None:
         self.store, self.location, self.claim, self.finalize = store, location, claim, finalize
         self.build = claim.record.build
         self._tmp = tempfile.TemporaryDirectory(prefix="lading-datalayer-shards-", dir=spool_dir)
@@ -146,8 +155,10 @@ class VersionPublisher:
         self.claim.beat()  # still ours, for another TTL: nobody else is publishing
         version = claims.create(self.store, self.location.index_key, dump(index))
         if version is None:
-            raise ProblemFound(f"{self.location.index_uri} appeared while this process built it",
-                               "another process published the version first; nothing of this build is used")
+            raise ProblemFound(
+                f"{self.location.index_uri} appeared while this process built it",
+                "another process published the version first; nothing of this build is used",
+            )
         self.index = index
         self.abort()
         return published
@@ -158,17 +169,26 @@ class VersionPublisher:
         self._tmp.cleanup()
 
 
-def build_version(store: Store, location: Location, samples: Iterable[Any], claim: Claim, *,
-                  function: str, shard_size: int = DEFAULT_SHARD_SIZE,
-                  spool_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def build_version(
+    store: Store,
+    location: Location,
+    samples: Iterable[Any],
+    claim: Claim,
+    *,
+    function: str,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    spool_dir: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
     """Encode ``samples`` and publish them as ``location`` (the claim held); the index written."""
     started = time.time()
     encoder = Encoder()
     try:
         produced = iter(samples)
     except TypeError:
-        raise UsageError(f"{function} returned a {type(samples).__name__}, not samples",
-                         "return a list of sample dicts, or yield them") from None
+        raise UsageError(
+            f"{function} returned a {type(samples).__name__}, not samples",
+            "return a list of sample dicts, or yield them",
+        ) from None
     spool = Spool(spool_dir)
     try:
         for sample in produced:
@@ -176,8 +196,10 @@ def build_version(store: Store, location: Location, samples: Iterable[Any], clai
             if encoder.samples % _CHECK_EVERY == 0:
                 claim.check()
         if encoder.samples == 0:
-            raise UsageError(f"{function} produced no samples, so there is nothing to cache as {location}",
-                             "return (or yield) at least one sample dict")
+            raise UsageError(
+                f"{function} produced no samples, so there is nothing to cache as {location}",
+                "return (or yield) at least one sample dict",
+            )
         claim.check()
         options = PackOptions(location.name, shard_size=shard_size)
         plan = plan_shards(group_samples(spool.infos, directories_possible=False), options)

@@ -24,8 +24,12 @@ DEFAULT_SHUFFLE_BUFFER = 10_000
 _ORDER_OPTIONS = ("shuffle", "seed", "shuffle_buffer", "rank", "world_size", "distributed")
 
 
-def resolve_slot(rank: int | None = None, world_size: int | None = None, distributed: Any = None,
-                 env: Mapping[str, str] | None = None) -> tuple[int, int]:
+def resolve_slot(
+    rank: int | None = None,
+    world_size: int | None = None,
+    distributed: Any = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, int]:
     """This process's ``(rank, world size)``, each from the first of: the argument; ``distributed``
     (anything with ``get_rank()`` and ``get_size()``, such as Determined's
     ``core_context.distributed`` or a PyTorchTrial context's ``context.distributed``); an initialised
@@ -60,8 +64,16 @@ class CachedFunction:
     Calling it returns the dataset; :meth:`ensure` only builds or checks the version.
     """
 
-    def __init__(self, function: Callable[..., Iterable[Any]], location: Location, *, explicit: str | None,
-                 build: BuildOptions, dataset: dict[str, Any], config: StoreConfig | None) -> None:
+    def __init__(
+        self,
+        function: Callable[..., Iterable[Any]],
+        location: Location,
+        *,
+        explicit: str | None,
+        build: BuildOptions,
+        dataset: dict[str, Any],
+        config: StoreConfig | None,
+    ) -> None:
         functools.update_wrapper(self, function)
         self.function = function
         self.location = location
@@ -88,8 +100,14 @@ class CachedFunction:
         """Build the version from ``function(*args, **kwargs)`` unless it exists (or another process is
         building it: then wait for it); check it. Returns what happened."""
         name = f"{getattr(self.function, '__module__', '?')}.{getattr(self.function, '__qualname__', '?')}"
-        return ensure(self.location, lambda: self.function(*args, **kwargs), self.fingerprint(*args, **kwargs),
-                      function=name, options=self.build_options, config=self._config())
+        return ensure(
+            self.location,
+            lambda: self.function(*args, **kwargs),
+            self.fingerprint(*args, **kwargs),
+            function=name,
+            options=self.build_options,
+            config=self._config(),
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The dataset over the version, built first if needed."""
@@ -103,13 +121,28 @@ class CachedFunction:
         return f"<cached {getattr(self.function, '__qualname__', self.function)} as {self.location}>"
 
 
-def cached(store_uri: str, name: str, version: str, *, fingerprint: str | None = None,
-           random_access: bool = False, shuffle: bool = False, seed: int = 0, shuffle_buffer: int | None = None,
-           rank: int | None = None, world_size: int | None = None, distributed: Any = None,
-           cache_dir: str | os.PathLike[str] | None = None, transform: Callable[[dict[str, Any]], Any] | None = None,
-           config: StoreConfig | None = None, claim_ttl: float = 60.0, wait_timeout: float = 3600.0,
-           shard_size: int = DEFAULT_SHARD_SIZE, spool_dir: str | os.PathLike[str] | None = None,
-           **dataset_options: Any) -> Callable[[Callable[..., Iterable[Any]]], CachedFunction]:
+def cached(
+    store_uri: str,
+    name: str,
+    version: str,
+    *,
+    fingerprint: str | None = None,
+    random_access: bool = False,
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    distributed: Any = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    transform: Callable[[dict[str, Any]], Any] | None = None,
+    config: StoreConfig | None = None,
+    claim_ttl: float = 60.0,
+    wait_timeout: float = 3600.0,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    spool_dir: str | os.PathLike[str] | None = None,
+    **dataset_options: Any,
+) -> Callable[[Callable[..., Iterable[Any]]], CachedFunction]:
     """Cache what the decorated function returns as ``store_uri/name/version/`` and read it from there.
 
     The function returns (or yields) samples: dicts of ``bytes``, ``str``, ``int``, ``float``,
@@ -149,23 +182,41 @@ def cached(store_uri: str, name: str, version: str, *, fingerprint: str | None =
             ``use_cache``).
     """
     location = Location.of(store_uri, name, version)
-    build = BuildOptions(claim_ttl=float(claim_ttl), wait_timeout=float(wait_timeout), shard_size=int(shard_size),
-                         spool_dir=None if spool_dir is None else os.fspath(spool_dir))
+    build = BuildOptions(
+        claim_ttl=float(claim_ttl),
+        wait_timeout=float(wait_timeout),
+        shard_size=int(shard_size),
+        spool_dir=None if spool_dir is None else os.fspath(spool_dir),
+    )
     if "decode" in dataset_options:
-        raise UsageError("cached datasets decode their fields by the encoding recorded in the index",
-                         "drop decode=; pass transform= for more processing")
-    given = {"shuffle": shuffle, "seed": seed, "shuffle_buffer": shuffle_buffer, "rank": rank,
-             "world_size": world_size, "distributed": distributed}
+        raise UsageError(
+            "cached datasets decode their fields by the encoding recorded in the index",
+            "drop decode=; pass transform= for more processing",
+        )
+    given = {
+        "shuffle": shuffle,
+        "seed": seed,
+        "shuffle_buffer": shuffle_buffer,
+        "rank": rank,
+        "world_size": world_size,
+        "distributed": distributed,
+    }
     if random_access:
         ordering = [option for option in _ORDER_OPTIONS if given[option] not in (None, False, 0)]
         if ordering:
-            raise UsageError(f"random_access=True takes no {', '.join(ordering)}: a PackedDataset has no order "
-                             "of its own", "use a sampler: DataLoader(ds, sampler=DistributedSampler(ds, "
-                             "shuffle=True, seed=0))")
+            raise UsageError(
+                f"random_access=True takes no {', '.join(ordering)}: a PackedDataset has no order of its own",
+                "use a sampler: DataLoader(ds, sampler=DistributedSampler(ds, shuffle=True, seed=0))",
+            )
     if shuffle_buffer is not None and shuffle_buffer < 0:
         raise UsageError(f"shuffle_buffer={shuffle_buffer} must not be negative")
-    dataset = {"random_access": random_access, "transform": transform, "cache_dir": cache_dir, **given,
-               **dataset_options}
+    dataset = {
+        "random_access": random_access,
+        "transform": transform,
+        "cache_dir": cache_dir,
+        **given,
+        **dataset_options,
+    }
 
     def decorate(function: Callable[..., Iterable[Any]]) -> CachedFunction:
         if not callable(function):
@@ -175,18 +226,40 @@ def cached(store_uri: str, name: str, version: str, *, fingerprint: str | None =
     return decorate
 
 
-def open_dataset(outcome: Outcome, *, random_access: bool = False, shuffle: bool = False, seed: int = 0,
-                 shuffle_buffer: int | None = None, rank: int | None = None, world_size: int | None = None,
-                 distributed: Any = None, cache_dir: str | os.PathLike[str] | None = None,
-                 transform: Callable[[dict[str, Any]], Any] | None = None, config: StoreConfig | None = None,
-                 **dataset_options: Any) -> Any:
+def open_dataset(
+    outcome: Outcome,
+    *,
+    random_access: bool = False,
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    distributed: Any = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    transform: Callable[[dict[str, Any]], Any] | None = None,
+    config: StoreConfig | None = None,
+    **dataset_options: Any,
+) -> Any:
     """The dataset over a built version, decoding each sample by the recorded encoding."""
     decode = Decode(outcome.encoding, transform)
     if random_access:
-        return PackedDataset(outcome.location.index_uri, transform=decode, config=config, cache_dir=cache_dir,
-                             **dataset_options)
+        return PackedDataset(
+            outcome.location.index_uri, transform=decode, config=config, cache_dir=cache_dir, **dataset_options
+        )
     rank, world_size = resolve_slot(rank, world_size, distributed)
-    window = (DEFAULT_SHUFFLE_BUFFER if shuffle_buffer is None else shuffle_buffer) if shuffle else (shuffle_buffer or 0)
-    return ShardDataset(outcome.location.index_uri, rank=rank, world_size=world_size, shuffle_buffer=window,
-                        seed=seed, randomize_shard_order=shuffle, transform=decode, config=config,
-                        cache_dir=cache_dir, **dataset_options)
+    window = (
+        (DEFAULT_SHUFFLE_BUFFER if shuffle_buffer is None else shuffle_buffer) if shuffle else (shuffle_buffer or 0)
+    )
+    return ShardDataset(
+        outcome.location.index_uri,
+        rank=rank,
+        world_size=world_size,
+        shuffle_buffer=window,
+        seed=seed,
+        randomize_shard_order=shuffle,
+        transform=decode,
+        config=config,
+        cache_dir=cache_dir,
+        **dataset_options,
+    )

@@ -37,9 +37,18 @@ class VersionSummary:
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {"uri": self.location.uri, "name": self.location.name, "version": self.location.version,
-                "state": self.state, "samples": self.samples, "shards": self.shards, "objects": self.objects,
-                "bytes": self.bytes, "built_at": self.built_at, "claim": self.claim}
+        return {
+            "uri": self.location.uri,
+            "name": self.location.name,
+            "version": self.location.version,
+            "state": self.state,
+            "samples": self.samples,
+            "shards": self.shards,
+            "objects": self.objects,
+            "bytes": self.bytes,
+            "built_at": self.built_at,
+            "claim": self.claim,
+        }
 
 
 def _state(index: dict[str, Any] | None, record: ClaimRecord | None, now: float) -> str:
@@ -83,8 +92,13 @@ def _summary(location: Location, config: StoreConfig | None, infos: list[ObjectI
     index = read_index(store, location)
     claim = read_claim(store)
     record = claim[0] if claim else None
-    summary = VersionSummary(location, _state(index, record, now), len(infos), sum(info.size for info in infos),
-                             claim=as_json(record, now) if record else None)
+    summary = VersionSummary(
+        location,
+        _state(index, record, now),
+        len(infos),
+        sum(info.size for info in infos),
+        claim=as_json(record, now) if record else None,
+    )
     if index is not None:
         block = block_of(index)
         summary.samples = block.get("samples", index.get("lading", {}).get("nsamples"))
@@ -93,8 +107,9 @@ def _summary(location: Location, config: StoreConfig | None, infos: list[ObjectI
     return summary
 
 
-def describe(uri: str | Location, config: StoreConfig | None = None,
-             cache_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+def describe(
+    uri: str | Location, config: StoreConfig | None = None, cache_dir: str | os.PathLike[str] | None = None
+) -> dict[str, Any]:
     """One version: state, samples, shards, bytes, encoding, fingerprint, who built it and when,
     its claim, whether the store still holds every object the index names (by ETag), and how
     many shards this node's cache holds at the recorded version."""
@@ -110,28 +125,35 @@ def describe(uri: str | Location, config: StoreConfig | None = None,
         raise NotFound(f"no dataset at {location}", f"lading datasets list {location.root}")
     now = time.time()
     record = claim[0] if claim else None
-    result: dict[str, Any] = {"uri": location.uri, "name": location.name, "version": location.version,
-                              "state": _state(index, record, now), "objects": len(infos),
-                              "bytes": sum(info.size for info in infos),
-                              "claim": as_json(record, now) if record else None}
+    result: dict[str, Any] = {
+        "uri": location.uri,
+        "name": location.name,
+        "version": location.version,
+        "state": _state(index, record, now),
+        "objects": len(infos),
+        "bytes": sum(info.size for info in infos),
+        "claim": as_json(record, now) if record else None,
+    }
     if index is None:
         return result
     block = block_of(index)
     shards = index.get("shardlist", [])
-    result.update({
-        "index": location.index_uri,
-        "samples": block.get("samples", index.get("lading", {}).get("nsamples")),
-        "shards": len(shards),
-        "shard_bytes": sum(int(shard.get("filesize", 0)) for shard in shards),
-        "encoding": block.get("encoding"),
-        "fingerprint": block.get("fingerprint"),
-        "function": block.get("function"),
-        "built_by": block.get("built_by"),
-        "built_at": block.get("built_at"),
-        "build_seconds": block.get("build_seconds"),
-        "build": block.get("build"),
-        "datalayer": bool(block),
-    })
+    result.update(
+        {
+            "index": location.index_uri,
+            "samples": block.get("samples", index.get("lading", {}).get("nsamples")),
+            "shards": len(shards),
+            "shard_bytes": sum(int(shard.get("filesize", 0)) for shard in shards),
+            "encoding": block.get("encoding"),
+            "fingerprint": block.get("fingerprint"),
+            "function": block.get("function"),
+            "built_by": block.get("built_by"),
+            "built_at": block.get("built_at"),
+            "build_seconds": block.get("build_seconds"),
+            "build": block.get("build"),
+            "datalayer": bool(block),
+        }
+    )
     try:
         check_content(store, location, index)
         result["store_check"] = "ok"
@@ -141,8 +163,9 @@ def describe(uri: str | Location, config: StoreConfig | None = None,
     return result
 
 
-def node_cache_status(location: Location, index: dict[str, Any], cache_dir: str | os.PathLike[str] | None = None
-                      ) -> dict[str, Any] | None:
+def node_cache_status(
+    location: Location, index: dict[str, Any], cache_dir: str | os.PathLike[str] | None = None
+) -> dict[str, Any] | None:
     """How many of the version's objects this node's cache holds at the version the index
     recorded (``current``), at another one (``stale``: downloaded again when read), or not at all.
     None for a local store (read in place) or when no cache exists here."""
@@ -177,8 +200,7 @@ class Removed:
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {"uri": self.location.uri, "objects": self.objects, "bytes": self.bytes,
-                "took_over": self.took_over}
+        return {"uri": self.location.uri, "objects": self.objects, "bytes": self.bytes, "took_over": self.took_over}
 
 
 def remove(uri: str | Location, config: StoreConfig | None = None, ttl: float = 60.0) -> Removed:
@@ -236,7 +258,9 @@ def _claimed(location: Location, record: ClaimRecord | None) -> ProblemFound:
     if record is None:
         return ProblemFound(f"{location} was claimed by another process just now", "try again later")
     doing = "removing" if record.purpose == "remove" else "building"
-    return ProblemFound(f"{location} is claimed: {record.describe()} is {doing} it (last heartbeat "
-                        f"{record.heartbeat_age():.0f}s ago, TTL {record.ttl:g}s)",
-                        f"wait for it to finish, or for its claim to expire ({2 * record.ttl:g}s without a "
-                        "heartbeat) if that process is gone")
+    return ProblemFound(
+        f"{location} is claimed: {record.describe()} is {doing} it (last heartbeat "
+        f"{record.heartbeat_age():.0f}s ago, TTL {record.ttl:g}s)",
+        f"wait for it to finish, or for its claim to expire ({2 * record.ttl:g}s without a "
+        "heartbeat) if that process is gone",
+    )

@@ -156,9 +156,11 @@ class Claim:
             self.record, self.version = record, version
 
     def _lost_error(self) -> ClaimLost:
-        return ClaimLost(f"lost the claim on {self.store.url}: another process took it over after this one "
-                         f"missed its heartbeats for {self.record.ttl:g}s", "nothing was published by this "
-                         "process; the other one builds the version")
+        return ClaimLost(
+            f"lost the claim on {self.store.url}: another process took it over after this one "
+            f"missed its heartbeats for {self.record.ttl:g}s",
+            "nothing was published by this process; the other one builds the version",
+        )
 
     def check(self) -> None:
         """Raise ClaimLost if the heartbeat found the claim taken over."""

@@ -126,21 +126,28 @@ class Encoder:
         """The stored key and the members of the next sample."""
         position = self.samples
         if not isinstance(sample, Mapping):
-            raise UsageError(f"sample {position} is a {type(sample).__name__}, not a dict",
-                             'yield dicts of fields, e.g. {"image": array, "label": 3}')
+            raise UsageError(
+                f"sample {position} is a {type(sample).__name__}, not a dict",
+                'yield dicts of fields, e.g. {"image": array, "label": 3}',
+            )
         key = sample.get("__key__")
         keyed = key is not None
         if self.keyed is None:
             self.keyed = keyed
         elif keyed != self.keyed:
-            raise UsageError(f"sample {position} {'has' if keyed else 'has no'} __key__, the samples before it "
-                             f"{'do not' if keyed else 'do'}", "give every sample a __key__, or none")
+            raise UsageError(
+                f"sample {position} {'has' if keyed else 'has no'} __key__, the samples before it "
+                f"{'do not' if keyed else 'do'}",
+                "give every sample a __key__, or none",
+            )
         if keyed:
             if not isinstance(key, str) or not key:
                 raise UsageError(f"sample {position}: __key__ {key!r} is not a non-empty string")
             if key in self._keys:
-                raise UsageError(f"sample {position}: __key__ {key!r} was used by an earlier sample",
-                                 "keys identify samples: make them unique, or leave them out")
+                raise UsageError(
+                    f"sample {position}: __key__ {key!r} was used by an earlier sample",
+                    "keys identify samples: make them unique, or leave them out",
+                )
             self._keys.add(key)
             stored = escape(key)
             where = f"sample {key!r}"
@@ -154,8 +161,10 @@ class Encoder:
             if not isinstance(name, str) or not name:
                 raise UsageError(f"{where}: field name {name!r} is not a non-empty string")
             if name.startswith("__"):
-                raise UsageError(f"{where}: field {name!r} starts with '__', which WebDataset reserves",
-                                 "rename it (only __key__ is read as the sample's key)")
+                raise UsageError(
+                    f"{where}: field {name!r} starts with '__', which WebDataset reserves",
+                    "rename it (only __key__ is read as the sample's key)",
+                )
             kind, data = encode_value(value, f"{where}, field {name!r}")
             ext = f"{escape(name)}.{SUFFIX[kind]}"
             self._record(ext.lower(), name, kind, where)
@@ -164,8 +173,10 @@ class Encoder:
             raise UsageError(f"{where} has no fields", "a sample needs at least one field besides __key__")
         folded = [ext.lower() for ext, _ in members]
         if len(set(folded)) != len(folded):
-            raise UsageError(f"{where}: two field names differ only by case",
-                             "WebDataset readers lower-case extensions; rename one of them")
+            raise UsageError(
+                f"{where}: two field names differ only by case",
+                "WebDataset readers lower-case extensions; rename one of them",
+            )
         self.samples += 1
         return stored, members
 
@@ -174,13 +185,18 @@ class Encoder:
         if known is None:
             self.fields[ext] = {"field": name, "type": kind}
         elif known["field"] != name:
-            raise UsageError(f"{where}: field {name!r} and field {known['field']!r} of an earlier sample differ "
-                             "only by case", "WebDataset readers lower-case extensions; use one spelling")
+            raise UsageError(
+                f"{where}: field {name!r} and field {known['field']!r} of an earlier sample differ only by case",
+                "WebDataset readers lower-case extensions; use one spelling",
+            )
 
     def table(self) -> dict[str, Any]:
         """What the index records (see the module docstring)."""
-        return {"format": ENCODING, "keys": "given" if self.keyed else "position", "fields": dict(sorted(
-            self.fields.items()))}
+        return {
+            "format": ENCODING,
+            "keys": "given" if self.keyed else "position",
+            "fields": dict(sorted(self.fields.items())),
+        }
 
 
 class Decode:
@@ -189,14 +205,20 @@ class Decode:
 
     def __init__(self, encoding: Mapping[str, Any], then: Callable[[dict[str, Any]], Any] | None = None) -> None:
         if not isinstance(encoding, Mapping) or encoding.get("format") != ENCODING:
-            raise UsageError(f"unknown sample encoding {encoding.get('format') if isinstance(encoding, Mapping) else encoding!r}",
-                             "this dataset was written by a newer lading; upgrade lading-data")
-        self.fields = {str(ext): (str(entry["field"]), str(entry["type"]))
-                       for ext, entry in dict(encoding.get("fields", {})).items()}
+            raise UsageError(
+                f"unknown sample encoding {encoding.get('format') if isinstance(encoding, Mapping) else encoding!r}",
+                "this dataset was written by a newer lading; upgrade lading-data",
+            )
+        self.fields = {
+            str(ext): (str(entry["field"]), str(entry["type"]))
+            for ext, entry in dict(encoding.get("fields", {})).items()
+        }
         unknown = sorted({kind for _, kind in self.fields.values()} - set(DECODERS))
         if unknown:
-            raise UsageError(f"unknown field types {unknown} in this dataset's encoding",
-                             "it was written by a newer lading; upgrade lading-data")
+            raise UsageError(
+                f"unknown field types {unknown} in this dataset's encoding",
+                "it was written by a newer lading; upgrade lading-data",
+            )
         self.then = then
 
     def __call__(self, sample: dict[str, Any]) -> Any:

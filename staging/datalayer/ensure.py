@@ -88,10 +88,18 @@ class Outcome:
 Builder = Callable[[Store, Location, Claim], dict[str, Any]]
 
 
-def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint: str, *, function: str,
-           options: BuildOptions | None = None, config: StoreConfig | None = None,
-           clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-           builder: Builder | None = None) -> Outcome:
+def ensure(
+    location: Location,
+    produce: Callable[[], Iterable[Any]],
+    fingerprint: str,
+    *,
+    function: str,
+    options: BuildOptions | None = None,
+    config: StoreConfig | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    builder: Builder | None = None,
+) -> Outcome:
     """Make sure ``location`` holds a complete build of ``fingerprint``; run ``produce`` (or
     ``builder``) only if this process is the one elected to build it."""
     options = options or BuildOptions()
@@ -121,8 +129,10 @@ def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint
             other, version = found
             _refuse_other_build(location, other, fingerprint)
             if other.state == "failed" and other.owner == waited_on:
-                raise BuildFailed(f"the build of {location} by {other.describe()} failed: {other.error}",
-                                  "fix the function and call it again (the next call builds again)")
+                raise BuildFailed(
+                    f"the build of {location} by {other.describe()} failed: {other.error}",
+                    "fix the function and call it again (the next call builds again)",
+                )
             if other.state == "failed" or observer.expired(other, version):
                 _check_conditional_writes(store)
                 claim = Claim.take_over(store, mine, version)
@@ -132,8 +142,12 @@ def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint
                     stale_build = other.build
             elif waited_on != other.owner:
                 waited_on = other.owner
-                log.info("%s is being %s by %s; waiting for its index", location,
-                         "removed" if other.purpose == "remove" else "built", other.describe())
+                log.info(
+                    "%s is being %s by %s; waiting for its index",
+                    location,
+                    "removed" if other.purpose == "remove" else "built",
+                    other.describe(),
+                )
             if claim is None:
                 delay = min(delay, max(0.05, other.ttl / 4))
         if claim is not None:
@@ -145,9 +159,10 @@ def ensure(location: Location, produce: Callable[[], Iterable[Any]], fingerprint
             waiting_since = now
         if now >= deadline:
             holder = found[0].describe() if found is not None else "another process"
-            raise WaitTimeout(f"gave up waiting for {location} after {now - started:.0f}s: {holder} still holds "
-                              "its claim", "raise wait_timeout=, or check on that process (lading datasets show "
-                              f"{location})")
+            raise WaitTimeout(
+                f"gave up waiting for {location} after {now - started:.0f}s: {holder} still holds its claim",
+                f"raise wait_timeout=, or check on that process (lading datasets show {location})",
+            )
         sleep(min(delay * random.uniform(0.8, 1.2), max(0.0, deadline - now)))
         delay = min(delay * 1.5, options.max_poll)
 
@@ -165,21 +180,27 @@ def _refuse_other_build(location: Location, other: ClaimRecord, fingerprint: str
     if other.purpose != "build" or other.state == "failed" or other.fingerprint in ("", fingerprint):
         return
     if other.heartbeat_age() <= other.ttl:
-        raise VersionConflict(f"{location} is being built by {other.describe()} from another function or "
-                              f"arguments (fingerprint {other.fingerprint}, this call's {fingerprint})",
-                              "versions are immutable: use a new version for new data")
+        raise VersionConflict(
+            f"{location} is being built by {other.describe()} from another function or "
+            f"arguments (fingerprint {other.fingerprint}, this call's {fingerprint})",
+            "versions are immutable: use a new version for new data",
+        )
 
 
 def _reused(store: Store, location: Location, index: dict[str, Any], fingerprint: str, waited: float) -> Outcome:
     block = block_of(index)
     if not block:
-        raise VersionConflict(f"{location} holds a dataset that lading.datalayer did not build (lading pack?)",
-                              "use another name or version for the cached dataset")
+        raise VersionConflict(
+            f"{location} holds a dataset that lading.datalayer did not build (lading pack?)",
+            "use another name or version for the cached dataset",
+        )
     if block.get("fingerprint") != fingerprint:
-        raise VersionConflict(f"{location} was built by another function or arguments (fingerprint "
-                              f"{block.get('fingerprint')}, this call's {fingerprint})",
-                              "versions are immutable: use a new version for new data (or pass the "
-                              "recorded fingerprint= if the change does not alter the data)")
+        raise VersionConflict(
+            f"{location} was built by another function or arguments (fingerprint "
+            f"{block.get('fingerprint')}, this call's {fingerprint})",
+            "versions are immutable: use a new version for new data (or pass the "
+            "recorded fingerprint= if the change does not alter the data)",
+        )
     check_content(store, location, index)
     return Outcome(location, index, built=False, waited=waited)
 
@@ -190,24 +211,39 @@ def check_content(store: Store, location: Location, index: dict[str, Any]) -> No
     listing = {info.key: info for info in store.list()}
     problems = check_against_listing(index, listing, location.uri)
     if problems:
-        raise ProblemFound(f"{location} was changed after it was built: {problems[0]}"
-                           + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
-                           f"remove it (lading datasets rm {location} --yes) and build it again, or use a "
-                           "new version")
+        raise ProblemFound(
+            f"{location} was changed after it was built: {problems[0]}"
+            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""),
+            f"remove it (lading datasets rm {location} --yes) and build it again, or use a new version",
+        )
 
 
 def _spooled(produce: Callable[[], Iterable[Any]], function: str, options: BuildOptions) -> Builder:
     """The default builder: ``produce()``'s samples spooled and packed in this process."""
 
     def build(store: Store, location: Location, claim: Claim) -> dict[str, Any]:
-        return build_version(store, location, produce(), claim, function=function, shard_size=options.shard_size,
-                             spool_dir=options.spool_dir)
+        return build_version(
+            store,
+            location,
+            produce(),
+            claim,
+            function=function,
+            shard_size=options.shard_size,
+            spool_dir=options.spool_dir,
+        )
 
     return build
 
 
-def _build(store: Store, location: Location, claim: Claim, builder: Builder, fingerprint: str,
-           stale_build: str | None, waited: float) -> Outcome:
+def _build(
+    store: Store,
+    location: Location,
+    claim: Claim,
+    builder: Builder,
+    fingerprint: str,
+    stale_build: str | None,
+    waited: float,
+) -> Outcome:
     """Holding the claim: build unless the index appeared meanwhile."""
     try:
         index = read_index(store, location)

@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 _SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.ENCODING, tokenize.ENDMARKER}
 
 
-def fingerprint(function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                explicit: str | None = None) -> str:
+def fingerprint(
+    function: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], explicit: str | None = None
+) -> str:
     """The build fingerprint of ``function(*args, **kwargs)`` (see the module docstring)."""
     if explicit is not None:
         if not isinstance(explicit, str) or not explicit.strip():
@@ -71,10 +72,14 @@ def code_text(function: Callable[..., Any]) -> str:
 def _code_object_text(function: Callable[..., Any]) -> str:
     code = getattr(function, "__code__", None)
     if code is None:
-        raise UsageError(f"cannot fingerprint {function!r}: no source and no code object",
-                         'pass fingerprint="..." (any string that changes when the data does)')
-    log.info("no source for %s; fingerprinting its code object (Python-version specific)",
-             getattr(function, "__qualname__", function))
+        raise UsageError(
+            f"cannot fingerprint {function!r}: no source and no code object",
+            'pass fingerprint="..." (any string that changes when the data does)',
+        )
+    log.info(
+        "no source for %s; fingerprinting its code object (Python-version specific)",
+        getattr(function, "__qualname__", function),
+    )
     return "code-object:" + hashlib.sha256(marshal.dumps(code)).hexdigest()
 
 
@@ -85,8 +90,13 @@ def arguments_text(function: Callable[..., Any], args: tuple[Any, ...], kwargs: 
     except TypeError as err:
         raise UsageError(f"cannot call {getattr(function, '__qualname__', function)}: {err}") from None
     except ValueError:  # no signature (a builtin): positional order is all there is
-        return json.dumps({"args": [_canonical(a, "argument") for a in args],
-                           "kwargs": {k: _canonical(v, k) for k, v in sorted(kwargs.items())}}, sort_keys=True)
+        return json.dumps(
+            {
+                "args": [_canonical(a, "argument") for a in args],
+                "kwargs": {k: _canonical(v, k) for k, v in sorted(kwargs.items())},
+            },
+            sort_keys=True,
+        )
     bound.apply_defaults()
     return json.dumps({name: _canonical(value, name) for name, value in bound.arguments.items()}, sort_keys=True)
 
@@ -102,6 +112,7 @@ def _canonical(value: Any, where: str) -> Any:
         return {type(value).__name__: [_canonical(item, where) for item in value]}
     if isinstance(value, dict) and all(isinstance(key, str) for key in value):
         return {"dict": {key: _canonical(item, where) for key, item in sorted(value.items())}}
-    raise UsageError(f"argument {where!r} is a {type(value).__name__}, which has no stable text for the "
-                     "build fingerprint", 'pass fingerprint="..." to cached(), or pass plain values '
-                     "(strings, numbers, lists, dicts)")
+    raise UsageError(
+        f"argument {where!r} is a {type(value).__name__}, which has no stable text for the build fingerprint",
+        'pass fingerprint="..." to cached(), or pass plain values (strings, numbers, lists, dicts)',
+    )

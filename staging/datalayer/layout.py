@@ -59,8 +59,10 @@ class Location:
         head, _, version = text.rpartition("/")
         root, _, name = head.rpartition("/")
         if not root or not name or not version or root.endswith((":/", ":")):
-            raise UsageError(f"{uri!r} does not name a dataset version", "write STORE_URI/NAME/VERSION, "
-                             "e.g. s3://bucket/cache/mnist/v1")
+            raise UsageError(
+                f"{uri!r} does not name a dataset version",
+                "write STORE_URI/NAME/VERSION, e.g. s3://bucket/cache/mnist/v1",
+            )
         return cls.of(root, name, version)
 
     @property

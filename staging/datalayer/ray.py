@@ -65,8 +65,9 @@ class _VersionSink(ShardSink):
     """ShardSink into ``build-<id>/`` of a version; the index (with the datalayer block) is
     created at the version's top, only if absent, while the claim is ours."""
 
-    def __init__(self, location: Location, claim: Claim, function: str, shard_size: int,
-                 config: StoreConfig | None) -> None:
+    def __init__(
+        self, location: Location, claim: Claim, function: str, shard_size: int, config: StoreConfig | None
+    ) -> None:
         super().__init__(location.uri, name=location.name, shard_size=shard_size, config=config)
         self.folder = claim.record.build.rstrip("/") + "/"
         self.location, self.claim, self.function = location, claim, function
@@ -92,16 +93,25 @@ class _VersionSink(ShardSink):
             for ext, entry in (summary or {}).get("fields", {}).items():
                 known = fields.setdefault(ext, entry)
                 if known["field"] != entry["field"]:
-                    raise UsageError(f"fields {known['field']!r} and {entry['field']!r} differ only by case",
-                                     "WebDataset readers lower-case extensions; use one spelling")
+                    raise UsageError(
+                        f"fields {known['field']!r} and {entry['field']!r} differ only by case",
+                        "WebDataset readers lower-case extensions; use one spelling",
+                    )
         record = self.claim.record if self.claim is not None else None
         self._block = {
-            "format": FORMAT, "name": self.location.name, "version": self.location.version,
-            "fingerprint": record.fingerprint if record else "", "function": self.function,
-            "encoding": {"format": ENCODING, "keys": "given" if keyed == {True} else "position",
-                         "fields": dict(sorted(fields.items()))},
+            "format": FORMAT,
+            "name": self.location.name,
+            "version": self.location.version,
+            "fingerprint": record.fingerprint if record else "",
+            "function": self.function,
+            "encoding": {
+                "format": ENCODING,
+                "keys": "given" if keyed == {True} else "position",
+                "fields": dict(sorted(fields.items())),
+            },
             "samples": sum(summary["samples"] for summary in summaries if summary),
-            "build": record.build if record else self.folder.rstrip("/"), "writer": "ray",
+            "build": record.build if record else self.folder.rstrip("/"),
+            "writer": "ray",
             "built_by": {"host": socket.gethostname(), "pid": os.getpid(), "user": record.user if record else ""},
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
@@ -115,13 +125,16 @@ class _VersionSink(ShardSink):
         self.claim.check()
         self.claim.beat()
         if claims.create(store, self.location.index_key, dump(index)) is None:
-            raise ProblemFound(f"{self.location.index_uri} appeared while this process built it",
-                               "another process published the version first; nothing of this build is used")
+            raise ProblemFound(
+                f"{self.location.index_uri} appeared while this process built it",
+                "another process published the version first; nothing of this build is used",
+            )
         return index
 
 
-def _ray_builder(make: Callable[[], Any], function: str, shard_size: int,
-                 config: StoreConfig | None) -> Callable[[Store, Location, Claim], dict[str, Any]]:
+def _ray_builder(
+    make: Callable[[], Any], function: str, shard_size: int, config: StoreConfig | None
+) -> Callable[[Store, Location, Claim], dict[str, Any]]:
     def build(store: Store, location: Location, claim: Claim) -> dict[str, Any]:
         dataset = make()
         if not hasattr(dataset, "write_datasink"):
@@ -142,9 +155,18 @@ def _ray_builder(make: Callable[[], Any], function: str, shard_size: int,
     return build
 
 
-def publish(dataset: Any, store_uri: str, name: str, version: str, *, fingerprint: str | None = None,
-            shard_size: int = DEFAULT_SHARD_SIZE, config: StoreConfig | None = None, claim_ttl: float = 60.0,
-            wait_timeout: float = 3600.0) -> Outcome:
+def publish(
+    dataset: Any,
+    store_uri: str,
+    name: str,
+    version: str,
+    *,
+    fingerprint: str | None = None,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    config: StoreConfig | None = None,
+    claim_ttl: float = 60.0,
+    wait_timeout: float = 3600.0,
+) -> Outcome:
     """Publish a Ray Dataset as ``store_uri/name/version/`` unless that version exists (or is being
     published by another process: then wait for it); check it; return what happened.
 
@@ -166,11 +188,20 @@ def publish(dataset: Any, store_uri: str, name: str, version: str, *, fingerprin
         built_as = fingerprint_of(dataset, (), {}, fingerprint)
     else:
         if fingerprint is None:
-            raise UsageError("a Ray Dataset has no code lading can fingerprint: pass fingerprint=",
-                             'e.g. publish(ds, ..., fingerprint="resize-224 of raw/v3"), or pass a function '
-                             "that returns the dataset")
+            raise UsageError(
+                "a Ray Dataset has no code lading can fingerprint: pass fingerprint=",
+                'e.g. publish(ds, ..., fingerprint="resize-224 of raw/v3"), or pass a function '
+                "that returns the dataset",
+            )
         make, function = (lambda: dataset), "ray.data.Dataset"
         built_as = fingerprint_of(make, (), {}, fingerprint)
     options = BuildOptions(claim_ttl=float(claim_ttl), wait_timeout=float(wait_timeout), shard_size=int(shard_size))
-    return ensure(location, lambda: (), built_as, function=function, options=options, config=config,
-                  builder=_ray_builder(make, function, int(shard_size), config))
+    return ensure(
+        location,
+        lambda: (),
+        built_as,
+        function=function,
+        options=options,
+        config=config,
+        builder=_ray_builder(make, function, int(shard_size), config),
+    )

@@ -25,5 +25,15 @@ from lading.sync.cache import (  # noqa: F401 - re-exported
     summarize,
 )
 
-__all__ = ["CachedDataset", "CachedShard", "Cleared", "NodeCache", "ShardSource", "clear", "default_cache_root",
-           "map_file", "parse_limit", "summarize"]
+__all__ = [
+    "CachedDataset",
+    "CachedShard",
+    "Cleared",
+    "NodeCache",
+    "ShardSource",
+    "clear",
+    "default_cache_root",
+    "map_file",
+    "parse_limit",
+    "summarize",
+]

@@ -37,9 +37,10 @@ def decode_field(function: Decoder, data: bytes, field: str, key: str | None, wh
         sample = f" of sample {key!r}" if key is not None else ""
         source = f" in {place}" if place else ""
         reason = " ".join(str(err).split())[:200] or type(err).__name__
-        raise DecodeError(f"cannot decode field {field!r}{sample}{source}: {type(err).__name__}: {reason}",
-                          f"check that data, or leave {field!r} out of decode= (a mapping of the "
-                          "extensions to decode)") from err
+        raise DecodeError(
+            f"cannot decode field {field!r}{sample}{source}: {type(err).__name__}: {reason}",
+            f"check that data, or leave {field!r} out of decode= (a mapping of the extensions to decode)",
+        ) from err
 
 
 def _text(data: bytes) -> str:
@@ -60,8 +61,10 @@ def _needs(module: str, ext: str, package: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise UsageError(f"decoding .{ext} fields needs {package}, which is not installed",
-                         f"pip install {package}, or pass decode= without '{ext}'") from None
+        raise UsageError(
+            f"decoding .{ext} fields needs {package}, which is not installed",
+            f"pip install {package}, or pass decode= without '{ext}'",
+        ) from None
 
 
 def _npy(data: bytes) -> Any:
@@ -87,11 +90,18 @@ def _image(data: bytes) -> Any:
 
 #: What ``decode=True`` applies. Copy and extend it for a mapping of your own.
 DEFAULT_DECODERS: dict[str, Decoder] = {
-    "json": _json, "jsn": _json,
-    "txt": _text, "text": _text,
-    "cls": _int, "cls2": _int, "index": _int, "inx": _int, "id": _int,
+    "json": _json,
+    "jsn": _json,
+    "txt": _text,
+    "text": _text,
+    "cls": _int,
+    "cls2": _int,
+    "index": _int,
+    "inx": _int,
+    "id": _int,
     "npy": _npy,
-    "pth": _pth, "pt": _pth,
+    "pth": _pth,
+    "pt": _pth,
     **{ext: _image for ext in ("jpg", "jpeg", "png", "ppm", "pgm", "pbm", "bmp", "gif", "tif", "tiff", "webp")},
 }
 

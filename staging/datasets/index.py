@@ -17,6 +17,7 @@ from lading.stores.config import StoreConfig
 from lading.stores.process import ProcessLocal
 from lading.stores.uri import StoreURI, parse_uri
 
+
 class _Stores:
     """Stores by (folder, config) in one process (reset in a forked child, like all per-process state)."""
 
@@ -92,8 +93,9 @@ class DatasetIndex:
         """Samples per shard (an index always has them)."""
         return [shard.nsamples or 0 for shard in self.shards]
 
-    def table(self, config: StoreConfig, fetch: Callable[[ShardRef], bytes] | None = None
-              ) -> offsets_format.OffsetsTable | None:
+    def table(
+        self, config: StoreConfig, fetch: Callable[[ShardRef], bytes] | None = None
+    ) -> offsets_format.OffsetsTable | None:
         """The offsets table, read on first use (None when the pack wrote none). ``fetch`` reads
         the file (through the node cache); by default it is read from the store."""
         if self._table is None and self.offsets is not None:
@@ -102,8 +104,10 @@ class DatasetIndex:
             table = offsets_format.decode(data, uri)
             listed = [(shard.uri.rpartition("/")[2], shard.nsamples) for shard in self.shards]
             if [(url.rpartition("/")[2], count) for url, count in table.shards] != listed:
-                raise ProblemFound(f"{uri} does not describe the shards of {self.uri}",
-                                   "the dataset was re-packed in place: pack a new --version")
+                raise ProblemFound(
+                    f"{uri} does not describe the shards of {self.uri}",
+                    "the dataset was re-packed in place: pack a new --version",
+                )
             self._table = table
         return self._table
 
@@ -120,15 +124,25 @@ def load_index(index_uri: str, config: StoreConfig) -> DatasetIndex:
     shards = []
     for shard in document["shardlist"]:
         etag, size = shard.get("etag"), shard.get("filesize")
-        shards.append(ShardRef(_resolve(parent, shard["url"]), shard["nsamples"],
-                               etag if isinstance(etag, str) else None, size if isinstance(size, int) else None))
+        shards.append(
+            ShardRef(
+                _resolve(parent, shard["url"]),
+                shard["nsamples"],
+                etag if isinstance(etag, str) else None,
+                size if isinstance(size, int) else None,
+            )
+        )
     block = document.get("lading") if isinstance(document.get("lading"), dict) else {}
     entry = block.get("offsets") if isinstance(block, dict) else None
     offsets = None
     if isinstance(entry, dict) and isinstance(entry.get("url"), str):
         etag, size = entry.get("etag"), entry.get("filesize")
-        offsets = ShardRef(_resolve(parent, entry["url"]), None, etag if isinstance(etag, str) else None,
-                           size if isinstance(size, int) else None)
+        offsets = ShardRef(
+            _resolve(parent, entry["url"]),
+            None,
+            etag if isinstance(etag, str) else None,
+            size if isinstance(size, int) else None,
+        )
     # The order of an epoch depends on the sample counts only: a copy (other versions) resumes too.
     identity = hashlib.sha256(repr([(s.uri.rpartition("/")[2], s.nsamples) for s in shards]).encode()).hexdigest()[:16]
     return DatasetIndex(index_uri, shards, offsets, identity)

@@ -98,8 +98,10 @@ class DataLoader(tud.DataLoader):
     def state_dict(self) -> dict[str, Any]:
         """The resumable dataset's (or sampler's) state after the samples delivered so far."""
         if self._resumable is None:
-            raise UsageError("neither the dataset nor the sampler can save a resume state",
-                             "use ShardDataset, MixedDataset, or PackedDataset with NodeLocalSampler")
+            raise UsageError(
+                "neither the dataset nor the sampler can save a resume state",
+                "use ShardDataset, MixedDataset, or PackedDataset with NodeLocalSampler",
+            )
         return {"lading_loader": 1, "state": self._resumable.state_dict(samples_seen=self.delivered)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -131,8 +133,11 @@ class _Recorded:
 
 def _resumable_of(loader: tud.DataLoader) -> Any:
     for candidate in (loader.dataset, loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
-        if hasattr(candidate, "state_dict") and hasattr(candidate, "load_state_dict") \
-                and hasattr(candidate, "set_epoch"):
+        if (
+            hasattr(candidate, "state_dict")
+            and hasattr(candidate, "load_state_dict")
+            and hasattr(candidate, "set_epoch")
+        ):
             return candidate
     return None
 
@@ -141,24 +146,32 @@ def _check_order(loader: tud.DataLoader, kwargs: Mapping[str, Any]) -> None:
     """Refuse what would make a resume silently wrong; give the dataset the loader's batch size."""
     dataset: Any = loader.dataset
     if kwargs.get("in_order", True) is False and _resumable_of(loader) is not None:
-        raise UsageError("in_order=False delivers batches out of order, so a resume state cannot say which "
-                         "samples were consumed", "leave in_order at True")
+        raise UsageError(
+            "in_order=False delivers batches out of order, so a resume state cannot say which samples were consumed",
+            "leave in_order at True",
+        )
     if not hasattr(dataset, "iter_worker"):
         return  # map-style: the sampler's order is the loader's
     ours = getattr(dataset, "batch_size", None)
     if ours is None:
         dataset.batch_size = loader.batch_size
     elif ours != loader.batch_size:
-        raise UsageError(f"the dataset's batch_size={ours} differs from the DataLoader's batch_size="
-                         f"{loader.batch_size}: workers would hand out batches a resume cannot account for",
-                         "pass the same batch_size to both (or none to the dataset)")
+        raise UsageError(
+            f"the dataset's batch_size={ours} differs from the DataLoader's batch_size="
+            f"{loader.batch_size}: workers would hand out batches a resume cannot account for",
+            "pass the same batch_size to both (or none to the dataset)",
+        )
 
 
 def _share_epoch(loader: tud.DataLoader) -> Any:
     """A shared epoch cell for persistent workers of an iterable dataset (None when not needed)."""
     dataset: Any = loader.dataset
-    if not (loader.persistent_workers and loader.num_workers > 0 and hasattr(dataset, "epoch")
-            and hasattr(dataset, "iter_worker")):
+    if not (
+        loader.persistent_workers
+        and loader.num_workers > 0
+        and hasattr(dataset, "epoch")
+        and hasattr(dataset, "iter_worker")
+    ):
         return None
     context = loader.multiprocessing_context or multiprocessing.get_context()
     cell = context.Value("q", int(dataset.epoch), lock=False)

@@ -45,7 +45,7 @@ def apportion(weights: Sequence[float], seats: int) -> list[int]:
     exact = [seats * weight / total for weight in weights]
     shares = [math.floor(value) for value in exact]
     order = sorted(range(len(weights)), key=lambda d: (-(exact[d] - shares[d]), d))
-    for d in order[:seats - sum(shares)]:
+    for d in order[: seats - sum(shares)]:
         shares[d] += 1
     return shares
 
@@ -195,10 +195,20 @@ class MixedDataset(IterableBase):
 
     STATE_FORMAT = STATE_FORMAT
 
-    def __init__(self, datasets: Sequence[ShardDataset], weights: Sequence[float] | None = None, *, seed: int = 0,
-                 samples_per_epoch: int | None = None, block: int | None = None, rank: int | None = None,
-                 world_size: int | None = None, batch_size: int | None = None, remainder: str = "pad",
-                 local_world_size: int | None = None) -> None:
+    def __init__(
+        self,
+        datasets: Sequence[ShardDataset],
+        weights: Sequence[float] | None = None,
+        *,
+        seed: int = 0,
+        samples_per_epoch: int | None = None,
+        block: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        batch_size: int | None = None,
+        remainder: str = "pad",
+        local_world_size: int | None = None,
+    ) -> None:
         self.datasets = list(datasets)
         if not self.datasets:
             raise UsageError("MixedDataset needs at least one dataset")
@@ -223,8 +233,10 @@ class MixedDataset(IterableBase):
         if self.samples_per_epoch < 0:
             raise UsageError(f"samples_per_epoch={samples_per_epoch} must not be negative")
         if remainder not in ("pad", "drop"):
-            raise UsageError(f"remainder={remainder!r}: a MixedDataset deals with 'pad' or 'drop'",
-                             "every rank needs the same number of mixed samples")
+            raise UsageError(
+                f"remainder={remainder!r}: a MixedDataset deals with 'pad' or 'drop'",
+                "every rank needs the same number of mixed samples",
+            )
         if batch_size is not None and batch_size < 1:
             raise UsageError(f"batch_size={batch_size} must be positive")
         self.layout = resolve_layout(rank, world_size, local_world_size)
@@ -264,8 +276,9 @@ class MixedDataset(IterableBase):
         """``start`` once every node consumed ``consumed`` mixed positions of it."""
         draws = self._pattern(start).draws(consumed)
         nodes = self.layout.nodes
-        children = tuple(advance(order, state, count, nodes)
-                         for order, state, count in zip(self._orders(), start.children, draws))
+        children = tuple(
+            advance(order, state, count, nodes) for order, state, count in zip(self._orders(), start.children, draws)
+        )
         return _Start(start.epoch, max(0, start.left - consumed * nodes), children)
 
     def __len__(self) -> int:
@@ -283,15 +296,16 @@ class MixedDataset(IterableBase):
         start = self._start(self.epoch)
         layout = self.layout
         pattern = self._pattern(start)
-        streams = [ChildStream(order, state, layout.nodes, layout.node)
-                   for order, state in zip(self._orders(), start.children)]
+        streams = [
+            ChildStream(order, state, layout.nodes, layout.node) for order, state in zip(self._orders(), start.children)
+        ]
         readers = [dataset.reader() for dataset in self.datasets]
         done_after: list[dict[int, tuple[int, int]]] = [{} for _ in self.datasets]
         now: list[tuple[int, int]] = [(0, 0)] * len(self.datasets)
         locals_ = worker_locals(self._per_rank(start.left), self.batch_size or 1, worker, num_workers)
         step = 0
         for begin in range(0, len(locals_), 512):
-            positions = locals_[begin:begin + 512] * layout.per_node + layout.local_rank
+            positions = locals_[begin : begin + 512] * layout.per_node + layout.local_rank
             sources, draws = pattern.locate(positions)
             placed = [streams[d].locate(draws[sources == d]) for d in range(len(streams))]
             cursor = [0] * len(streams)
@@ -309,8 +323,11 @@ class MixedDataset(IterableBase):
     # -- resume ----------------------------------------------------------------------------------
 
     def _identity(self) -> dict[str, Any]:
-        return {"datasets": [dataset._identity() for dataset in self.datasets], "quotas": self.quotas,
-                "seed": self.seed}
+        return {
+            "datasets": [dataset._identity() for dataset in self.datasets],
+            "quotas": self.quotas,
+            "seed": self.seed,
+        }
 
     def state_dict(self, samples_seen: int) -> dict[str, Any]:
         """A small JSON-able state: save it with the checkpoint, on any rank (they agree)."""
@@ -319,23 +336,39 @@ class MixedDataset(IterableBase):
         if not 0 <= samples_seen <= count:
             raise UsageError(f"samples_seen={samples_seen}: this rank has {count} samples in epoch {self.epoch}")
         after = self._after(start, samples_seen * self.layout.per_node)
-        children = [{"pass": state.passes, "lanes": order.lane_count, "homes": order.homes,
-                     "remaining": state.left.encode(order.lanes().sizes().tolist())}
-                    for order, state in zip(self._orders(), after.children)]
-        return {"format": STATE_FORMAT, "epoch": self.epoch, "total": self.samples_per_epoch,
-                "left": after.left, "children": children, **self._identity()}
+        children = [
+            {
+                "pass": state.passes,
+                "lanes": order.lane_count,
+                "homes": order.homes,
+                "remaining": state.left.encode(order.lanes().sizes().tolist()),
+            }
+            for order, state in zip(self._orders(), after.children)
+        ]
+        return {
+            "format": STATE_FORMAT,
+            "epoch": self.epoch,
+            "total": self.samples_per_epoch,
+            "left": after.left,
+            "children": children,
+            **self._identity(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the saved epoch where it stopped (any nodes, ranks, workers, batch size)."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise UsageError(f"not a MixedDataset state (format {STATE_FORMAT!r} expected)",
-                             "states saved by an older lading cannot be resumed exactly: start the epoch again")
+            raise UsageError(
+                f"not a MixedDataset state (format {STATE_FORMAT!r} expected)",
+                "states saved by an older lading cannot be resumed exactly: start the epoch again",
+            )
         mine = {**self._identity(), "total": self.samples_per_epoch}
         differing = sorted(key for key, value in mine.items() if state.get(key) != value)
         if differing:
             shown = ", ".join(f"{key}: saved {state.get(key)!r}, now {mine[key]!r}" for key in differing)
-            raise UsageError(f"the saved state is for another dataset or order ({shown})",
-                             "resume with the same datasets, weights and seeds as the saved run")
+            raise UsageError(
+                f"the saved state is for another dataset or order ({shown})",
+                "resume with the same datasets, weights and seeds as the saved run",
+            )
         try:
             saved = list(state["children"])
             left, epoch = int(state["left"]), int(state["epoch"])

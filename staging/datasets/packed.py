@@ -47,17 +47,27 @@ class PackedDataset:
     ``DistributedSampler``. ``decode`` and ``transform(sample)`` as for ShardDataset.
     """
 
-    def __init__(self, index_uri: str, *, decode: DecodeOption = None,
-                 transform: Callable[[Sample], Any] | None = None, config: StoreConfig | None = None,
-                 cache_dir: str | os.PathLike[str] | None = None, use_cache: bool = True,
-                 max_gap: int = DEFAULT_GAP, threads: int = 8) -> None:
+    def __init__(
+        self,
+        index_uri: str,
+        *,
+        decode: DecodeOption = None,
+        transform: Callable[[Sample], Any] | None = None,
+        config: StoreConfig | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        use_cache: bool = True,
+        max_gap: int = DEFAULT_GAP,
+        threads: int = 8,
+    ) -> None:
         self.config = config or StoreConfig.from_env()
         with control_plane():  # not obstore: DataLoader workers forked after this still may use it
             self.index = load_index(index_uri, self.config)
             table = self.index.table(self.config)
         if table is None:
-            raise UsageError(f"{index_uri} has no offsets file, so its samples cannot be addressed",
-                             "re-pack the dataset with this version of lading (it writes NAME.offsets.safetensors)")
+            raise UsageError(
+                f"{index_uri} has no offsets file, so its samples cannot be addressed",
+                "re-pack the dataset with this version of lading (it writes NAME.offsets.safetensors)",
+            )
         self._table: OffsetsTable | None = table
         self.decoders = decoders_for(decode)
         self.transform = transform
@@ -175,7 +185,7 @@ class PackedDataset:
         for member in range(table.sample_members[index], table.sample_members[index + 1]):
             offset = offsets[member] - base
             # bytes, not a view: samples cross process boundaries (DataLoader pickles them)
-            sample[exts[ext_of[member]]] = bytes(data[offset:offset + sizes[member]])
+            sample[exts[ext_of[member]]] = bytes(data[offset : offset + sizes[member]])
         if self.decoders is not None:
             decode_sample(sample, self.decoders, lambda: self.index.shards[self._shard_of(index)].uri)
         return sample if self.transform is None else self.transform(sample)

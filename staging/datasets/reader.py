@@ -80,16 +80,25 @@ def map_local(ref: ShardRef) -> Any:
         close = getattr(buffer, "close", None)
         if close is not None:
             close()
-        raise ObjectChanged(f"{path} has {size} bytes, its index says {expected}",
-                            "the shard was truncated or replaced after packing: re-pack the dataset")
+        raise ObjectChanged(
+            f"{path} has {size} bytes, its index says {expected}",
+            "the shard was truncated or replaced after packing: re-pack the dataset",
+        )
     return buffer
 
 
 class OpenShard:
     """A shard's bytes (mapped) and how to find a sample in them."""
 
-    def __init__(self, number: int, buffer: Any, closer: CachedShard | None, table: OffsetsTable | None,
-                 base: int, layout: Layout | None) -> None:
+    def __init__(
+        self,
+        number: int,
+        buffer: Any,
+        closer: CachedShard | None,
+        table: OffsetsTable | None,
+        base: int,
+        layout: Layout | None,
+    ) -> None:
         self.number, self.buffer, self._closer = number, buffer, closer
         self.table, self.base, self.layout = table, base, layout
 
@@ -101,14 +110,14 @@ class OpenShard:
             key, members = self.layout[index]  # type: ignore[index]
             sample: Sample = {"__key__": key}
             for ext, offset, size in members:
-                sample[ext] = buffer[offset:offset + size]
+                sample[ext] = buffer[offset : offset + size]
             return sample
         number = self.base + index
         sample = {"__key__": table.key(number)}
         exts, ext_of, offsets, sizes = table.exts, table.member_ext, table.member_offset, table.member_size
         for member in range(table.sample_members[number], table.sample_members[number + 1]):
             offset = offsets[member]
-            sample[exts[ext_of[member]]] = buffer[offset:offset + sizes[member]]
+            sample[exts[ext_of[member]]] = buffer[offset : offset + sizes[member]]
         return sample
 
     def close(self) -> None:
@@ -121,8 +130,15 @@ class OpenShard:
 class ShardReader:
     """Samples by (shard, sample) for one dataset in one process (see the module docstring)."""
 
-    def __init__(self, shards: Sequence[ShardRef], index: DatasetIndex | None, config: StoreConfig,
-                 cache: Callable[[], NodeCache], prefetch: int = 2, keep_open: int = 4) -> None:
+    def __init__(
+        self,
+        shards: Sequence[ShardRef],
+        index: DatasetIndex | None,
+        config: StoreConfig,
+        cache: Callable[[], NodeCache],
+        prefetch: int = 2,
+        keep_open: int = 4,
+    ) -> None:
         self.shards, self.index, self.config = shards, index, config
         self._cache_factory = cache
         self._cache: NodeCache | None = None
@@ -226,8 +242,10 @@ class ShardReader:
             if ref.nsamples is not None and len(layout) != ref.nsamples:
                 if closer is not None:
                     closer.close()
-                raise ProblemFound(f"{ref.uri} holds {len(layout)} samples, its index says {ref.nsamples}",
-                                   "the shard was replaced after packing: re-pack the dataset")
+                raise ProblemFound(
+                    f"{ref.uri} holds {len(layout)} samples, its index says {ref.nsamples}",
+                    "the shard was replaced after packing: re-pack the dataset",
+                )
             shard = OpenShard(number, buffer, closer, None, 0, layout)
         self._open[number] = shard
         while len(self._open) > self.keep_open:
@@ -261,7 +279,7 @@ class ShardReader:
         slot = self._upcoming.get(number)
         if slot is None:
             return
-        for ahead in self._order[slot + 1:slot + 1 + self.prefetch]:
+        for ahead in self._order[slot + 1 : slot + 1 + self.prefetch]:
             if ahead in self._open or ahead in self._warming or self.shards[ahead].local:
                 continue
             source = self.source(ahead)

@@ -30,9 +30,18 @@ class RecordDataset:
     are refused unless ``allow_partial``.
     """
 
-    def __init__(self, uri: str, record_size: int, header_bytes: int = 0, *,
-                 decode: DecodeOption | Decoder = None, config: StoreConfig | None = None,
-                 max_gap: int = DEFAULT_GAP, threads: int = 8, allow_partial: bool = False) -> None:
+    def __init__(
+        self,
+        uri: str,
+        record_size: int,
+        header_bytes: int = 0,
+        *,
+        decode: DecodeOption | Decoder = None,
+        config: StoreConfig | None = None,
+        max_gap: int = DEFAULT_GAP,
+        threads: int = 8,
+        allow_partial: bool = False,
+    ) -> None:
         if record_size < 1 or header_bytes < 0:
             raise UsageError(f"record_size={record_size} must be positive and header_bytes={header_bytes} not negative")
         self.uri = uri
@@ -43,9 +52,11 @@ class RecordDataset:
             self.info: ObjectInfo = store.stat(key)
         body = self.info.size - header_bytes
         if body < 0 or (body % record_size and not allow_partial):
-            raise UsageError(f"{uri} has {self.info.size} bytes: not {header_bytes} header bytes plus whole "
-                             f"records of {record_size}",
-                             "check record_size and header_bytes, or pass allow_partial=True")
+            raise UsageError(
+                f"{uri} has {self.info.size} bytes: not {header_bytes} header bytes plus whole "
+                f"records of {record_size}",
+                "check record_size and header_bytes, or pass allow_partial=True",
+            )
         self.count = max(0, body) // record_size
         #: The file's extension: picks the decoder, and is named in a decoder's error.
         self._field = parse_uri(uri).prefix.rpartition("/")[2].partition(".")[2].lower()
@@ -80,8 +91,12 @@ class RecordDataset:
         """Each run of records ``(first, last)``, in one batched read."""
         store, key = store_for(self.uri, self.config)
         size, base = self.record_size, self.header_bytes
-        return read_batch([(store, RangeRequest(key, base + first * size, base + (last + 1) * size,
-                                                self.info.version or None)) for first, last in runs])
+        return read_batch(
+            [
+                (store, RangeRequest(key, base + first * size, base + (last + 1) * size, self.info.version or None))
+                for first, last in runs
+            ]
+        )
 
     def _finish(self, data: bytes, position: int) -> Any:
         if self.decoder is None:
@@ -108,5 +123,5 @@ class RecordDataset:
         for (first, last), data in zip(runs, chunks):
             for position in range(first, last + 1):
                 # bytes, not a view: samples cross process boundaries (DataLoader pickles them)
-                found[position] = bytes(data[(position - first) * size:(position - first + 1) * size])
+                found[position] = bytes(data[(position - first) * size : (position - first + 1) * size])
         return [self._finish(found[position], position) for position in positions]

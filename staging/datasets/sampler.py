@@ -25,9 +25,20 @@ class NodeLocalSampler:
     an epoch exactly on any number of nodes and ranks.
     """
 
-    def __init__(self, dataset: Any, *, shuffle_buffer: int = 0, seed: int = 0, randomize_shard_order: bool = False,
-                 rank: int | None = None, world_size: int | None = None, local_world_size: int | None = None,
-                 remainder: str = "pad", shuffle_block: int | str | None = None, lanes: int | None = None) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        randomize_shard_order: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        local_world_size: int | None = None,
+        remainder: str = "pad",
+        shuffle_block: int | str | None = None,
+        lanes: int | None = None,
+    ) -> None:
         index = None if isinstance(dataset, (list, tuple, RecordDataset)) else getattr(dataset, "index", None)
         if isinstance(dataset, RecordDataset):
             counts = dataset.chunk_counts()
@@ -41,14 +52,26 @@ class NodeLocalSampler:
         self.first = list(itertools.accumulate(counts, initial=0))
         self.seed, self.shuffle_buffer, self.randomize_shard_order = seed, shuffle_buffer, randomize_shard_order
         layout = resolve_layout(rank, world_size, local_world_size)
-        self.order = EpochOrder(counts, seed=seed, shuffle_buffer=shuffle_buffer,
-                                randomize_shard_order=randomize_shard_order, layout=layout, remainder=remainder,
-                                block=block_shards(shuffle_block, None, shard_bytes), lanes=lanes)
+        self.order = EpochOrder(
+            counts,
+            seed=seed,
+            shuffle_buffer=shuffle_buffer,
+            randomize_shard_order=randomize_shard_order,
+            layout=layout,
+            remainder=remainder,
+            block=block_shards(shuffle_block, None, shard_bytes),
+            lanes=lanes,
+        )
         self.epoch = 0
 
     def _identity(self) -> dict[str, Any]:
-        return {"dataset": self.identity, "seed": self.seed, "shuffle_buffer": self.shuffle_buffer,
-                "randomize_shard_order": self.randomize_shard_order, "shuffle_block": self.order.block}
+        return {
+            "dataset": self.identity,
+            "seed": self.seed,
+            "shuffle_buffer": self.shuffle_buffer,
+            "randomize_shard_order": self.randomize_shard_order,
+            "shuffle_block": self.order.block,
+        }
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch (another reproducible order inside each node's lanes)."""

@@ -74,7 +74,7 @@ class _RangeReader:
                 self._next = self._request(self._offset)
             part = self._buffer[:wanted]
             parts.append(bytes(part))
-            self._buffer = self._buffer[len(part):]
+            self._buffer = self._buffer[len(part) :]
             wanted -= len(part)
         return b"".join(parts)
 
@@ -104,8 +104,10 @@ def _check_size(ref: ShardRef, size: int, release: Callable[[], None]) -> None:
     """Refuse a shard whose size is not the one its index recorded (replaced or truncated)."""
     if ref.filesize is not None and size != ref.filesize:
         release()
-        raise ProblemFound(f"{ref.uri} is {size} bytes, but its index says {ref.filesize}",
-                           "the shard changed after the index was written; pack the dataset again")
+        raise ProblemFound(
+            f"{ref.uri} is {size} bytes, but its index says {ref.filesize}",
+            "the shard changed after the index was written; pack the dataset again",
+        )
 
 
 def grouped(files: Iterator[tuple[str, bytes]]) -> Iterator[Sample]:
@@ -190,13 +192,27 @@ class ShardDataset(IterableBase):
     resume state. Pack the shards (an index) for the guarantees above.
     """
 
-    def __init__(self, source: str | Sequence[str], *, rank: int | None = None, world_size: int | None = None,
-                 shuffle_buffer: int = 0, seed: int = 0, randomize_shard_order: bool = False,
-                 batch_size: int | None = None, remainder: str = "pad", decode: DecodeOption = None,
-                 transform: Callable[[Sample], Any] | None = None, config: StoreConfig | None = None,
-                 cache_dir: str | os.PathLike[str] | None = None, cache_limit: int | str | None = None,
-                 prefetch: int = 2, local_world_size: int | None = None, shuffle_block: int | str | None = None,
-                 lanes: int | None = None) -> None:
+    def __init__(
+        self,
+        source: str | Sequence[str],
+        *,
+        rank: int | None = None,
+        world_size: int | None = None,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        randomize_shard_order: bool = False,
+        batch_size: int | None = None,
+        remainder: str = "pad",
+        decode: DecodeOption = None,
+        transform: Callable[[Sample], Any] | None = None,
+        config: StoreConfig | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | str | None = None,
+        prefetch: int = 2,
+        local_world_size: int | None = None,
+        shuffle_block: int | str | None = None,
+        lanes: int | None = None,
+    ) -> None:
         self.config = config or StoreConfig.from_env()
         self.index: DatasetIndex | None = None
         if isinstance(source, str) and source.endswith(".json"):
@@ -236,14 +252,23 @@ class ShardDataset(IterableBase):
         shard_bytes = np.array(sizes, dtype=np.int64) if all(size is not None for size in sizes) else None
         block = block_shards(shuffle_block, self.cache_limit, shard_bytes)
         if self.cache_limit is not None and shard_bytes is not None and not all(ref.local for ref in self.shards):
-            smallest = int(np.sort(shard_bytes)[::-1][:block + 1].sum())
+            smallest = int(np.sort(shard_bytes)[::-1][: block + 1].sum())
             if self.cache_limit < smallest:
-                raise UsageError(f"cache_limit={self.cache_limit} bytes cannot hold one block of {block} shard(s) "
-                                 f"and the next shard: the smallest that works is {smallest} bytes",
-                                 "raise cache_limit, or lower shuffle_block")
-        return EpochOrder(self.index.counts, seed=self.seed, shuffle_buffer=self.shuffle_buffer,
-                          randomize_shard_order=self.randomize_shard_order, layout=self.layout,
-                          remainder=self.remainder, block=block, lanes=lanes)
+                raise UsageError(
+                    f"cache_limit={self.cache_limit} bytes cannot hold one block of {block} shard(s) "
+                    f"and the next shard: the smallest that works is {smallest} bytes",
+                    "raise cache_limit, or lower shuffle_block",
+                )
+        return EpochOrder(
+            self.index.counts,
+            seed=self.seed,
+            shuffle_buffer=self.shuffle_buffer,
+            randomize_shard_order=self.randomize_shard_order,
+            layout=self.layout,
+            remainder=self.remainder,
+            block=block,
+            lanes=lanes,
+        )
 
     @property
     def nsamples(self) -> int | None:
@@ -272,8 +297,9 @@ class ShardDataset(IterableBase):
     def _new_reader(self) -> ShardReader:
         cache_dir, cache_limit = self.cache_dir, self.cache_limit
         keep = 4 if self.order is None else self.order.block + self.prefetch + 4
-        return ShardReader(self.shards, self.index, self.config, lambda: NodeCache(cache_dir, cache_limit),
-                           self.prefetch, keep)
+        return ShardReader(
+            self.shards, self.index, self.config, lambda: NodeCache(cache_dir, cache_limit), self.prefetch, keep
+        )
 
     def finish(self, sample: Sample, shard: int | None = None) -> Any:
         """Decode, then transform, one raw sample (of shard number ``shard``, named in a decoder's error)."""
@@ -283,14 +309,21 @@ class ShardDataset(IterableBase):
 
     def _ordered(self) -> EpochOrder:
         if self.order is None:
-            raise UsageError("a list of shards has no sample counts: no length, order or resume state",
-                             "read the shards through their index (NAME.index.json)")
+            raise UsageError(
+                "a list of shards has no sample counts: no length, order or resume state",
+                "read the shards through their index (NAME.index.json)",
+            )
         return self.order
 
     def _identity(self) -> dict[str, Any]:
         assert self.index is not None
-        return {"dataset": self.index.identity, "seed": self.seed, "shuffle_buffer": self.shuffle_buffer,
-                "randomize_shard_order": self.randomize_shard_order, "shuffle_block": self._ordered().block}
+        return {
+            "dataset": self.index.identity,
+            "seed": self.seed,
+            "shuffle_buffer": self.shuffle_buffer,
+            "randomize_shard_order": self.randomize_shard_order,
+            "shuffle_block": self._ordered().block,
+        }
 
     # -- epochs and resume -----------------------------------------------------------------------
 
@@ -304,9 +337,16 @@ class ShardDataset(IterableBase):
     def whole_epoch(self, epoch: int) -> RankOrder:
         """Epoch ``epoch``'s whole sequence as one rank's walk (what a MixedDataset draws from)."""
         order = self._ordered()
-        whole = EpochOrder(order.counts, seed=self.seed, shuffle_buffer=self.shuffle_buffer,
-                           randomize_shard_order=self.randomize_shard_order, layout=Layout(0, 1, 0, 0, 1),
-                           remainder="uneven", block=order.block, lanes=order.lane_count)
+        whole = EpochOrder(
+            order.counts,
+            seed=self.seed,
+            shuffle_buffer=self.shuffle_buffer,
+            randomize_shard_order=self.randomize_shard_order,
+            layout=Layout(0, 1, 0, 0, 1),
+            remainder="uneven",
+            block=order.block,
+            lanes=order.lane_count,
+        )
         return whole.rank_order(epoch)
 
     def locations(self, epoch: int | None = None) -> Iterator[tuple[int, int]]:
@@ -348,7 +388,7 @@ class ShardDataset(IterableBase):
         shards = list(self.shards)
         if self.randomize_shard_order:
             random.Random(f"shards:{self.seed}:{self.epoch}").shuffle(shards)
-        return [ShardSpan(shard) for shard in shards[self.rank::self.world_size][worker::num_workers]]
+        return [ShardSpan(shard) for shard in shards[self.rank :: self.world_size][worker::num_workers]]
 
     def _iter_listed(self, worker: int, num_workers: int) -> Iterator[Any]:
         rng = random.Random(f"samples:{self.seed}:{self.epoch}:{self.rank}:{worker}")
@@ -372,8 +412,14 @@ def iter_locations(order: EpochOrder, epoch: int) -> Iterator[tuple[int, int]]:
         yield from zip(shards.tolist(), samples.tolist())
 
 
-def read_walk(walk: RankOrder, locals_: np.ndarray, reader: ShardReader, finish: Callable[[Sample, int], Any],
-              spread: int, behind: int = 0) -> Iterator[Any]:
+def read_walk(
+    walk: RankOrder,
+    locals_: np.ndarray,
+    reader: ShardReader,
+    finish: Callable[[Sample, int], Any],
+    spread: int,
+    behind: int = 0,
+) -> Iterator[Any]:
     """Samples of ``walk`` at rank-local numbers ``locals_``: shards opened as first needed, the
     next ones prefetched, each released once this walk is ``behind`` node positions past the
     node's last use of it (so the node cache may evict it, but not while a worker that lags
@@ -386,8 +432,9 @@ def read_walk(walk: RankOrder, locals_: np.ndarray, reader: ShardReader, finish:
         positions, shards, samples, done = current
         upcoming = _first_seen(shards if following is None else np.concatenate((shards, following[1])))
         reader.upcoming(upcoming)
-        for step, (now, shard, sample, last) in enumerate(zip(positions.tolist(), shards.tolist(),
-                                                               samples.tolist(), done.tolist())):
+        for step, (now, shard, sample, last) in enumerate(
+            zip(positions.tolist(), shards.tolist(), samples.tolist(), done.tolist())
+        ):
             done_after[shard] = last
             if step % RELEASE_EVERY == 0:
                 reader.release(lambda number: done_after.get(number, now) + behind < now)
@@ -397,7 +444,7 @@ def read_walk(walk: RankOrder, locals_: np.ndarray, reader: ShardReader, finish:
 
 def _chunks(walk: RankOrder, locals_: np.ndarray, size: int) -> Iterator[tuple[np.ndarray, ...]]:
     for begin in range(0, len(locals_), size):
-        positions = walk.node_positions(locals_[begin:begin + size])
+        positions = walk.node_positions(locals_[begin : begin + size])
         yield (positions, *walk.locate(positions))
 
 
@@ -408,4 +455,3 @@ def _first_seen(shards: np.ndarray) -> list[int]:
 
 def _identity(sample: Sample, shard: int | None = None) -> Sample:
     return sample
-

@@ -69,8 +69,11 @@ def iterable_class(cls: type) -> type:
     found = _SUBCLASSES.get(cls)
     if found is None:
         bases = torch_bases("iterable")
-        found = cls if not bases else type(cls.__name__, (cls, *bases), {"__doc__": cls.__doc__,
-                                                                          "__module__": cls.__module__})
+        found = (
+            cls
+            if not bases
+            else type(cls.__name__, (cls, *bases), {"__doc__": cls.__doc__, "__module__": cls.__module__})
+        )
         _SUBCLASSES[cls] = found
     return found
 

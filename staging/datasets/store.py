@@ -33,9 +33,16 @@ class StoreDataset:
     prefix (or none with ``suffixes``) raises NotFound, as ``lading sync`` exits 3.
     """
 
-    def __init__(self, uri: str, *, transform: Callable[[Any, str], Any] | None = None,
-                 config: StoreConfig | None = None, prefetch: int = 8, suffixes: Sequence[str] = (),
-                 decode: DecodeOption = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        transform: Callable[[Any, str], Any] | None = None,
+        config: StoreConfig | None = None,
+        prefetch: int = 8,
+        suffixes: Sequence[str] = (),
+        decode: DecodeOption = None,
+    ) -> None:
         self.uri = uri
         self.config = config or StoreConfig.from_env()
         self.transform = transform
@@ -44,13 +51,19 @@ class StoreDataset:
         with control_plane():
             store = open_store(parse_uri(uri), self.config)
             self.objects: list[ObjectInfo] = sorted(
-                (info for info in store.list()
-                 if not info.key.endswith("/") and (not suffixes or info.key.endswith(tuple(suffixes)))),
-                key=lambda info: info.key)
+                (
+                    info
+                    for info in store.list()
+                    if not info.key.endswith("/") and (not suffixes or info.key.endswith(tuple(suffixes)))
+                ),
+                key=lambda info: info.key,
+            )
         if not self.objects:  # a mistyped prefix, as `lading sync` says with exit 3
             matching = f" ending in {', '.join(suffixes)}" if suffixes else ""
-            raise NotFound(f"nothing at {store.url}: no objects{matching} under this prefix",
-                           "check the bucket and prefix (keys are case-sensitive)")
+            raise NotFound(
+                f"nothing at {store.url}: no objects{matching} under this prefix",
+                "check the bucket and prefix (keys are case-sensitive)",
+            )
         self._local: ProcessLocal[_Local] = ProcessLocal(_Local)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -89,8 +102,11 @@ class StoreDataset:
     def _schedule_ahead(self, local: "_Local", index: int) -> None:
         if local.pool is None:
             local.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lading-ds")
-        upcoming = [ahead for ahead in range(index + 1, min(index + 1 + self.prefetch, len(self.objects)))
-                    if ahead not in local.ahead]
+        upcoming = [
+            ahead
+            for ahead in range(index + 1, min(index + 1 + self.prefetch, len(self.objects)))
+            if ahead not in local.ahead
+        ]
         if upcoming:
             batch = local.pool.submit(self._fetch_many, upcoming)
             for slot, ahead in enumerate(upcoming):

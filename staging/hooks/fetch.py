@@ -57,9 +57,14 @@ def _find_object(uri: StoreURI, config: StoreConfig | None) -> tuple[Store, Obje
         return None
 
 
-def stage_source(source: str, dest: str, config: StoreConfig | None = None,
-                 options: TransferOptions = TransferOptions(),
-                 events: StageEvents = QuietStageEvents(), force: bool = False) -> Staged:
+def stage_source(
+    source: str,
+    dest: str,
+    config: StoreConfig | None = None,
+    options: TransferOptions = TransferOptions(),
+    events: StageEvents = QuietStageEvents(),
+    force: bool = False,
+) -> Staged:
     """Stage ``source`` (object or prefix) at ``dest`` once per node; see the module doc.
 
     ``force`` lets one object replace a file at DEST that lading did not write (refused otherwise).
@@ -78,7 +83,10 @@ def stage_source(source: str, dest: str, config: StoreConfig | None = None,
         else:
             root = target = Path(dest)
         return Staged(stage_object(store, str(uri), info, target, options, events, force), root)
-    prefix = uri if not uri.prefix or uri.prefix.endswith("/") or uri.scheme == "file" else \
-        StoreURI(uri.scheme, uri.bucket, uri.prefix + "/")
+    prefix = (
+        uri
+        if not uri.prefix or uri.prefix.endswith("/") or uri.scheme == "file"
+        else StoreURI(uri.scheme, uri.bucket, uri.prefix + "/")
+    )
     root = Path(dest.rstrip("/") or "/")
     return Staged(stage_prefix(open_store(prefix, config), str(prefix), root, options, events), root)

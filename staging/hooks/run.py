@@ -59,8 +59,9 @@ def _dataset(entry: object, where: str) -> DatasetSpec:
         raise UsageError(f"{where} must be a mapping with 'source' and 'dest'")
     unknown = sorted(set(entry) - _FIELDS)
     if unknown:
-        raise UsageError(f"{where}: unknown field(s) {', '.join(map(str, unknown))}",
-                         f"the fields are {', '.join(sorted(_FIELDS))}")
+        raise UsageError(
+            f"{where}: unknown field(s) {', '.join(map(str, unknown))}", f"the fields are {', '.join(sorted(_FIELDS))}"
+        )
     source, dest = entry.get("source"), entry.get("dest")
     if not isinstance(source, str) or not source:
         raise UsageError(f"{where}: 'source' is required (s3://bucket/prefix, gs://bucket/prefix or a path)")
@@ -82,8 +83,7 @@ def slots_per_trial(config: Mapping[str, object]) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def views_for(spec: DatasetSpec, result: StageResult, slot_count: int,
-              trial_slots: int | None) -> dict[int, list[str]]:
+def views_for(spec: DatasetSpec, result: StageResult, slot_count: int, trial_slots: int | None) -> dict[int, list[str]]:
     """Which keys each per-slot view ``{dest}-rank{i}`` holds (empty dict: no views)."""
     if spec.distribution == "replicated":
         return {i: sorted(result.files) for i in range(slot_count)} if spec.slots else {}
@@ -104,7 +104,8 @@ def _sharded_world(spec: DatasetSpec, slot_count: int, trial_slots: int | None) 
         raise UsageError(
             f"{spec.source}: 'sharded' in a startup hook needs the whole trial in this container "
             f"(slots_per_trial={trial_slots}, DET_SLOT_IDS has {slot_count})",
-            "no rank exists yet in a startup hook; run `lading sync --distribution sharded` from the entrypoint")
+            "no rank exists yet in a startup hook; run `lading sync --distribution sharded` from the entrypoint",
+        )
     return world
 
 

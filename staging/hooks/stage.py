@@ -69,12 +69,19 @@ class StageResult:
         """The summary with ``lading sync --json``'s field names (plus ``objects``, the source's count)."""
         rate = self.fetched_bytes / self.seconds if self.seconds > 0 else 0.0
         return {
-            "source": self.source, "dest": str(self.dest), "objects": self.objects,
-            "files": self.fetched, "bytes": self.fetched_bytes, "downloaded_bytes": self.fetched_bytes,
-            "skipped": self.unchanged, "deleted": self.removed,
+            "source": self.source,
+            "dest": str(self.dest),
+            "objects": self.objects,
+            "files": self.fetched,
+            "bytes": self.fetched_bytes,
+            "downloaded_bytes": self.fetched_bytes,
+            "skipped": self.unchanged,
+            "deleted": self.removed,
             "failed": [{"key": f.key, "error": f.error} for f in self.failed],
-            "seconds": round(self.seconds, 3), "throughput_bytes_per_s": round(rate, 1),
-            "cache": None, "reused": [],
+            "seconds": round(self.seconds, 3),
+            "throughput_bytes_per_s": round(rate, 1),
+            "cache": None,
+            "reused": [],
         }
 
 
@@ -114,20 +121,36 @@ class QuietStageEvents:
         """Ignore."""
 
 
-def stage_prefix(store: Store, source: str, root: Path, options: TransferOptions = TransferOptions(),
-                 events: StageEvents = QuietStageEvents()) -> StageResult:
+def stage_prefix(
+    store: Store,
+    source: str,
+    root: Path,
+    options: TransferOptions = TransferOptions(),
+    events: StageEvents = QuietStageEvents(),
+) -> StageResult:
     """Sync every object under ``source`` into ``root`` (a mirror: lading's own stale files go)."""
     request = SyncRequest(source=source, dest=root, delete=True, allow_empty=True)
     with select_objects(store, request, options.workers) as selection:
         if not selection.selected_files:
-            raise NotFound(f"nothing at {source}: no object of that name and no keys under it",
-                           "check the bucket and prefix (keys are case-sensitive)")
+            raise NotFound(
+                f"nothing at {source}: no object of that name and no keys under it",
+                "check the bucket and prefix (keys are case-sensitive)",
+            )
         summary = sync_into(store_fetcher(store), selection, request, options, events)
         infos = list(selection.objects())  # the hook's result names every file
-    return StageResult(source, root, len(infos), fetched=summary.files, fetched_bytes=summary.bytes,
-                       unchanged=summary.skipped, removed=summary.deleted, failed=list(summary.failed),
-                       files={info.key: safe_join(root, info.key) for info in infos},
-                       infos=infos, seconds=summary.seconds)
+    return StageResult(
+        source,
+        root,
+        len(infos),
+        fetched=summary.files,
+        fetched_bytes=summary.bytes,
+        unchanged=summary.skipped,
+        removed=summary.deleted,
+        failed=list(summary.failed),
+        files={info.key: safe_join(root, info.key) for info in infos},
+        infos=infos,
+        seconds=summary.seconds,
+    )
 
 
 def marker_path(target: Path) -> Path:
@@ -135,9 +158,15 @@ def marker_path(target: Path) -> Path:
     return target.parent / hidden_sibling(target.name, MARKER_SUFFIX)
 
 
-def stage_object(store: Store, source: str, info: ObjectInfo, target: Path,
-                 options: TransferOptions = TransferOptions(),
-                 events: StageEvents = QuietStageEvents(), force: bool = False) -> StageResult:
+def stage_object(
+    store: Store,
+    source: str,
+    info: ObjectInfo,
+    target: Path,
+    options: TransferOptions = TransferOptions(),
+    events: StageEvents = QuietStageEvents(),
+    force: bool = False,
+) -> StageResult:
     """Bring ``target`` up to date with one object, under its directory's lock, checked against
     its marker. A file at ``target`` that lading did not write (no marker beside it) is refused
     unless ``force``: a fetch never silently replaces the user's own file."""
@@ -156,16 +185,23 @@ def stage_object(store: Store, source: str, info: ObjectInfo, target: Path,
         outcome = outcomes[0] if outcomes else None
         if outcome is None or not outcome.ok:
             error = outcome.error if outcome is not None and outcome.error is not None else None
-            result.failed.append(FailedKey(info.key, error.message if error else "download failed",
-                                           error.exit_code if error else 1, error.hint if error else None))
+            result.failed.append(
+                FailedKey(
+                    info.key,
+                    error.message if error else "download failed",
+                    error.exit_code if error else 1,
+                    error.hint if error else None,
+                )
+            )
             return result
         result.fetched, result.fetched_bytes = 1, outcome.nbytes
         result.seconds = time.monotonic() - started
         try:
             _write_marker(marker, source, _expected(info, target))
         except OSError as err:
-            raise local_error(err, f"write {marker}", f"{target} is complete; the next fetch downloads it again") \
-                from None
+            raise local_error(
+                err, f"write {marker}", f"{target} is complete; the next fetch downloads it again"
+            ) from None
     return result
 
 
@@ -181,8 +217,10 @@ def _refuse_foreign(target: Path, marker: Path, force: bool) -> None:
     if stat_mode.S_ISDIR(st.st_mode):
         raise UsageError(f"{target} is a directory", "to fetch into it, end DEST with '/'")
     if not force and _read_marker(marker) is None:
-        raise UsageError(f"{target} exists and was not written by lading; refusing to replace it",
-                         "pass --force to replace it, or choose another DEST")
+        raise UsageError(
+            f"{target} exists and was not written by lading; refusing to replace it",
+            "pass --force to replace it, or choose another DEST",
+        )
 
 
 def _expected(info: ObjectInfo, target: Path) -> list | None:
@@ -221,11 +259,11 @@ def raise_for_failures(result: StageResult) -> None:
         return
     first = result.failed[0]
     names = ", ".join(f.key for f in result.failed[:5]) + (" ..." if len(result.failed) > 5 else "")
-    message = (f"{len(result.failed)} of {result.objects} object(s) from {result.source} failed "
-               f"({names}): {first.error}")
+    message = f"{len(result.failed)} of {result.objects} object(s) from {result.source} failed ({names}): {first.error}"
     code = exit_code_for_failures((f.exit_code for f in result.failed), result.objects - len(result.failed))
-    raise error_for_exit_code(code)(message, common_hint(result.failed) or
-                                    "rerun: what already arrived is kept and skipped")
+    raise error_for_exit_code(code)(
+        message, common_hint(result.failed) or "rerun: what already arrived is kept and skipped"
+    )
 
 
 def view_root(root: Path, index: int) -> Path:

@@ -22,8 +22,19 @@ from lading.stores import open_store
 from lading.stores.config import StoreConfig
 from lading.stores.uri import StoreURI, parse_uri
 
-__all__ = ["PackEvents", "PackOptions", "PackPlan", "PackResult", "default_name", "index_maker", "open_source",
-           "pack_documents", "plan_pack", "run_pack", "write_pack"]
+__all__ = [
+    "PackEvents",
+    "PackOptions",
+    "PackPlan",
+    "PackResult",
+    "default_name",
+    "index_maker",
+    "open_source",
+    "pack_documents",
+    "plan_pack",
+    "run_pack",
+    "write_pack",
+]
 
 
 class PackEvents:
@@ -64,8 +75,9 @@ class PackResult:
             "shuffle": plan.options.shuffle,
             "seed": plan.options.seed if plan.options.shuffle else None,
             "seconds": round(self.seconds, 3),
-            "shards": [{"name": s.name, "samples": s.nsamples, "bytes": s.filesize, "etag": s.etag}
-                       for s in self.shards],
+            "shards": [
+                {"name": s.name, "samples": s.nsamples, "bytes": s.filesize, "etag": s.etag} for s in self.shards
+            ],
         }
 
 
@@ -82,8 +94,10 @@ def _refuse_overlap(source: StoreURI, dest: StoreURI) -> None:
         return
     src, dst = source.prefix.rstrip("/"), dest.prefix.rstrip("/")
     if not src or dst == src or dst.startswith(src + "/"):
-        raise UsageError(f"DEST {dest} is inside SOURCE {source}",
-                         "the shards would be packed into themselves; pick a DEST outside SOURCE")
+        raise UsageError(
+            f"DEST {dest} is inside SOURCE {source}",
+            "the shards would be packed into themselves; pick a DEST outside SOURCE",
+        )
 
 
 def plan_pack(source: str, dest: str, options: PackOptions, config: StoreConfig | None = None) -> PackPlan:
@@ -144,12 +158,14 @@ def _write_all_shards(plan: PackPlan, source: MemberSource, publisher: Publisher
         events.on_shard(shard.name, shard.nbytes)
 
     local = isinstance(publisher, LocalPublisher)
-    write_shards(plan, source, paths, events.on_bytes, done, processes_allowed=local,
-                 shards_ahead=None if local else 2)  # temporary shards for a bucket: a few at a time
+    write_shards(
+        plan, source, paths, events.on_bytes, done, processes_allowed=local, shards_ahead=None if local else 2
+    )  # temporary shards for a bucket: a few at a time
 
 
-def run_pack(plan: PackPlan, source: str, dest: str, config: StoreConfig | None = None,
-             events: PackEvents | None = None) -> PackResult:
+def run_pack(
+    plan: PackPlan, source: str, dest: str, config: StoreConfig | None = None, events: PackEvents | None = None
+) -> PackResult:
     """Write the planned shards, then publish manifest and index. Nothing is indexed on failure."""
     config = config or StoreConfig.from_env()
     dest_uri = parse_uri(dest)
@@ -162,8 +178,14 @@ def run_pack(plan: PackPlan, source: str, dest: str, config: StoreConfig | None 
     return write_pack(plan, member_source, publisher, str(dest_uri), events)
 
 
-def write_pack(plan: PackPlan, source: MemberSource, publisher: Publisher, dest: str,
-               events: PackEvents | None = None, now: Callable[[], float] = time.monotonic) -> PackResult:
+def write_pack(
+    plan: PackPlan,
+    source: MemberSource,
+    publisher: Publisher,
+    dest: str,
+    events: PackEvents | None = None,
+    now: Callable[[], float] = time.monotonic,
+) -> PackResult:
     """Write every shard from ``source`` through ``publisher``; the index goes last, or not at all."""
     events = events or PackEvents()
     started = now()

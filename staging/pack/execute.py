@@ -84,8 +84,9 @@ def write_error(err: OSError, path: Path) -> LadingError:
     return local_error(err, f"write {path}")
 
 
-def _run_task(task: WriteTask, shard: ShardPlan, source: MemberSource, path: Path,
-              progress: Callable[[int], None] | None) -> int:
+def _run_task(
+    task: WriteTask, shard: ShardPlan, source: MemberSource, path: Path, progress: Callable[[int], None] | None
+) -> int:
     """Write one task's members into the shard file; return the payload bytes written."""
     try:
         fd = os.open(path, os.O_WRONLY)
@@ -111,7 +112,7 @@ def _run_task(task: WriteTask, shard: ShardPlan, source: MemberSource, path: Pat
 def _members_until_stopped(shard: ShardPlan, task: WriteTask) -> Iterator[Member]:
     """The task's members, sample by sample, until the pack is interrupted."""
     stop = _STOP
-    for sample in shard.samples[task.start:task.end]:
+    for sample in shard.samples[task.start : task.end]:
         if stop[0]:
             raise Stopped()
         yield from sample.members
@@ -129,8 +130,9 @@ def create_shard_file(shard: ShardPlan, path: Path) -> None:
         raise write_error(err, path) from err
 
 
-def write_shard(shard: ShardPlan, source: MemberSource, path: Path,
-                progress: Callable[[int], None] | None = None) -> int:
+def write_shard(
+    shard: ShardPlan, source: MemberSource, path: Path, progress: Callable[[int], None] | None = None
+) -> int:
     """Write one whole shard into ``path`` on this thread, as the plan lays it out (the same
     writer and checks as :func:`write_shards`); return the payload bytes written. This is the
     unit of work other engines (``lading pack --engine ray``) run, one call per shard."""
@@ -176,8 +178,9 @@ def _executor(plan: PackPlan, source: MemberSource, tasks: list[WriteTask], proc
     workers = max(1, min(cpus() + 1, len(tasks), 8))  # one more than CPUs: a worker may wait for the disk
     fork_safe = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
     if processes_allowed and fork_safe and isinstance(source, LocalSource) and workers > 1:
-        return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                                   initializer=_worker_start, initargs=(os.getpid(),))
+        return ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start, initargs=(os.getpid(),)
+        )
     return ThreadPoolExecutor(workers, thread_name_prefix="lading-pack-write")
 
 
@@ -196,9 +199,15 @@ def _held_signals(held: bool) -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
-                 on_bytes: Callable[[int], None], on_shard_done: Callable[[int], None],
-                 processes_allowed: bool = True, shards_ahead: int | None = None) -> None:
+def write_shards(
+    plan: PackPlan,
+    source: MemberSource,
+    paths: list[Path],
+    on_bytes: Callable[[int], None],
+    on_shard_done: Callable[[int], None],
+    processes_allowed: bool = True,
+    shards_ahead: int | None = None,
+) -> None:
     """Write all shards of ``plan`` into ``paths``; ``on_shard_done(number)`` is called in
     shard order, from this thread, as each shard is complete. With ``shards_ahead``, at most
     that many shards are being written at once (bounds the disk a bucket upload's temporary
@@ -246,8 +255,11 @@ def write_shards(plan: PackPlan, source: MemberSource, paths: list[Path],
                 open_shards.append(task.shard)
             shard, path = plan.shards[task.shard], paths[task.shard]
             with _held_signals(in_processes and not pending):
-                future = executor.submit(_run_inherited, index) if in_processes \
+                future = (
+                    executor.submit(_run_inherited, index)
+                    if in_processes
                     else executor.submit(_run_task, task, shard, source, path, locked_progress)
+                )
             pending.append((index, future))
         while pending:
             finish_oldest()

@@ -65,19 +65,26 @@ def split_name(name: str) -> tuple[str, str]:
     """
     directory, slash, base = name.rpartition("/")
     if base.startswith("."):
-        raise UsageError(f"cannot pack {name!r}: its name starts with a dot, so it has no sample key",
-                         "WebDataset readers would drop it; remove or rename it (e.g. .DS_Store files)")
+        raise UsageError(
+            f"cannot pack {name!r}: its name starts with a dot, so it has no sample key",
+            "WebDataset readers would drop it; remove or rename it (e.g. .DS_Store files)",
+        )
     stem, dot, ext = base.partition(".")
     if not dot:
-        raise UsageError(f"cannot pack {name!r}: it has no extension",
-                         "WebDataset names a sample's files KEY.EXT; rename it, e.g. to "
-                         f"{directory + slash}{base}.bin")
+        raise UsageError(
+            f"cannot pack {name!r}: it has no extension",
+            f"WebDataset names a sample's files KEY.EXT; rename it, e.g. to {directory + slash}{base}.bin",
+        )
     if "" in ext.split("."):
-        raise UsageError(f"cannot pack {name!r}: its extension {ext!r} has an empty part",
-                         "a name ending in a dot or with '..' would be misread; rename it")
+        raise UsageError(
+            f"cannot pack {name!r}: its extension {ext!r} has an empty part",
+            "a name ending in a dot or with '..' would be misread; rename it",
+        )
     if ext.startswith(_RESERVED_PREFIX):
-        raise UsageError(f"cannot pack {name!r}: extension {ext!r} starts with '__'",
-                         "WebDataset reserves __key__, __url__ and other __ fields in a sample")
+        raise UsageError(
+            f"cannot pack {name!r}: extension {ext!r} starts with '__'",
+            "WebDataset reserves __key__, __url__ and other __ fields in a sample",
+        )
     return directory + slash + stem, ext
 
 
@@ -112,7 +119,8 @@ def group_samples(objects: Iterable[ListedFile], directories_possible: bool = Tr
                 others.append(member)
     if directories_possible:
         _refuse_file_directory_clashes(
-            [member.info.key for member in first.values()] + [m.info.key for ms in more.values() for m in ms])
+            [member.info.key for member in first.values()] + [m.info.key for ms in more.values() for m in ms]
+        )
     samples = []
     for key in sorted(first):
         others = more.get(key)
@@ -133,9 +141,11 @@ def _fields_in_order(key: str, member: Member, others: list[Member]) -> tuple[Me
     for candidate in (member, *others):
         folded = candidate.ext.lower()
         if folded in fields:
-            raise ProblemFound(f"{fields[folded].info.key!r} and {candidate.info.key!r} would be the same "
-                               f"field {folded!r} of sample {key!r}",
-                               "WebDataset lower-cases extensions; rename one of them")
+            raise ProblemFound(
+                f"{fields[folded].info.key!r} and {candidate.info.key!r} would be the same "
+                f"field {folded!r} of sample {key!r}",
+                "WebDataset lower-cases extensions; rename one of them",
+            )
         fields[folded] = candidate
     return tuple(fields[ext] for ext in sorted(fields))
 
@@ -145,13 +155,16 @@ def _refuse_undecodable(name: str) -> None:
         name.encode("utf-8")
     except UnicodeEncodeError:
         shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-        raise UsageError(f"cannot pack {shown!r}: its name is not valid UTF-8",
-                         "tar shards store names as UTF-8; rename the file") from None
+        raise UsageError(
+            f"cannot pack {shown!r}: its name is not valid UTF-8", "tar shards store names as UTF-8; rename the file"
+        ) from None
 
 
 def _refuse_file_directory_clashes(names: Iterable[str]) -> None:
     clashes = find_collisions(names)
     if clashes:
         file_key, other = clashes[0]
-        raise ProblemFound(f"{file_key!r} is a file and also the directory of {other!r}",
-                           f"{len(clashes)} such name(s); a tar cannot hold both, rename one")
+        raise ProblemFound(
+            f"{file_key!r} is a file and also the directory of {other!r}",
+            f"{len(clashes)} such name(s); a tar cannot hold both, rename one",
+        )

@@ -74,10 +74,10 @@ def parse_index(data: bytes, where: str) -> dict[str, Any]:
         raise ProblemFound(f"{where} is not valid JSON: {err}") from err
     shardlist = document.get("shardlist") if isinstance(document, dict) else None
     if document.get("wids_version") != 1 if isinstance(document, dict) else True:
-        raise ProblemFound(f"{where} is not a wids shard index (no \"wids_version\": 1)")
+        raise ProblemFound(f'{where} is not a wids shard index (no "wids_version": 1)')
     if not isinstance(shardlist, list) or not all(
         isinstance(shard, dict) and isinstance(shard.get("url"), str) and isinstance(shard.get("nsamples"), int)
         for shard in shardlist
     ):
-        raise ProblemFound(f"{where} has no valid \"shardlist\" of {{url, nsamples}} entries")
+        raise ProblemFound(f'{where} has no valid "shardlist" of {{url, nsamples}} entries')
     return document

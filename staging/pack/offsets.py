@@ -78,7 +78,7 @@ class OffsetsTable:
 
     def key(self, sample: int) -> str:
         """The key of global sample ``sample``."""
-        return self.keys[self.key_offsets[sample]:self.key_offsets[sample + 1]].decode("utf-8", "surrogateescape")
+        return self.keys[self.key_offsets[sample] : self.key_offsets[sample + 1]].decode("utf-8", "surrogateescape")
 
     def byte_range(self, sample: int) -> tuple[int, int]:
         """``[start, end)`` of the sample's members in its shard."""
@@ -115,24 +115,40 @@ def table_from_plan(plan: PackPlan) -> OffsetsTable:
             keys += sample.key.encode("utf-8", "surrogateescape")
             key_offsets.append(len(keys))
         shard_samples.append(shard_samples[-1] + len(shard.samples))
-    return OffsetsTable(shard_samples, sample_members, member_offset, member_sizes, member_ext, key_offsets,
-                        bytes(keys), list(ext_ids), [(shard.name, len(shard.samples)) for shard in plan.shards])
+    return OffsetsTable(
+        shard_samples,
+        sample_members,
+        member_offset,
+        member_sizes,
+        member_ext,
+        key_offsets,
+        bytes(keys),
+        list(ext_ids),
+        [(shard.name, len(shard.samples)) for shard in plan.shards],
+    )
 
 
 def encode(table: OffsetsTable) -> bytes:
     """The file's bytes: an 8-byte header length, the JSON header, then the arrays."""
     _check_typecodes()
-    header: dict[str, Any] = {"__metadata__": {
-        "format": FORMAT, "version": VERSION, "exts": json.dumps(table.exts),
-        "shards": json.dumps([list(shard) for shard in table.shards]),
-    }}
+    header: dict[str, Any] = {
+        "__metadata__": {
+            "format": FORMAT,
+            "version": VERSION,
+            "exts": json.dumps(table.exts),
+            "shards": json.dumps([list(shard) for shard in table.shards]),
+        }
+    }
     blobs = []
     position = 0
     for name, dtype, _ in _ARRAYS:
         values = getattr(table, name)
         blob = values if isinstance(values, bytes) else _little_endian(values)
-        header[name] = {"dtype": dtype, "shape": [len(blob) // _ITEMSIZE[dtype]],
-                        "data_offsets": [position, position + len(blob)]}
+        header[name] = {
+            "dtype": dtype,
+            "shape": [len(blob) // _ITEMSIZE[dtype]],
+            "data_offsets": [position, position + len(blob)],
+        }
         blobs.append(blob)
         position += len(blob)
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -154,7 +170,7 @@ def decode(data: bytes | memoryview, where: str) -> OffsetsTable:
     view = memoryview(data)
     try:
         (length,) = struct.unpack_from("<Q", view, 0)
-        header = json.loads(bytes(view[8:8 + length]))
+        header = json.loads(bytes(view[8 : 8 + length]))
         meta = header["__metadata__"]
         if meta.get("format") != FORMAT or meta.get("version") != VERSION:
             raise ValueError(f"format {meta.get('format')!r} version {meta.get('version')!r}")
@@ -167,7 +183,7 @@ def decode(data: bytes | memoryview, where: str) -> OffsetsTable:
             start, end = entry["data_offsets"]
             if not 0 <= start <= end <= len(view) - base:
                 raise ValueError(f"{name} lies outside the file")
-            chunk = view[base + start:base + end]
+            chunk = view[base + start : base + end]
             if code == "B":
                 arrays[name] = bytes(chunk)
                 continue
@@ -176,8 +192,11 @@ def decode(data: bytes | memoryview, where: str) -> OffsetsTable:
             if sys.byteorder != "little":  # pragma: no cover
                 values.byteswap()
             arrays[name] = values
-        table = OffsetsTable(**arrays, exts=json.loads(meta["exts"]),
-                             shards=[(str(url), int(count)) for url, count in json.loads(meta["shards"])])
+        table = OffsetsTable(
+            **arrays,
+            exts=json.loads(meta["exts"]),
+            shards=[(str(url), int(count)) for url, count in json.loads(meta["shards"])],
+        )
     except (struct.error, ValueError, KeyError, TypeError) as err:
         raise ProblemFound(f"{where} is not a lading offsets file: {err}") from err
     _check_consistent(table, where)

@@ -15,7 +15,7 @@ from lading.core.errors import UsageError
 from lading.pack.grouping import Sample
 from lading.pack.tarformat import BLOCK, archive_size, member_size
 
-_PLAIN_SIZE_LIMIT = 8 ** 11  # sizes from here on need a pax record (see tarformat)
+_PLAIN_SIZE_LIMIT = 8**11  # sizes from here on need a pax record (see tarformat)
 
 DEFAULT_SHARD_SIZE = 150_000_000
 #: The offsets file next to the index (format: :mod:`lading.pack.offsets`).
@@ -44,8 +44,10 @@ class PackOptions:
 def check_name(value: str, what: str) -> None:
     """Refuse a dataset name or version that is not a plain file-name-safe word."""
     if not _NAME.match(value):
-        raise UsageError(f"{what} {value!r} is not usable in shard names",
-                         "use letters, digits, '.', '_' and '-', starting with a letter or digit")
+        raise UsageError(
+            f"{what} {value!r} is not usable in shard names",
+            "use letters, digits, '.', '_' and '-', starting with a letter or digit",
+        )
 
 
 @dataclass(frozen=True)
@@ -151,10 +153,20 @@ def plan_shards(samples: list[Sample], options: PackOptions) -> PackPlan:
     sizes, input_bytes = _sizes(ordered)
     starts = cut_balanced(sizes, options.shard_size) + [len(ordered)]
     shards = tuple(
-        ShardPlan(f"{options.name}-{number:06d}.tar", tuple(ordered[start:end]),
-                  archive_size(sum(sizes[start:end])), tuple(itertools.accumulate(sizes[start:end - 1], initial=0)))
+        ShardPlan(
+            f"{options.name}-{number:06d}.tar",
+            tuple(ordered[start:end]),
+            archive_size(sum(sizes[start:end])),
+            tuple(itertools.accumulate(sizes[start : end - 1], initial=0)),
+        )
         for number, (start, end) in enumerate(zip(starts, starts[1:]))
     )
     prefix = f"{options.name}/{options.version}/" if options.version else ""
-    return PackPlan(options, shards, f"{prefix}{options.name}.index.json",
-                    f"{prefix}{options.name}.manifest.json", prefix, input_bytes)
+    return PackPlan(
+        options,
+        shards,
+        f"{prefix}{options.name}.index.json",
+        f"{prefix}{options.name}.manifest.json",
+        prefix,
+        input_bytes,
+    )

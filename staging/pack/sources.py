@@ -131,14 +131,17 @@ class StoreSource:
             payload = future.result()
             if isinstance(payload, bytes):
                 if len(payload) != member.info.size:
-                    raise ObjectChanged(f"{self.store.url}/{member.info.key} has {len(payload)} bytes, "
-                                        f"not the {member.info.size} listed")
+                    raise ObjectChanged(
+                        f"{self.store.url}/{member.info.key} has {len(payload)} bytes, "
+                        f"not the {member.info.size} listed"
+                    )
                 writer.add_bytes(member.info.key, payload)
                 continue
             try:
                 with open(payload, "rb") as handle:
-                    writer.add_file(member.info.key, handle.fileno(), member.info.size,
-                                    f"{self.store.url}/{member.info.key}")
+                    writer.add_file(
+                        member.info.key, handle.fileno(), member.info.size, f"{self.store.url}/{member.info.key}"
+                    )
             finally:
                 payload.unlink(missing_ok=True)
 
@@ -146,7 +149,6 @@ class StoreSource:
         """Stop fetching and remove temporary files."""
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._tmp.cleanup()
-
 
 
 class LocalFile(NamedTuple):
@@ -243,12 +245,13 @@ def _plain_files(directory: str, rel: str, names: list[str]) -> list[LocalFile] 
     is_regular, stat_at = stat.S_ISREG, os.stat
     try:
         for start in range(0, len(names), _STAT_CHUNK):
-            chunk = names[start:start + _STAT_CHUNK]
+            chunk = names[start : start + _STAT_CHUNK]
             infos = [stat_at(name, dir_fd=fd) for name in chunk]
             if not all(map(is_regular, [info.st_mode for info in infos])):
                 return None
-            files += [new_file(LocalFile, (rel + name, info.st_size, info.st_mtime_ns))
-                      for name, info in zip(chunk, infos)]
+            files += [
+                new_file(LocalFile, (rel + name, info.st_size, info.st_mtime_ns)) for name, info in zip(chunk, infos)
+            ]
     except OSError:  # removed or replaced meanwhile: the caller looks at each entry again
         return None
     finally:

@@ -14,7 +14,7 @@ FIXED_MTIME = 0
 FIXED_MODE = 0o644
 FIXED_UID = 0
 FIXED_GID = 0
-_MAX_OCTAL_SIZE = 8 ** 11 - 1  # 11 octal digits: just under 8 GiB
+_MAX_OCTAL_SIZE = 8**11 - 1  # 11 octal digits: just under 8 GiB
 
 # The constant tail of every header after the name/size fields (mode, owner, mtime, magic).
 _MODE = b"%07o\0" % FIXED_MODE
@@ -36,7 +36,7 @@ def _ustar_split(name: bytes) -> tuple[bytes, bytes] | None:
     cut = name.find(b"/", len(name) - 101)
     while cut != -1 and cut <= 155:
         if 0 < len(name) - cut - 1 <= 100:
-            return name[:cut], name[cut + 1:]
+            return name[:cut], name[cut + 1 :]
         cut = name.find(b"/", cut + 1)
     return None
 
@@ -52,11 +52,20 @@ _CONSTANT_SUM = sum(_HEAD_MODE_OWNER) + sum(_HEAD_AFTER_SIZE) + sum(_HEAD_TAIL)
 def _header(name: bytes, prefix: bytes, size: int, typeflag: bytes) -> bytes:
     size_field = b"%011o\0" % size if size <= _MAX_OCTAL_SIZE else b"00000000000\0"
     checksum = _CONSTANT_SUM + sum(name) + sum(size_field) + typeflag[0] + sum(prefix)
-    return b"".join((
-        name, _ZERO_NAME[len(name):], _HEAD_MODE_OWNER, size_field, _MTIME,
-        b"%06o\0 " % checksum, typeflag, _HEAD_TAIL,  # linkname, magic, uname, gname, devices
-        prefix, _ZERO_PREFIX[len(prefix):],
-    ))
+    return b"".join(
+        (
+            name,
+            _ZERO_NAME[len(name) :],
+            _HEAD_MODE_OWNER,
+            size_field,
+            _MTIME,
+            b"%06o\0 " % checksum,
+            typeflag,
+            _HEAD_TAIL,  # linkname, magic, uname, gname, devices
+            prefix,
+            _ZERO_PREFIX[len(prefix) :],
+        )
+    )
 
 
 #: A one-block header for a regular file with the name, size and checksum fields left zero, and
@@ -87,8 +96,9 @@ def member_header(name: str, size: int) -> bytes:
         records += _pax_record("size", str(size))
     short = encoded[:100] if split is None else split[1]
     pax = _header(b"././@PaxHeader", b"", len(records), b"x") + records + bytes(padding(len(records)))
-    return pax + _header(short.decode("utf-8", "ignore").encode("ascii", "replace")[:100],
-                         b"" if split is None else split[0], size, b"0")
+    return pax + _header(
+        short.decode("utf-8", "ignore").encode("ascii", "replace")[:100], b"" if split is None else split[0], size, b"0"
+    )
 
 
 def member_size(name: str, size: int) -> int:

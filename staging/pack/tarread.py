@@ -56,7 +56,7 @@ def _pax_records(data: bytes) -> dict[str, str]:
         length = int(data[position:space])
         if length <= 0:
             raise TarFormatError("bad pax record length")
-        keyword, _, value = data[space + 1:position + length - 1].partition(b"=")
+        keyword, _, value = data[space + 1 : position + length - 1].partition(b"=")
         records[keyword.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         position += length
     return records
@@ -118,7 +118,7 @@ def iter_member_spans(buffer: bytes | memoryview) -> Iterator[tuple[str, int, in
     long_name: str | None = None
     pax: dict[str, str] = {}
     while position + BLOCK <= end:
-        header = bytes(view[position:position + BLOCK])
+        header = bytes(view[position : position + BLOCK])
         if header == _ZERO_BLOCK:
             return
         _checked(header)
@@ -129,10 +129,10 @@ def iter_member_spans(buffer: bytes | memoryview) -> Iterator[tuple[str, int, in
         if start + size > end:
             raise TarFormatError(f"archive truncated: a member needs {start + size} bytes, there are {end}")
         if kind == b"x":
-            pax = _pax_records(bytes(view[start:start + size]))
+            pax = _pax_records(bytes(view[start : start + size]))
             continue
         if kind == b"L":
-            long_name = bytes(view[start:start + size]).rstrip(b"\0").decode("utf-8", "surrogateescape")
+            long_name = bytes(view[start : start + size]).rstrip(b"\0").decode("utf-8", "surrogateescape")
             continue
         if kind in _FILE_TYPES:
             name = _member_name(header, pax, long_name)

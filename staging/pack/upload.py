@@ -58,8 +58,10 @@ def _dest_error(err: OSError, where: Path) -> LadingError:
 
 
 def _already_packed(where: str) -> UsageError:
-    return UsageError(f"{where} already exists: a dataset with this name was packed there",
-                      "use a new --version or --name, or delete the old dataset first")
+    return UsageError(
+        f"{where} already exists: a dataset with this name was packed there",
+        "use a new --version or --name, or delete the old dataset first",
+    )
 
 
 class LocalPublisher:
@@ -73,8 +75,9 @@ class LocalPublisher:
                 raise _already_packed(str(self.final_dir / Path(plan.index_key).name))
             self.final_dir.mkdir(parents=True, exist_ok=True)
             _remove_stale_staging(self.final_dir, plan.options.name)
-            self.staging = Path(tempfile.mkdtemp(prefix=f".{plan.options.name}.lading-pack-{os.getpid()}-",
-                                                 dir=self.final_dir))
+            self.staging = Path(
+                tempfile.mkdtemp(prefix=f".{plan.options.name}.lading-pack-{os.getpid()}-", dir=self.final_dir)
+            )
         except OSError as err:
             raise _dest_error(err, self.final_dir) from err
         self._done: list[tuple[ShardPlan, Path]] = []
@@ -130,8 +133,6 @@ def _remove_stale_staging(directory: Path, name: str) -> None:
         pid = leftover.name.rsplit("-", 2)[-2]
         if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(leftover, ignore_errors=True)
-
-
 
 
 class StorePublisher:

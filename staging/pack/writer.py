@@ -94,7 +94,7 @@ class ShardWriter:
 
     def _put(self, data: bytes | memoryview) -> None:
         end = self._used + len(data)
-        self._view[self._used:end] = data
+        self._view[self._used : end] = data
         self._used = end
 
     def _put_padding(self, size: int) -> None:
@@ -139,22 +139,22 @@ class ShardWriter:
         start = used + header_size
         if plain:  # the header's constant fields, then name, size and checksum in place
             view[used:start] = PLAIN_HEADER
-            view[used:used + len(encoded)] = encoded
+            view[used : used + len(encoded)] = encoded
             size_field = b"%011o\0" % size
-            view[used + 124:used + 136] = size_field
-            view[used + 148:used + 156] = b"%06o\0 " % (PLAIN_CHECKSUM_BASE + sum(encoded) + sum(size_field))
+            view[used + 124 : used + 136] = size_field
+            view[used + 148 : used + 156] = b"%06o\0 " % (PLAIN_CHECKSUM_BASE + sum(encoded) + sum(size_field))
         else:
             view[used:start] = header
-        got = os.readv(fd, [view[start:start + size]]) if size else 0
+        got = os.readv(fd, [view[start : start + size]]) if size else 0
         while got < size:
-            step = os.readv(fd, [view[start + got:start + size]])
+            step = os.readv(fd, [view[start + got : start + size]])
             if step == 0:
                 raise ObjectChanged(f"{source} shrank while packing it ({got} of {size} bytes)")
             got += step
         used = start + size
         pad = -size % BLOCK
         if pad:
-            view[used:used + pad] = _ZEROS[:pad]
+            view[used : used + pad] = _ZEROS[:pad]
             used += pad
         self._used = used
         self._pending_progress += size
@@ -173,7 +173,7 @@ class ShardWriter:
     def flush(self) -> None:
         """Write out the buffer and report progress."""
         if self._used:
-            with self._view[:self._used] as used:
+            with self._view[: self._used] as used:
                 _pwrite_all(self.fd, used, self.offset)
             self.offset += self._used
             self._used = 0

@@ -110,14 +110,17 @@ def _parse_json(text: str, origin: str) -> Manifest:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise UsageError(f"{origin}: the manifest is invalid JSON at line {err.lineno}, column {err.colno}: "
-                         f"{err.msg}", "a ManifestFile is [{\"prefix\": \"s3://bucket/p/\"}, \"key\", ...]; "
-                         "a plain manifest is one key per line") from None
+        raise UsageError(
+            f"{origin}: the manifest is invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}",
+            'a ManifestFile is [{"prefix": "s3://bucket/p/"}, "key", ...]; a plain manifest is one key per line',
+        ) from None
     if not isinstance(data, list):
-        raise UsageError(f"{origin}: a ManifestFile is a JSON array, not {type(data).__name__}",
-                         "[{\"prefix\": \"s3://bucket/p/\"}, \"key\", ...]")
+        raise UsageError(
+            f"{origin}: a ManifestFile is a JSON array, not {type(data).__name__}",
+            '[{"prefix": "s3://bucket/p/"}, "key", ...]',
+        )
     if not data or not isinstance(data[0], dict) or not isinstance(data[0].get("prefix"), str):
-        raise UsageError(f"{origin}: a ManifestFile starts with {{\"prefix\": \"s3://bucket/prefix/\"}}")
+        raise UsageError(f'{origin}: a ManifestFile starts with {{"prefix": "s3://bucket/prefix/"}}')
     prefix = data[0]["prefix"]
     entries = []
     for index, item in enumerate(data[1:], start=1):
@@ -137,11 +140,15 @@ def _parse_json_lines(text: str, origin: str) -> Manifest:
         try:
             item = json.loads(line)
         except json.JSONDecodeError as err:
-            raise UsageError(f"{origin} line {number}: invalid JSON at column {err.colno}: {err.msg}",
-                             "an augmented manifest has one JSON object per line") from None
+            raise UsageError(
+                f"{origin} line {number}: invalid JSON at column {err.colno}: {err.msg}",
+                "an augmented manifest has one JSON object per line",
+            ) from None
         if not isinstance(item, dict):
-            raise UsageError(f"{origin} line {number}: a JSON {type(item).__name__}, not an object",
-                             "an augmented manifest has one JSON object per line")
+            raise UsageError(
+                f"{origin} line {number}: a JSON {type(item).__name__}, not an object",
+                "an augmented manifest has one JSON object per line",
+            )
         refs: dict[str, str] = {}
         attributes: dict[str, Any] = {}
         for name, value in item.items():
@@ -150,14 +157,18 @@ def _parse_json_lines(text: str, origin: str) -> Manifest:
             elif isinstance(value, str) and value:
                 refs[name] = value
             else:
-                raise UsageError(f"{origin} line {number}: {name!r} must name an object, got {value!r}",
-                                 "a *-ref attribute holds a location such as s3://bucket/key")
+                raise UsageError(
+                    f"{origin} line {number}: {name!r} must name an object, got {value!r}",
+                    "a *-ref attribute holds a location such as s3://bucket/key",
+                )
         records.append(Record(number, refs, attributes, tuple(item)))
         entries.extend(refs.values())
     if not entries:
-        raise UsageError(f"{origin}: JSON Lines without any '{REF_SUFFIX}' attribute name no objects",
-                         "an augmented manifest names objects in attributes such as \"source-ref\"; "
-                         "a ManifestFile is [{\"prefix\": \"s3://bucket/p/\"}, \"key\", ...]")
+        raise UsageError(
+            f"{origin}: JSON Lines without any '{REF_SUFFIX}' attribute name no objects",
+            'an augmented manifest names objects in attributes such as "source-ref"; '
+            'a ManifestFile is [{"prefix": "s3://bucket/p/"}, "key", ...]',
+        )
     return Manifest(None, tuple(entries), origin, tuple(records))
 
 
@@ -206,31 +217,43 @@ def record_keys(manifest: Manifest, source: str | StoreURI) -> list[dict[str, st
     result = []
     for record in manifest.records or ():
         where = f"{manifest.origin} line {record.line}"
-        result.append({name: _relative(ref, root, manifest, uri, where, name)
-                       for name, ref in record.refs.items()})
+        result.append({name: _relative(ref, root, manifest, uri, where, name) for name, ref in record.refs.items()})
     return result
 
 
-def _relative(entry: str, root: str, manifest: Manifest, source: StoreURI, where: str | None = None,
-              attribute: str | None = None) -> str:
-    is_location = "://" in entry or manifest.prefix is not None or (
-        manifest.records is not None and entry.startswith("/"))
+def _relative(
+    entry: str, root: str, manifest: Manifest, source: StoreURI, where: str | None = None, attribute: str | None = None
+) -> str:
+    is_location = (
+        "://" in entry or manifest.prefix is not None or (manifest.records is not None and entry.startswith("/"))
+    )
     if not is_location:
         return entry
     if source.scheme == "file" and entry.startswith("file://"):
-        entry = entry[len("file://"):]
+        entry = entry[len("file://") :]
     if entry.startswith(root) and len(entry) > len(root):
-        return entry[len(root):]
+        return entry[len(root) :]
     if attribute is not None:
-        raise UsageError(f"{where}: {attribute} {entry!r} is not under the source {str(source)!r}",
-                         "every object an augmented manifest references must lie under SOURCE")
-    raise UsageError(f"{manifest.origin}: {entry!r} is not under the source {str(source)!r}",
-                     "the manifest's prefix must be the sync SOURCE or lie inside it")
+        raise UsageError(
+            f"{where}: {attribute} {entry!r} is not under the source {str(source)!r}",
+            "every object an augmented manifest references must lie under SOURCE",
+        )
+    raise UsageError(
+        f"{manifest.origin}: {entry!r} is not under the source {str(source)!r}",
+        "the manifest's prefix must be the sync SOURCE or lie inside it",
+    )
 
 
-def share_records(manifest: Manifest, source: str, kept: Sequence[T], mine: Sequence[T], rank: int,
-                  world_size: int, distribution: str = "replicated",
-                  balance: str = "count") -> tuple[list[T], tuple[int, ...]]:
+def share_records(
+    manifest: Manifest,
+    source: str,
+    kept: Sequence[T],
+    mine: Sequence[T],
+    rank: int,
+    world_size: int,
+    distribution: str = "replicated",
+    balance: str = "count",
+) -> tuple[list[T], tuple[int, ...]]:
     """This rank's objects and lines (indices into ``manifest.records``) for an augmented manifest.
 
     ``kept`` are the selected objects of every rank, ``mine`` this rank's share by the sharding
@@ -243,9 +266,11 @@ def share_records(manifest: Manifest, source: str, kept: Sequence[T], mine: Sequ
     by_key = {info.key: info for info in kept}
     clash = [key for key in by_key if key == LOCAL_MANIFEST or key.startswith(LOCAL_MANIFEST + "/")]
     if clash:
-        raise UsageError(f"{manifest.origin}: the object {clash[0]!r} would be replaced by the rewritten "
-                         f"augmented manifest DEST/{LOCAL_MANIFEST}",
-                         "rename the object, or leave it out with --exclude")
+        raise UsageError(
+            f"{manifest.origin}: the object {clash[0]!r} would be replaced by the rewritten "
+            f"augmented manifest DEST/{LOCAL_MANIFEST}",
+            "rename the object, or leave it out with --exclude",
+        )
     keys_per_line = record_keys(manifest, source)
     replicated = distribution == "replicated" or world_size == 1
     owner = {} if replicated else assign_ranks(kept, world_size, balance)
@@ -286,8 +311,7 @@ def local_lines(manifest: Manifest, source: str, lines: Sequence[int], present: 
     return out
 
 
-def write_local_manifest(manifest: Manifest, source: str, dest: Path, lines: Sequence[int],
-                         present: set[str]) -> Path:
+def write_local_manifest(manifest: Manifest, source: str, dest: Path, lines: Sequence[int], present: set[str]) -> Path:
     """Write (atomically) ``dest/manifest.jsonl`` for this rank's lines; unchanged content is not
     rewritten. Call it once every object is in place, so a reader never sees a line whose file
     is missing."""

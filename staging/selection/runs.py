@@ -36,7 +36,7 @@ class _Run:
 
     def write(self, rows: list[tuple]) -> None:
         for start in range(0, len(rows), _BLOCK):
-            data = marshal.dumps(rows[start:start + _BLOCK])
+            data = marshal.dumps(rows[start : start + _BLOCK])
             self.file.write(len(data).to_bytes(8, "little") + data)
         self.last = rows[-1][0]
 

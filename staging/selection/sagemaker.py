@@ -62,14 +62,16 @@ def _read_json(path: Path) -> Any | None:
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise UsageError(f"SageMaker's {path} is invalid JSON at line {err.lineno}, column {err.colno}: "
-                         f"{err.msg}") from None
+        raise UsageError(
+            f"SageMaker's {path} is invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}"
+        ) from None
 
 
 def _host_list(value: Any, origin: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(h, str) and h for h in value):
-        raise UsageError(f"{origin} is not a non-empty list of host names: {value!r}",
-                         'SageMaker writes e.g. ["algo-1","algo-2"]')
+        raise UsageError(
+            f"{origin} is not a non-empty list of host names: {value!r}", 'SageMaker writes e.g. ["algo-1","algo-2"]'
+        )
     return tuple(sorted(set(value)))
 
 
@@ -80,8 +82,9 @@ def _gpus(env: Mapping[str, str]) -> int | None:
     try:
         count = int(text)
     except ValueError:
-        raise UsageError(f"SM_NUM_GPUS={text!r} is not an integer",
-                         "fix the variable or pass --local-world-size") from None
+        raise UsageError(
+            f"SM_NUM_GPUS={text!r} is not an integer", "fix the variable or pass --local-world-size"
+        ) from None
     if count < 0:
         raise UsageError(f"SM_NUM_GPUS={text!r} is negative", "fix the variable or pass --local-world-size")
     return count
@@ -103,13 +106,17 @@ def read_hosts(env: Mapping[str, str], resource_config: str | Path | None = None
             try:
                 hosts = _host_list(json.loads(hosts_text), "SM_HOSTS")
             except json.JSONDecodeError:
-                raise UsageError(f"SM_HOSTS={hosts_text!r} is not a JSON list",
-                                 'SageMaker sets e.g. SM_HOSTS=\'["algo-1","algo-2"]\'') from None
+                raise UsageError(
+                    f"SM_HOSTS={hosts_text!r} is not a JSON list",
+                    'SageMaker sets e.g. SM_HOSTS=\'["algo-1","algo-2"]\'',
+                ) from None
         else:
             config = _read_json(path)
             if not isinstance(config, dict) or "hosts" not in config:
-                raise UsageError("SM_CURRENT_HOST is set but SM_HOSTS is not (and there is no "
-                                 f"{path} listing the hosts)", "set SM_HOSTS or pass --node-rank/--world-size")
+                raise UsageError(
+                    f"SM_CURRENT_HOST is set but SM_HOSTS is not (and there is no {path} listing the hosts)",
+                    "set SM_HOSTS or pass --node-rank/--world-size",
+                )
             hosts = _host_list(config["hosts"], f"{path}: hosts")
     else:
         config = _read_json(path)
@@ -117,18 +124,22 @@ def read_hosts(env: Mapping[str, str], resource_config: str | Path | None = None
             return None
         origin = str(path)
         if not isinstance(config, dict) or not isinstance(config.get("current_host"), str):
-            raise UsageError(f"{path} has no current_host", 'SageMaker writes {"current_host": "algo-1", '
-                             '"hosts": ["algo-1", ...]}')
+            raise UsageError(
+                f"{path} has no current_host", 'SageMaker writes {"current_host": "algo-1", "hosts": ["algo-1", ...]}'
+            )
         current = config["current_host"]
         hosts = _host_list(config.get("hosts"), f"{path}: hosts")
     if current not in hosts:
-        raise UsageError(f"the current host {current!r} ({origin}) is not among the hosts {list(hosts)}",
-                         "fix SM_CURRENT_HOST/SM_HOSTS or pass --node-rank")
+        raise UsageError(
+            f"the current host {current!r} ({origin}) is not among the hosts {list(hosts)}",
+            "fix SM_CURRENT_HOST/SM_HOSTS or pass --node-rank",
+        )
     return SageMakerHosts(current, hosts, _gpus(env), origin)
 
 
-def channels(env: Mapping[str, str], input_config: str | Path | None = None,
-             data_dir: str | Path | None = None) -> dict[str, str]:
+def channels(
+    env: Mapping[str, str], input_config: str | Path | None = None, data_dir: str | Path | None = None
+) -> dict[str, str]:
     """The job's input channels, name -> directory.
 
     From the toolkit's ``SM_CHANNEL_<NAME>`` variables (named by ``SM_CHANNELS`` when it is set,
@@ -152,20 +163,27 @@ def channels(env: Mapping[str, str], input_config: str | Path | None = None,
     if not names:
         for variable, directory in env.items():
             if variable.startswith("SM_CHANNEL_") and directory.strip():
-                found[variable[len("SM_CHANNEL_"):].lower()] = directory.strip()
+                found[variable[len("SM_CHANNEL_") :].lower()] = directory.strip()
     if found or names:
         return dict(sorted(found.items()))
     path = Path(input_config) if input_config is not None else config_dir(env) / "inputdataconfig.json"
     config = _read_json(path)
     if not isinstance(config, dict):
         return {}
-    root = Path(data_dir) if data_dir is not None else (
-        Path(env["SM_INPUT_DIR"]) / "data" if env.get("SM_INPUT_DIR") else DEFAULT_DATA_DIR)
+    root = (
+        Path(data_dir)
+        if data_dir is not None
+        else (Path(env["SM_INPUT_DIR"]) / "data" if env.get("SM_INPUT_DIR") else DEFAULT_DATA_DIR)
+    )
     return {name: str(root / name) for name in sorted(config) if isinstance(name, str) and name}
 
 
-def channel_dest(env: Mapping[str, str], name: str | None = None, input_config: str | Path | None = None,
-                 data_dir: str | Path | None = None) -> str | None:
+def channel_dest(
+    env: Mapping[str, str],
+    name: str | None = None,
+    input_config: str | Path | None = None,
+    data_dir: str | Path | None = None,
+) -> str | None:
     """The directory of channel ``name`` (any case), or, with no name, of the only channel.
 
     Returns None when no name is given and the job has no channel (outside SageMaker). A name
@@ -177,16 +195,27 @@ def channel_dest(env: Mapping[str, str], name: str | None = None, input_config: 
         wanted = {channel.lower(): directory for channel, directory in found.items()}
         directory = wanted.get(name.lower())
         if directory is None:
-            raise UsageError(f"no SageMaker channel {name!r} (SM_CHANNEL_{name.upper()} is not set); "
-                             f"channels: {listing}", "name one of the job's input channels, or give DEST")
+            raise UsageError(
+                f"no SageMaker channel {name!r} (SM_CHANNEL_{name.upper()} is not set); channels: {listing}",
+                "name one of the job's input channels, or give DEST",
+            )
         return directory
     if not found:
         return None
     if len(found) > 1:
-        raise UsageError(f"DEST is missing and this SageMaker job has {len(found)} channels: {listing}",
-                         "pick one with --channel NAME, or give DEST")
+        raise UsageError(
+            f"DEST is missing and this SageMaker job has {len(found)} channels: {listing}",
+            "pick one with --channel NAME, or give DEST",
+        )
     return next(iter(found.values()))
 
 
-__all__ = ["DEFAULT_CONFIG_DIR", "DEFAULT_DATA_DIR", "SageMakerHosts", "channel_dest", "channels", "config_dir",
-           "read_hosts"]
+__all__ = [
+    "DEFAULT_CONFIG_DIR",
+    "DEFAULT_DATA_DIR",
+    "SageMakerHosts",
+    "channel_dest",
+    "channels",
+    "config_dir",
+    "read_hosts",
+]

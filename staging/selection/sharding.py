@@ -62,7 +62,7 @@ def owners_by_bytes(sizes: Sequence[int], world_size: int) -> numpy.typing.NDArr
     owners = numpy.zeros(len(sizes_array), dtype=numpy.int32)
     loads = [(0, rank) for rank in range(world_size)]  # (bytes so far, rank): a min-heap
     for start in range(0, len(order), 65536):  # a slice at a time: no list of a million ints
-        part = order[start:start + 65536]
+        part = order[start : start + 65536]
         ranks = []
         for size in sizes_array[part].tolist():
             load, rank = heapq.heappop(loads)

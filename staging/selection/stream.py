@@ -103,6 +103,7 @@ class StreamSummary:
 
 # -- which objects, in which order ---------------------------------------------------------------
 
+
 def expand_braces(text: str) -> list[str]:
     """WebDataset's shard-list notation: ``a-{000..002}.tar`` -> ``a-000.tar a-001.tar a-002.tar``
     (zero-padded as written), ``{train,val}`` -> both; several groups multiply, left to right."""
@@ -119,9 +120,10 @@ def expand_braces(text: str) -> list[str]:
     elif "," in body:
         choices = body.split(",")
     else:
-        raise UsageError(f"cannot expand {{{body}}} in {text!r}",
-                         "write a range {000000..000099} or alternatives {train,val}")
-    head, tail = text[:match.start()], text[match.end():]
+        raise UsageError(
+            f"cannot expand {{{body}}} in {text!r}", "write a range {000000..000099} or alternatives {train,val}"
+        )
+    head, tail = text[: match.start()], text[match.end() :]
     rest = expand_braces(tail)
     if len(choices) * len(rest) > _MAX_EXPANSION:
         raise UsageError(f"{text!r} expands to more than {_MAX_EXPANSION:,} names")
@@ -136,17 +138,18 @@ def _shard_list(source: str) -> tuple[StoreURI, list[str]]:
     if any((uri.scheme, uri.bucket) != (first.scheme, first.bucket) for uri in uris):
         raise UsageError(f"{source!r} expands to several buckets", "stream one bucket at a time")
     common = os.path.commonprefix([uri.prefix for uri in uris])
-    root = common[:common.rfind("/") + 1] if "/" in common else ""
+    root = common[: common.rfind("/") + 1] if "/" in common else ""
     if first.scheme == "file" and not root:
         root = "/"
-    keys = [uri.prefix[len(root):] for uri in uris]
+    keys = [uri.prefix[len(root) :] for uri in uris]
     if any(not key or key.endswith("/") for key in keys):
         raise UsageError(f"{source!r} names a prefix, not objects", "braces in a shard list name objects")
     return StoreURI(first.scheme, first.bucket, root), keys
 
 
-def open_source(source: str, config: StoreConfig | None = None, manifest: Manifest | None = None,
-                snapshot: str | Path | None = None) -> tuple[Store, str, list[str] | None]:
+def open_source(
+    source: str, config: StoreConfig | None = None, manifest: Manifest | None = None, snapshot: str | Path | None = None
+) -> tuple[Store, str, list[str] | None]:
     """The store to read, its location as a string, and the keys when SOURCE names them itself.
 
     SOURCE with braces is a shard list; SOURCE not ending in ``/`` names one object when an
@@ -185,8 +188,9 @@ def matches(key: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
     return not any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude)
 
 
-def select_stream(store: Store, request: StreamRequest, keys: Sequence[str] | None = None,
-                  workers: int = 32) -> Iterable[ObjectInfo]:
+def select_stream(
+    store: Store, request: StreamRequest, keys: Sequence[str] | None = None, workers: int = 32
+) -> Iterable[ObjectInfo]:
     """This rank's objects in stream order (see the module docstring).
 
     ``keys`` (from :func:`open_source`) or the request's manifest are stat'ed in parallel, in
@@ -223,12 +227,15 @@ def _kept(info: ObjectInfo, request: StreamRequest) -> bool:
 
 def _refuse_empty(request: StreamRequest, listed: int) -> None:
     if request.manifest is not None and not request.manifest.entries:
-        raise NotFound(f"the manifest {request.manifest.origin} is empty: it lists no keys",
-                       "check the file; --allow-empty accepts an empty stream")
+        raise NotFound(
+            f"the manifest {request.manifest.origin} is empty: it lists no keys",
+            "check the file; --allow-empty accepts an empty stream",
+        )
     what = "no objects" if not listed else f"{listed} object(s), none kept by --include/--exclude"
-    raise NotFound(f"nothing at {request.source}: {what}",
-                   "check the bucket, prefix and filters (keys are case-sensitive); --allow-empty "
-                   "accepts an empty stream")
+    raise NotFound(
+        f"nothing at {request.source}: {what}",
+        "check the bucket, prefix and filters (keys are case-sensitive); --allow-empty accepts an empty stream",
+    )
 
 
 def _walk(store: Store, request: StreamRequest) -> Iterator[ObjectInfo]:
@@ -263,15 +270,26 @@ def _share(kept: list[ObjectInfo], request: StreamRequest) -> list[ObjectInfo]:
     if request.manifest is not None and request.manifest.augmented:
         owner = assign_ranks(kept, request.world_size, request.balance)
         mine_by_rule = [info for info in kept if owner[info.key] == request.rank]
-        wanted = {info.key for info in share_records(request.manifest, request.source, kept, mine_by_rule,
-                                                     request.rank, request.world_size, request.distribution,
-                                                     request.balance)[0]}
+        wanted = {
+            info.key
+            for info in share_records(
+                request.manifest,
+                request.source,
+                kept,
+                mine_by_rule,
+                request.rank,
+                request.world_size,
+                request.distribution,
+                request.balance,
+            )[0]
+        }
         return [info for info in kept if info.key in wanted]
     owner = assign_ranks(kept, request.world_size, request.balance)
     return [info for info in kept if owner[info.key] == request.rank]
 
 
 # -- the bytes -----------------------------------------------------------------------------------
+
 
 @dataclass
 class _Part:
@@ -335,9 +353,11 @@ class _Fetchers:
             info = part.info
             data = self.store.read_range(info.key, part.start, part.end, info.version or None)
             if len(data) != part.size:  # the version matched, yet the bytes did not: never pass them on
-                raise ObjectChanged(f"{self.store.url.rstrip('/')}/{info.key}: got {len(data)} of {part.size} "
-                                    f"bytes at offset {part.start} (listed size {info.size})",
-                                    "the object changed while it was streamed; run again")
+                raise ObjectChanged(
+                    f"{self.store.url.rstrip('/')}/{info.key}: got {len(data)} of {part.size} "
+                    f"bytes at offset {part.start} (listed size {info.size})",
+                    "the object changed while it was streamed; run again",
+                )
             part.data = data
         except BaseException as err:  # handed to the writer, which raises it in stream order
             part.error = err
@@ -351,8 +371,9 @@ class _Fetchers:
             self.tasks.put(None)
 
 
-def stream_objects(store: Store, objects: Iterable[ObjectInfo], sink: Sink,
-                   options: StreamOptions = StreamOptions()) -> StreamSummary:
+def stream_objects(
+    store: Store, objects: Iterable[ObjectInfo], sink: Sink, options: StreamOptions = StreamOptions()
+) -> StreamSummary:
     """Write the objects' bytes to ``sink``, in order, with GETs prefetched (see the module docstring).
 
     Raises the first failure in stream order (bytes before it were written), or what ``sink``
@@ -368,8 +389,11 @@ def stream_objects(store: Store, objects: Iterable[ObjectInfo], sink: Sink,
     upcoming: _Part | None = next(pending, None)
     try:
         while upcoming is not None or window:
-            while upcoming is not None and len(window) < ahead_limit and (
-                    not window or held + upcoming.size <= options.max_memory):
+            while (
+                upcoming is not None
+                and len(window) < ahead_limit
+                and (not window or held + upcoming.size <= options.max_memory)
+            ):
                 window.append(upcoming)
                 held += upcoming.size
                 fetchers.submit(upcoming)
@@ -389,12 +413,18 @@ def stream_objects(store: Store, objects: Iterable[ObjectInfo], sink: Sink,
         fetchers.close()
     summary.seconds = time.monotonic() - started
     summary.most_in_flight = fetchers.most_in_flight
-    log.debug("streamed %d object(s), %d bytes in %.2fs; at most %d GETs at once", summary.objects,
-              summary.bytes, summary.seconds, summary.most_in_flight)
+    log.debug(
+        "streamed %d object(s), %d bytes in %.2fs; at most %d GETs at once",
+        summary.objects,
+        summary.bytes,
+        summary.seconds,
+        summary.most_in_flight,
+    )
     return summary
 
 
 # -- where the bytes go --------------------------------------------------------------------------
+
 
 def fd_sink(fd: int) -> Sink:
     """A sink writing to a file descriptor (stdout, a pipe); a reader that went away raises
@@ -403,7 +433,7 @@ def fd_sink(fd: int) -> Sink:
     def write(chunk: memoryview) -> None:
         view = chunk
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
 
     return write
 
@@ -415,8 +445,9 @@ def make_fifo(path: str | Path) -> Path:
     try:
         if stat_mode.S_ISFIFO(os.stat(path).st_mode):
             return path
-        raise UsageError(f"{path} exists and is not a named pipe",
-                         "give a new path (lading creates the pipe) or remove the file")
+        raise UsageError(
+            f"{path} exists and is not a named pipe", "give a new path (lading creates the pipe) or remove the file"
+        )
     except FileNotFoundError:
         pass
     except OSError as err:
@@ -447,5 +478,17 @@ def release_waiting_reader(path: str | Path) -> None:
         pass  # no reader, or no pipe
 
 
-__all__ = ["StreamOptions", "StreamRequest", "StreamSummary", "expand_braces", "fd_sink", "make_fifo", "matches",
-           "open_fifo", "open_source", "release_waiting_reader", "select_stream", "stream_objects"]
+__all__ = [
+    "StreamOptions",
+    "StreamRequest",
+    "StreamSummary",
+    "expand_braces",
+    "fd_sink",
+    "make_fifo",
+    "matches",
+    "open_fifo",
+    "open_source",
+    "release_waiting_reader",
+    "select_stream",
+    "stream_objects",
+]

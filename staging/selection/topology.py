@@ -61,13 +61,19 @@ class Launcher:
 
 LAUNCHERS: tuple[Launcher, ...] = (
     Launcher("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", ("GROUP_RANK", "NODE_RANK")),
-    Launcher("horovod", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-             "HOROVOD_CROSS_RANK"),
-    Launcher("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-             "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_NODE_RANK"),
+    Launcher(
+        "horovod", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK"
+    ),
+    Launcher(
+        "openmpi",
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "OMPI_COMM_WORLD_NODE_RANK",
+    ),
     Launcher("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", None),
-    Launcher("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE",
-             "SLURM_NODEID"),
+    Launcher("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_NODEID"),
 )
 
 
@@ -136,8 +142,9 @@ def _from_launcher(env: Mapping[str, str], resource_config: str | Path | None) -
     return _Found()
 
 
-def detect_topology(env: Mapping[str, str], explicit: Mapping[str, int | None] | None = None,
-                    resource_config: str | Path | None = None) -> Topology:
+def detect_topology(
+    env: Mapping[str, str], explicit: Mapping[str, int | None] | None = None, resource_config: str | Path | None = None
+) -> Topology:
     """Resolve the topology: ``explicit`` values (None = not given) > launcher variables > defaults.
 
     ``resource_config`` is SageMaker's ``resourceconfig.json`` (default: in ``SM_INPUT_CONFIG_DIR``,
@@ -209,5 +216,7 @@ def _validate(topology: Topology) -> None:
     # --world-size is rank 0 of 1 on its node): nothing to check against.
     nodes = topology.world_size - topology.local_world_size + 1
     if topology.sources.get("world_size") != "default" and topology.node_rank >= nodes:
-        fail(f"node rank {topology.node_rank} is outside 0..{nodes - 1} (world size {topology.world_size}, "
-             f"{topology.local_world_size} rank(s) on this node)")
+        fail(
+            f"node rank {topology.node_rank} is outside 0..{nodes - 1} (world size {topology.world_size}, "
+            f"{topology.local_world_size} rank(s) on this node)"
+        )

@@ -25,15 +25,33 @@ from lading.stores.config import StoreConfig
 from lading.stores.uri import StoreURI, parse_uri
 
 __all__ = [
-    "AccessDenied", "DEFAULT_POLICY", "LadingError", "NotFound", "ObjectChanged", "ObjectInfo",
-    "ProblemFound", "ProgressCallback", "RetryPolicy", "Store", "StoreConfig", "StoreURI",
-    "Throttled", "TransientError", "UnsafeKey", "UsageError", "key_parts", "open_store",
-    "parse_uri", "safe_join", "with_retries",
+    "AccessDenied",
+    "DEFAULT_POLICY",
+    "LadingError",
+    "NotFound",
+    "ObjectChanged",
+    "ObjectInfo",
+    "ProblemFound",
+    "ProgressCallback",
+    "RetryPolicy",
+    "Store",
+    "StoreConfig",
+    "StoreURI",
+    "Throttled",
+    "TransientError",
+    "UnsafeKey",
+    "UsageError",
+    "key_parts",
+    "open_store",
+    "parse_uri",
+    "safe_join",
+    "with_retries",
 ]
 
 
-def open_store(location: str | StoreURI, config: StoreConfig | None = None, *,
-               snapshot: str | Path | None = None) -> Store:
+def open_store(
+    location: str | StoreURI, config: StoreConfig | None = None, *, snapshot: str | Path | None = None
+) -> Store:
     """Open the store a URI names. The SDK is imported and the client built only on first use.
 
     A snapshot file (``lading snapshot``) in place of the URI opens its source, pinned to the

@@ -74,8 +74,9 @@ class CoroutineReads(Protocol):
         """The range collected whole, retried under ``policy`` (default: the store's)."""
         ...
 
-    async def attempt(self, key: str, start: int, end: int | None, version: str | None, sink: Sink,
-                      on_version: Callable[[str], None]) -> Fetched:
+    async def attempt(
+        self, key: str, start: int, end: int | None, version: str | None, sink: Sink, on_version: Callable[[str], None]
+    ) -> Fetched:
         """One GET, no retry (a :class:`lading.stores.download.RangeAttempt`)."""
         ...
 
@@ -118,16 +119,29 @@ class Store(ABC):
         """As :meth:`read_many`, each request's failure returned in its place."""
 
     @abstractmethod
-    def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
-               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+    def stream(
+        self,
+        key: str,
+        sink: Sink,
+        version: str | None,
+        start: int = 0,
+        end: int | None = None,
+        on_version: Callable[[str], None] | None = None,
+    ) -> Fetched:
         """One GET of bytes ``[start, end)`` (to the end when ``end`` is None) pinned to
         ``version``, each piece handed to ``sink`` as it arrives. ``on_version`` hears the
         answer's version before the first piece (to pin a resumed request to it). One attempt:
         a body cut short raises TransientError after the pieces already handed over."""
 
     @abstractmethod
-    def download(self, key: str, dest: Path, version: str | None = None,
-                 progress: ProgressCallback | None = None, size: int | None = None) -> None:
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        version: str | None = None,
+        progress: ProgressCallback | None = None,
+        size: int | None = None,
+    ) -> None:
         """Write the whole object to ``dest`` (the caller picks a temporary name); a ``size``
         known from a listing lets large objects come in parallel ranged parts."""
 
@@ -211,5 +225,14 @@ class ReadOnlyStore(Store):
         raise self._refuse()
 
 
-__all__ = ["Fetched", "ObjectInfo", "Outcomes", "ProgressCallback", "RangeRequest", "ReadOnlyStore", "Sink", "Store",
-           "Views"]
+__all__ = [
+    "Fetched",
+    "ObjectInfo",
+    "Outcomes",
+    "ProgressCallback",
+    "RangeRequest",
+    "ReadOnlyStore",
+    "Sink",
+    "Store",
+    "Views",
+]

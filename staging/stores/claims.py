@@ -45,8 +45,10 @@ __all__ = ["check_conditional_writes", "create", "delete", "delete_prefix", "rea
 
 def _writable(store: Store) -> Store:
     if not store.writable:
-        raise UsageError(f"{store.url} cannot take conditional writes",
-                         "use an s3://, gs:// or local location (not a snapshot or a read-only view)")
+        raise UsageError(
+            f"{store.url} cannot take conditional writes",
+            "use an s3://, gs:// or local location (not a snapshot or a read-only view)",
+        )
     return store
 
 
@@ -83,7 +85,7 @@ def delete_prefix(store: Store, prefix: str, keep: Callable[[str], bool] | None 
     accepts; the number deleted. Local directories left empty are removed."""
     keys = [info.key for info in _writable(store).list(prefix) if keep is None or not keep(info.key)]
     for start in range(0, len(keys), 1000):
-        store.delete_many(keys[start:start + 1000])
+        store.delete_many(keys[start : start + 1000])
     return len(keys)
 
 
@@ -102,9 +104,11 @@ def check_conditional_writes(store: Store, probe_key: str | None = None) -> None
         except LadingError as err:  # best effort: the probe is a few bytes
             log.warning("could not delete the probe object %s/%s: %s", store.url, key, err)
     if first is None or second is not None:
-        raise UsageError(f"the server behind {store.url} ignores conditional writes (If-None-Match / "
-                         "ifGenerationMatch)", "lading needs them to let exactly one process build; use "
-                         "AWS S3, GCS, MinIO or another server that honours them")
+        raise UsageError(
+            f"the server behind {store.url} ignores conditional writes (If-None-Match / ifGenerationMatch)",
+            "lading needs them to let exactly one process build; use "
+            "AWS S3, GCS, MinIO or another server that honours them",
+        )
 
 
 def _own_write(store: Store, key: str, data: bytes) -> str | None:

@@ -116,8 +116,10 @@ def _checked_endpoint(url: str, origin: str) -> str:
     except ValueError:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"malformed endpoint {url!r} ({origin})",
-                         "give a URL such as http://127.0.0.1:9000 or https://s3.example.com")
+        raise UsageError(
+            f"malformed endpoint {url!r} ({origin})",
+            "give a URL such as http://127.0.0.1:9000 or https://s3.example.com",
+        )
     return url
 
 

@@ -44,12 +44,27 @@ class RangeAttempt(Protocol):
     version before the first piece. Returns what was delivered (:class:`Fetched`; a range at or
     past the end delivers nothing). Raises a project error, TransientError for a cut body."""
 
-    def __call__(self, key: str, start: int, end: int | None, version: str | None,
-                 sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Awaitable[Fetched]: ...
+    def __call__(
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        version: str | None,
+        sink: Callable[[memoryview], None],
+        on_version: Callable[[str], None],
+    ) -> Awaitable[Fetched]: ...
 
 
-async def fetch_range(attempt: RangeAttempt, policy: RetryPolicy, where: str, key: str, start: int,
-                      end: int | None, version: str | None, write: Write) -> Fetched:
+async def fetch_range(
+    attempt: RangeAttempt,
+    policy: RetryPolicy,
+    where: str,
+    key: str,
+    start: int,
+    end: int | None,
+    version: str | None,
+    write: Write,
+) -> Fetched:
     """Bytes ``[start, end)`` of ``key`` through ``write``, a cut body resumed after the bytes
     received (pinned to the first answer's version) within ``policy``. Returns the bytes delivered,
     the object's size and its version."""
@@ -120,11 +135,20 @@ class Layout:
         return start, min(self.size, start + self.part_size)
 
 
-async def download_parts(attempt: RangeAttempt, policy: RetryPolicy, where: str, key: str, fd: int,
-                         layout: Layout, version: str | None, parts: Iterable[int],
-                         progress: ProgressCallback | None = None,
-                         on_part: Callable[[int], Awaitable[None] | None] | None = None,
-                         concurrency: int = PART_CONCURRENCY, slots: asyncio.Semaphore | None = None) -> str:
+async def download_parts(
+    attempt: RangeAttempt,
+    policy: RetryPolicy,
+    where: str,
+    key: str,
+    fd: int,
+    layout: Layout,
+    version: str | None,
+    parts: Iterable[int],
+    progress: ProgressCallback | None = None,
+    on_part: Callable[[int], Awaitable[None] | None] | None = None,
+    concurrency: int = PART_CONCURRENCY,
+    slots: asyncio.Semaphore | None = None,
+) -> str:
     """Fetch ``parts`` of the object into ``fd`` (already ``layout.size`` bytes long) at their
     offsets, each resumed and retried on its own; returns the version they are of.
 
@@ -178,9 +202,17 @@ async def download_parts(attempt: RangeAttempt, policy: RetryPolicy, where: str,
     return pinned or ""
 
 
-async def download_file(attempt: RangeAttempt, policy: RetryPolicy, where: str, key: str, dest: Path,
-                        version: str | None, size: int | None, progress: ProgressCallback | None = None,
-                        part_size: int = PART_SIZE) -> Fetched:
+async def download_file(
+    attempt: RangeAttempt,
+    policy: RetryPolicy,
+    where: str,
+    key: str,
+    dest: Path,
+    version: str | None,
+    size: int | None,
+    progress: ProgressCallback | None = None,
+    part_size: int = PART_SIZE,
+) -> Fetched:
     """The object into ``dest`` (created or truncated): in ranged parts when ``size`` is known and
     larger than ``part_size``, else as one resumed stream. Returns what arrived."""
     fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -188,8 +220,9 @@ async def download_file(attempt: RangeAttempt, policy: RetryPolicy, where: str, 
         if size is not None and size > part_size:
             layout = Layout(size, part_size)
             preallocate(fd, size)
-            pinned = await download_parts(attempt, policy, where, key, fd, layout, version,
-                                          range(layout.count), progress)
+            pinned = await download_parts(
+                attempt, policy, where, key, fd, layout, version, range(layout.count), progress
+            )
             return Fetched(size, size, pinned)
 
         def write(piece: memoryview, offset: int) -> None:
@@ -202,5 +235,16 @@ async def download_file(attempt: RangeAttempt, policy: RetryPolicy, where: str, 
         os.close(fd)
 
 
-__all__ = ["Layout", "PART_CONCURRENCY", "PART_SIZE", "RangeAttempt", "SLICE", "Write", "download_file",
-           "download_parts", "fetch_range", "preallocate", "pwrite_all"]
+__all__ = [
+    "Layout",
+    "PART_CONCURRENCY",
+    "PART_SIZE",
+    "RangeAttempt",
+    "SLICE",
+    "Write",
+    "download_file",
+    "download_parts",
+    "fetch_range",
+    "preallocate",
+    "pwrite_all",
+]

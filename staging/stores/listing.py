@@ -95,11 +95,16 @@ class ListingMixin:
             return True, last  # obstore cannot represent a key here
         if held is not None:
             return True, last
-        if last is not None and last != after and self._call(
-                where, lambda store: self._has_keys_after(store, prefix, last)):
-            raise TransientError(f"the listing of {where} stopped early: the server marked a page truncated "
-                                 "without a continuation token", "run again; if it persists, the server's "
-                                 "listing is broken")
+        if (
+            last is not None
+            and last != after
+            and self._call(where, lambda store: self._has_keys_after(store, prefix, last))
+        ):
+            raise TransientError(
+                f"the listing of {where} stopped early: the server marked a page truncated "
+                "without a continuation token",
+                "run again; if it persists, the server's listing is broken",
+            )
         return False, last
 
     #: Whether :meth:`_exact_listing` exists (a listing through the SDK, with keys exactly as stored).

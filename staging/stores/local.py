@@ -111,8 +111,7 @@ class LocalStore(Store):
         """
         if not self.root.is_dir():
             if self.root.exists():
-                raise UsageError(f"{self.root} is a file, not a directory",
-                                 "name the directory that holds it instead")
+                raise UsageError(f"{self.root} is a file, not a directory", "name the directory that holds it instead")
             raise NotFound(f"no such directory: {self.root}")
         with ThreadPoolExecutor(max_workers=_SCAN_THREADS, thread_name_prefix="lading-list") as pool:
             yield from self._walk(pool, _scan(str(self.root), "", prefix), prefix)
@@ -175,8 +174,15 @@ class LocalStore(Store):
                 out.append(err)
         return out
 
-    def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
-               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+    def stream(
+        self,
+        key: str,
+        sink: Sink,
+        version: str | None,
+        start: int = 0,
+        end: int | None = None,
+        on_version: Callable[[str], None] | None = None,
+    ) -> Fetched:
         """The file's bytes ``[start, end)`` in pieces of 1 MiB, checked against ``version``."""
         path = self._path(key)
         delivered = 0
@@ -200,8 +206,14 @@ class LocalStore(Store):
             raise _translate(err, str(path)) from err
         return Fetched(delivered, current.st_size, got)
 
-    def download(self, key: str, dest: Path, version: str | None = None,
-                 progress: ProgressCallback | None = None, size: int | None = None) -> None:
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        version: str | None = None,
+        progress: ProgressCallback | None = None,
+        size: int | None = None,
+    ) -> None:
         """Copy the file to ``dest``."""
         path = self._path(key)
         try:
@@ -323,7 +335,7 @@ def _temporary(path: Path, data: bytes) -> Path:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -73,6 +73,7 @@ def client_options(config: StoreConfig, endpoint: str | None) -> dict[str, Any]:
 
 NO_RETRIES = {"max_retries": 0}
 
+
 def _read_pem(path: str) -> bytes:
     """The CA bundle's certificates (obstore takes their PEM text, not a path)."""
     try:
@@ -93,7 +94,9 @@ class ObstoreReads(ListingMixin, Store):
 
     def __init__(self, uri: StoreURI, config: StoreConfig, from_response: FromResponse) -> None:
         self.uri = uri
-        self.config = replace(config, retry=replace(config.retry, endpoint=config.retry.endpoint or self._endpoint(config)))
+        self.config = replace(
+            config, retry=replace(config.retry, endpoint=config.retry.endpoint or self._endpoint(config))
+        )
         self.url = str(uri)
         self.bucket = uri.bucket
         self.root = root_prefix(uri.prefix)
@@ -130,9 +133,11 @@ class ObstoreReads(ListingMixin, Store):
         """A listed object's key: its full ``name`` relative to the root. A name outside the root
         (a listing that normalised the prefix asked for) is an error, never a key cut short."""
         if not name.startswith(self.root):
-            raise LadingError(f"the listing of {self._where()} returned {name!r}, outside the prefix asked for "
-                              f"({self.root!r})", "write the location without empty, '.' or '..' segments")
-        return name[len(self.root):]
+            raise LadingError(
+                f"the listing of {self._where()} returned {name!r}, outside the prefix asked for ({self.root!r})",
+                "write the location without empty, '.' or '..' segments",
+            )
+        return name[len(self.root) :]
 
     def _path(self, key: str) -> str:
         """The object path of ``key``; UnsafeKey for a key that could escape or alias the root."""
@@ -169,7 +174,6 @@ class ObstoreReads(ListingMixin, Store):
     def _call(self, what: str, operation: Callable[[Any], Any]) -> Any:
         """``operation(store)`` with translation and our retries of transient failures."""
         return with_retries(lambda: self._translated(what, operation), self.config.retry)
-
 
     def _reads(self, key: str = "") -> ObstoreReader | SdkReader:
         """Which reader serves this read: obstore on the I/O core, or the SDK where obstore cannot
@@ -225,8 +229,15 @@ class ObstoreReads(ListingMixin, Store):
                 out[position] = value
         return out
 
-    def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
-               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+    def stream(
+        self,
+        key: str,
+        sink: Sink,
+        version: str | None,
+        start: int = 0,
+        end: int | None = None,
+        on_version: Callable[[str], None] | None = None,
+    ) -> Fetched:
         """One GET of bytes ``[start, end)`` (to the end when ``end`` is None), pinned to and checked
         against ``version``, each piece handed to ``sink`` as it arrives.
 
@@ -294,11 +305,27 @@ class ObstoreReads(ListingMixin, Store):
         """HEAD through the backend's SDK."""
         raise NotImplementedError
 
-    def _sdk_stream(self, key: str, sink: Sink, version: str | None, start: int, end: int | None,
-                    on_version: Callable[[str], None] | None) -> Fetched:
+    def _sdk_stream(
+        self,
+        key: str,
+        sink: Sink,
+        version: str | None,
+        start: int,
+        end: int | None,
+        on_version: Callable[[str], None] | None,
+    ) -> Fetched:
         """:meth:`stream` through the backend's SDK, with the same version check."""
         raise NotImplementedError
 
 
-__all__ = ["Fetched", "FromResponse", "NO_RETRIES", "ObstoreReads", "RangeRequest", "Sink", "client_options",
-           "status_and_code", "translate"]
+__all__ = [
+    "Fetched",
+    "FromResponse",
+    "NO_RETRIES",
+    "ObstoreReads",
+    "RangeRequest",
+    "Sink",
+    "client_options",
+    "status_and_code",
+    "translate",
+]

@@ -17,10 +17,21 @@ _JSON_REASON = re.compile(r'"reason"\s*:\s*"([A-Za-z0-9 ]+)"')
 _S3_MESSAGE = re.compile(r"<Message>([^<]+)</Message>")
 _JSON_MESSAGE = re.compile(r'"message"\s*:\s*"([^"\\]+)"')
 _BAD_CERTIFICATE = re.compile(r"InvalidCertificate\(\s*([A-Za-z]+)")
-_NETWORK_WORDS = ("error sending request", "connection", "timed out", "timeout", "dns error",
-                  "broken pipe", "reset by peer", "unexpected eof", "error decoding response body",
-                  "body", "incomplete", "io error", "hyper")
-
+_NETWORK_WORDS = (
+    "error sending request",
+    "connection",
+    "timed out",
+    "timeout",
+    "dns error",
+    "broken pipe",
+    "reset by peer",
+    "unexpected eof",
+    "error decoding response body",
+    "body",
+    "incomplete",
+    "io error",
+    "hyper",
+)
 
 
 def status_and_code(err: BaseException) -> tuple[int, str]:
@@ -56,14 +67,18 @@ def translate(err: BaseException, what: str, from_response: FromResponse) -> Bas
     if isinstance(err, ox.InvalidPathError) or "invalid path" in str(err).lower():
         named = _PATH_NAMED.search(str(err))
         key = named.group(1) if named else "?"
-        return UnsafeKey(f"unsafe key {key!r} under {what}: a path with an empty, '.' or '..' segment",
-                         "rename or move the object: such keys cannot be listed here, not even to skip them")
+        return UnsafeKey(
+            f"unsafe key {key!r} under {what}: a path with an empty, '.' or '..' segment",
+            "rename or move the object: such keys cannot be listed here, not even to skip them",
+        )
     if status:
         return from_response(code, status, message, what)
     certificate = _BAD_CERTIFICATE.search(str(err))
     if certificate:  # a configuration problem: retrying cannot help
-        return LadingError(f"TLS certificate not trusted for {what}: {certificate.group(1)}",
-                           "point AWS_CA_BUNDLE at a PEM bundle with the CA that signed the server's certificate")
+        return LadingError(
+            f"TLS certificate not trusted for {what}: {certificate.group(1)}",
+            "point AWS_CA_BUNDLE at a PEM bundle with the CA that signed the server's certificate",
+        )
     if "token request" in str(err).lower() or "credential" in str(err).lower():
         return from_response("InvalidToken", 401, message, what)
     # No HTTP status: the request never got an answer, or its body broke off.

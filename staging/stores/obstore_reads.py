@@ -101,8 +101,13 @@ class ObstoreReader:
         the loop) and comes out as a transient error, so the request is tried again there."""
         target = self.target
         mapped = translate(err, where, target.from_response)
-        if (self._relocated or target.moved is None or target.relocate is None
-                or not isinstance(mapped, LadingError) or not target.moved(err)):
+        if (
+            self._relocated
+            or target.moved is None
+            or target.relocate is None
+            or not isinstance(mapped, LadingError)
+            or not target.moved(err)
+        ):
             return mapped
         self._relocated = True
         client = await asyncio.to_thread(target.relocate)
@@ -114,8 +119,10 @@ class ObstoreReader:
     def _check_version(self, meta: Mapping[str, Any], version: str | None, key: str) -> str:
         got = self.target.version_of(meta)
         if version and got and got != version:
-            raise ObjectChanged(f"{self._where(key)} changed while lading read it (asked for version "
-                                f"{version}, the server sent {got})", "the object was replaced; run again")
+            raise ObjectChanged(
+                f"{self._where(key)} changed while lading read it (asked for version {version}, the server sent {got})",
+                "the object was replaced; run again",
+            )
         return got
 
     # -- coroutines (run on the I/O core) ---------------------------------------------------------
@@ -132,8 +139,7 @@ class ObstoreReader:
             return await self._attempt_sliced(request)
         options: dict[str, Any] = target.pin(request.version) if request.version else {}
         if ranged:
-            options["range"] = ((request.start, request.end) if request.end is not None
-                                else {"offset": request.start})
+            options["range"] = (request.start, request.end) if request.end is not None else {"offset": request.start}
         try:
             result = await obstore.get_async(self.client, path, options=options)  # type: ignore[arg-type]
         except Exception as err:
@@ -144,8 +150,11 @@ class ObstoreReader:
             if _status(err) == 416:
                 return _Answer(request.version or "", request.start, empty=True)
             if ranged and "non-partial response" in str(err):
-                log.warning("%s answers range requests with whole objects; reading whole objects and "
-                            "keeping the ranges asked for (slower)", target.url)
+                log.warning(
+                    "%s answers range requests with whole objects; reading whole objects and "
+                    "keeping the ranges asked for (slower)",
+                    target.url,
+                )
                 self._ranges_ignored = True
                 return await self._attempt_sliced(request)
             raise mapped from err
@@ -175,16 +184,24 @@ class ObstoreReader:
         stop = whole.size if request.end is None else min(request.end, whole.size)
         if request.start >= whole.size:
             return _Answer(whole.version, whole.size, empty=True)
-        return _Answer(whole.version, whole.size, data=memoryview(whole.data)[request.start:stop],
-                       length=stop - request.start)
+        return _Answer(
+            whole.version, whole.size, data=memoryview(whole.data)[request.start : stop], length=stop - request.start
+        )
 
     async def read(self, request: RangeRequest, policy: RetryPolicy | None = None) -> memoryview:
         """One range, collected whole (a zero-copy view), retried under ``policy`` (the store's)."""
         answer = await with_retries_async(lambda: self._attempt(request, True), policy or self.target.retry)
         return memoryview(b"") if answer.empty else memoryview(answer.data)
 
-    async def attempt(self, key: str, start: int, end: int | None, version: str | None,
-                      sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Fetched:
+    async def attempt(
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        version: str | None,
+        sink: Callable[[memoryview], None],
+        on_version: Callable[[str], None],
+    ) -> Fetched:
         """One GET of bytes ``[start, end)``, no retry (a :class:`lading.stores.download.RangeAttempt`):
         the body in pieces of about :data:`SLICE` bytes as they arrive (what arrived before a break
         is delivered, so the caller resumes after it)."""
@@ -237,8 +254,15 @@ class ObstoreReader:
         place instead of failing the batch."""
         return [outcome[0] for outcome in io_core().run_all([_outcome(self.read(request)) for request in requests])]
 
-    def stream(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int = 0,
-               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+    def stream(
+        self,
+        key: str,
+        sink: Callable[[memoryview], None],
+        version: str | None,
+        start: int = 0,
+        end: int | None = None,
+        on_version: Callable[[str], None] | None = None,
+    ) -> Fetched:
         """One GET (no retry: the caller resumes from what ``sink`` got), as
         :meth:`lading.stores.base.Store.stream`. A small body comes back in one hop with
         every piece that arrived, also when it broke off; a large one a piece per hop."""
@@ -266,8 +290,9 @@ class ObstoreReader:
             raise TransientError(f"{where}: the body ended after {delivered} of {answer.length} bytes")
         return Fetched(delivered, answer.size, answer.version)
 
-    async def _open_and_gather(self, request: RangeRequest,
-                               where: str) -> tuple[_Answer, list[Any], BaseException | None]:
+    async def _open_and_gather(
+        self, request: RangeRequest, where: str
+    ) -> tuple[_Answer, list[Any], BaseException | None]:
         """Open a GET; a small body is read to its end here, in pieces, keeping what arrived
         before a break (returned as the third element) so the caller can resume after it."""
         answer = await self._attempt(request, False)
@@ -292,12 +317,21 @@ class ObstoreReader:
         except Exception as err:
             raise await self._mapped(err, where) from err
 
-    def download(self, key: str, dest: Path, version: str | None = None,
-                 progress: ProgressCallback | None = None, size: int | None = None) -> None:
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        version: str | None = None,
+        progress: ProgressCallback | None = None,
+        size: int | None = None,
+    ) -> None:
         """The object into ``dest`` through the one downloader: ranged parts when its ``size`` is
         known and larger than a part, else one stream; a cut body resumes from the bytes received."""
-        io_core().run(download_file(self.attempt, self.target.retry, self._where(key), key, dest,
-                                    version, size, progress, PART_SIZE))
+        io_core().run(
+            download_file(
+                self.attempt, self.target.retry, self._where(key), key, dest, version, size, progress, PART_SIZE
+            )
+        )
 
 
 async def _outcome(work: Any) -> tuple[Any]:

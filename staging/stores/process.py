@@ -138,7 +138,10 @@ def warn_fallback(what: str) -> None:
         "process %d was forked after obstore started in its parent (obstore is not fork-safe), so "
         "%s reads through the SDK here, at several times the CPU per request. Do not read data in "
         "the training process before DataLoader workers start, or pass "
-        "multiprocessing_context=\"forkserver\" (or \"spawn\") to the DataLoader.", os.getpid(), what)
+        'multiprocessing_context="forkserver" (or "spawn") to the DataLoader.',
+        os.getpid(),
+        what,
+    )
 
 
 def _after_fork_in_child() -> None:
@@ -155,5 +158,13 @@ def _after_fork_in_child() -> None:
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
-__all__ = ["ProcessLocal", "RUNTIME_THREADS", "control_plane", "note_obstore_start", "obstore_allowed",
-           "obstore_started_here", "use_obstore", "warn_fallback"]
+__all__ = [
+    "ProcessLocal",
+    "RUNTIME_THREADS",
+    "control_plane",
+    "note_obstore_start",
+    "obstore_allowed",
+    "obstore_started_here",
+    "use_obstore",
+    "warn_fallback",
+]

@@ -52,8 +52,11 @@ def async_range_reader(store: Store) -> AsyncRangeRead:
                 raise
             # The version asked for is gone: GCS answers a replaced generation with 404, S3 a
             # deleted object's If-Match.
-            raise ObjectChanged(f"{store.url.rstrip('/')}/{request.key} was replaced or removed since version "
-                                f"{request.version} was listed", "the object changed; list it again") from err
+            raise ObjectChanged(
+                f"{store.url.rstrip('/')}/{request.key} was replaced or removed since version "
+                f"{request.version} was listed",
+                "the object changed; list it again",
+            ) from err
 
     return read
 

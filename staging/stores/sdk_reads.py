@@ -23,8 +23,15 @@ from lading.stores.obstore_reads import _outcome
 class SdkStream(Protocol):
     """One GET through a backend's SDK, as :meth:`lading.stores.base.Store.stream` (no retry)."""
 
-    def __call__(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int,
-                 end: int | None, on_version: Callable[[str], None] | None) -> Fetched: ...
+    def __call__(
+        self,
+        key: str,
+        sink: Callable[[memoryview], None],
+        version: str | None,
+        start: int,
+        end: int | None,
+        on_version: Callable[[str], None] | None,
+    ) -> Fetched: ...
 
 
 @dataclass(frozen=True)
@@ -50,13 +57,27 @@ class SdkReader:
         """HEAD through the SDK (retried)."""
         return self.target.stat(key)
 
-    def stream(self, key: str, sink: Callable[[memoryview], None], version: str | None, start: int = 0,
-               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+    def stream(
+        self,
+        key: str,
+        sink: Callable[[memoryview], None],
+        version: str | None,
+        start: int = 0,
+        end: int | None = None,
+        on_version: Callable[[str], None] | None = None,
+    ) -> Fetched:
         """One GET through the SDK (no retry; the caller resumes)."""
         return self.target.stream(key, sink, version, start, end, on_version)
 
-    async def attempt(self, key: str, start: int, end: int | None, version: str | None,
-                      sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Fetched:
+    async def attempt(
+        self,
+        key: str,
+        start: int,
+        end: int | None,
+        version: str | None,
+        sink: Callable[[memoryview], None],
+        on_version: Callable[[str], None],
+    ) -> Fetched:
         """:meth:`stream` in a pool thread (a :class:`lading.stores.download.RangeAttempt`)."""
         return await asyncio.to_thread(self.stream, key, sink, version, start, end, on_version)
 
@@ -65,8 +86,16 @@ class SdkReader:
         if request.end is not None and request.end <= request.start:
             return memoryview(b"")
         out = bytearray()
-        await fetch_range(self.attempt, policy or self.target.retry, self.target.where + request.key, request.key,
-                          request.start, request.end, request.version, lambda piece, _offset: out.extend(piece))
+        await fetch_range(
+            self.attempt,
+            policy or self.target.retry,
+            self.target.where + request.key,
+            request.key,
+            request.start,
+            request.end,
+            request.version,
+            lambda piece, _offset: out.extend(piece),
+        )
         return memoryview(out)
 
     def read_many(self, requests: Sequence[RangeRequest]) -> list[memoryview]:
@@ -77,11 +106,13 @@ class SdkReader:
         """Each range, or the exception its read ended with."""
         return [outcome[0] for outcome in io_core().run_all([_outcome(self.read(request)) for request in requests])]
 
-    def download(self, key: str, dest: Path, version: str | None = None,
-                 progress: ProgressCallback | None = None) -> None:
+    def download(
+        self, key: str, dest: Path, version: str | None = None, progress: ProgressCallback | None = None
+    ) -> None:
         """The whole object into ``dest`` as one stream, resumed from the bytes written."""
-        io_core().run(download_file(self.attempt, self.target.retry, self.target.where + key, key, dest,
-                                    version, None, progress))
+        io_core().run(
+            download_file(self.attempt, self.target.retry, self.target.where + key, key, dest, version, None, progress)
+        )
 
 
 __all__ = ["SdkReader", "SdkStream", "SdkTarget"]

@@ -39,7 +39,16 @@ from lading.core.keys import key_parts
 from lading.core.names import hidden_sibling
 from lading.core.retry import RetryPolicy
 from lading.stores.base import (
-    CoroutineReads, Fetched, ObjectInfo, Outcomes, ProgressCallback, RangeRequest, ReadOnlyStore, Sink, Store, Views,
+    CoroutineReads,
+    Fetched,
+    ObjectInfo,
+    Outcomes,
+    ProgressCallback,
+    RangeRequest,
+    ReadOnlyStore,
+    Sink,
+    Store,
+    Views,
 )
 
 T = TypeVar("T")
@@ -81,8 +90,9 @@ def is_snapshot(path: str | Path) -> bool:
         return False
 
 
-def write_snapshot(store: Store, source: str, out: str | Path,
-                   progress: Callable[[int], None] | None = None) -> SnapshotSummary:
+def write_snapshot(
+    store: Store, source: str, out: str | Path, progress: Callable[[int], None] | None = None
+) -> SnapshotSummary:
     """List ``store`` once and write the snapshot to ``out`` (atomically: a temporary, then a rename)."""
     out = Path(out)
     taken = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -153,8 +163,9 @@ def _lines(path: Path) -> Generator[bytes, None, None]:
         try:
             yield from handle
         except (EOFError, gzip.BadGzipFile, zlib.error) as err:
-            raise UsageError(f"{path} is a truncated or damaged snapshot ({err})",
-                             "take it again: lading snapshot SOURCE -o FILE") from None
+            raise UsageError(
+                f"{path} is a truncated or damaged snapshot ({err})", "take it again: lading snapshot SOURCE -o FILE"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -236,13 +247,26 @@ class SnapshotStore(ReadOnlyStore):
             out.append(self._explained(answer, item.key) if isinstance(answer, (NotFound, ObjectChanged)) else answer)
         return out
 
-    def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
-               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+    def stream(
+        self,
+        key: str,
+        sink: Sink,
+        version: str | None,
+        start: int = 0,
+        end: int | None = None,
+        on_version: Callable[[str], None] | None = None,
+    ) -> Fetched:
         """The source's streaming GET, pinned to the recorded version."""
         return self._pinned(key, lambda pinned: self.inner.stream(key, sink, pinned, start, end, on_version), version)
 
-    def download(self, key: str, dest: Path, version: str | None = None,
-                 progress: ProgressCallback | None = None, size: int | None = None) -> None:
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        version: str | None = None,
+        progress: ProgressCallback | None = None,
+        size: int | None = None,
+    ) -> None:
         """The recorded version into ``dest``."""
         self._pinned(key, lambda pinned: self.inner.download(key, dest, pinned, progress, size), version)
 
@@ -286,11 +310,16 @@ class SnapshotStore(ReadOnlyStore):
         """A source's NotFound or ObjectChanged as what it means for a snapshot."""
         where = f"{self.url.rstrip('/')}/{key}" if key else self.url
         if isinstance(err, NotFound):
-            return ObjectChanged(f"{where} was removed since the snapshot {self.path} was taken "
-                                 f"({self.header.taken})", "take a new snapshot")
+            return ObjectChanged(
+                f"{where} was removed since the snapshot {self.path} was taken ({self.header.taken})",
+                "take a new snapshot",
+            )
         if isinstance(err, ObjectChanged):
-            return ObjectChanged(f"{where} changed since the snapshot {self.path} was taken "  # names it once
-                                 f"({self.header.taken})", "take a new snapshot")
+            return ObjectChanged(
+                f"{where} changed since the snapshot {self.path} was taken "  # names it once
+                f"({self.header.taken})",
+                "take a new snapshot",
+            )
         return err
 
     def _scan(self, key: str) -> ObjectInfo | None:
@@ -338,8 +367,9 @@ class _ExplainedReads:
         except (NotFound, ObjectChanged) as err:
             raise self.snapshot._explained(err, self.key) from None
 
-    async def attempt(self, key: str, start: int, end: int | None, version: str | None, sink: Sink,
-                      on_version: Callable[[str], None]) -> Fetched:
+    async def attempt(
+        self, key: str, start: int, end: int | None, version: str | None, sink: Sink, on_version: Callable[[str], None]
+    ) -> Fetched:
         """As the source's, explained."""
         try:
             return await self.reads.attempt(key, start, end, version, sink, on_version)
@@ -392,8 +422,10 @@ def _header(line: bytes, path: str | Path) -> SnapshotHeader:
     except (ValueError, KeyError, TypeError, gzip.BadGzipFile):
         raise UsageError(f"{path} is not a lading snapshot", "make one with: lading snapshot SOURCE -o FILE") from None
     if version > FORMAT_VERSION:
-        raise UsageError(f"{path} is a snapshot of format {version}; this lading reads format {FORMAT_VERSION}",
-                         "upgrade lading-data")
+        raise UsageError(
+            f"{path} is a snapshot of format {version}; this lading reads format {FORMAT_VERSION}",
+            "upgrade lading-data",
+        )
     return header
 
 
@@ -402,8 +434,9 @@ def _info(line: bytes, path: str | Path, number: int) -> ObjectInfo:
         data = json.loads(line)
         version = str(data.get("version", ""))
         md5 = data.get("md5") or (version if _MD5_HEX.fullmatch(version) else None)
-        info = ObjectInfo(str(data["key"]), int(data["size"]), version, float(data.get("mtime", 0)), md5,
-                          data.get("crc32c"))
+        info = ObjectInfo(
+            str(data["key"]), int(data["size"]), version, float(data.get("mtime", 0)), md5, data.get("crc32c")
+        )
     except (ValueError, KeyError, TypeError):
         where = f" line {number}" if number else ""
         raise UsageError(f"{path}{where} is not a valid snapshot record") from None

@@ -73,17 +73,23 @@ def parse_uri(text: str) -> StoreURI:
     if not bucket:
         raise UsageError(f"no bucket in {text!r}", f"write it as {scheme}://bucket/prefix")
     if not _BUCKET.match(bucket) or ".." in bucket:
-        raise UsageError(f"invalid bucket name {bucket!r} in {text!r}",
-                         "bucket names are 3-222 characters of a-z, 0-9, '.', '-' and '_'")
+        raise UsageError(
+            f"invalid bucket name {bucket!r} in {text!r}",
+            "bucket names are 3-222 characters of a-z, 0-9, '.', '-' and '_'",
+        )
     if "//" in f"/{prefix}":
-        raise UsageError(f"refusing {text!r}: a bucket location may not have an empty segment ('//')",
-                         "stores would list it as another prefix; write the prefix with single slashes, "
-                         f"e.g. {scheme}://{bucket}/{_single_slashes(prefix)}")
+        raise UsageError(
+            f"refusing {text!r}: a bucket location may not have an empty segment ('//')",
+            "stores would list it as another prefix; write the prefix with single slashes, "
+            f"e.g. {scheme}://{bucket}/{_single_slashes(prefix)}",
+        )
     dotted = [segment for segment in prefix.split("/") if segment in (".", "..")]
     if dotted:
-        raise UsageError(f"refusing {text!r}: {dotted[0]!r} is not allowed as a segment of a bucket location",
-                         "S3 and GCS take it as a literal key name, not a relative path; write the prefix "
-                         "without '.' or '..' segments")
+        raise UsageError(
+            f"refusing {text!r}: {dotted[0]!r} is not allowed as a segment of a bucket location",
+            "S3 and GCS take it as a literal key name, not a relative path; write the prefix "
+            "without '.' or '..' segments",
+        )
     return StoreURI(scheme, bucket, prefix)
 
 

@@ -15,5 +15,15 @@ from lading.sync.apply import FailedKey, NoSyncEvents, SyncEvents, SyncSummary
 from lading.sync.plan import SyncPlan, SyncRequest
 from lading.sync.run import DEFAULT_CACHE_ROOT, plan_only, run_sync, use_node_cache
 
-__all__ = ["DEFAULT_CACHE_ROOT", "FailedKey", "NoSyncEvents", "SyncEvents", "SyncPlan", "SyncRequest",
-           "SyncSummary", "plan_only", "run_sync", "use_node_cache"]
+__all__ = [
+    "DEFAULT_CACHE_ROOT",
+    "FailedKey",
+    "NoSyncEvents",
+    "SyncEvents",
+    "SyncPlan",
+    "SyncRequest",
+    "SyncSummary",
+    "plan_only",
+    "run_sync",
+    "use_node_cache",
+]

@@ -114,11 +114,18 @@ class SyncSummary:
     def to_json(self) -> dict[str, object]:
         """The JSON shape of ``lading sync --json``."""
         return {
-            "source": self.source, "dest": self.dest, "files": self.files, "bytes": self.bytes,
-            "downloaded_bytes": self.downloaded_bytes, "skipped": self.skipped, "deleted": self.deleted,
+            "source": self.source,
+            "dest": self.dest,
+            "files": self.files,
+            "bytes": self.bytes,
+            "downloaded_bytes": self.downloaded_bytes,
+            "skipped": self.skipped,
+            "deleted": self.deleted,
             "failed": [{"key": f.key, "error": f.error} for f in self.failed],
-            "seconds": round(self.seconds, 3), "throughput_bytes_per_s": round(self.throughput, 1),
-            "cache": self.cache, "reused": self.reused,
+            "seconds": round(self.seconds, 3),
+            "throughput_bytes_per_s": round(self.throughput, 1),
+            "cache": self.cache,
+            "reused": self.reused,
         }
 
 
@@ -149,8 +156,9 @@ def prepare_parent(root: Path, key: str, made: set[Path]) -> Path:
             st = os.lstat(current)
             if not stat_mode.S_ISDIR(st.st_mode):
                 kind = "a symlink" if stat_mode.S_ISLNK(st.st_mode) else "not a directory"
-                raise UnsafeKey(f"{key}: local path {current} is {kind}",
-                                "remove it, or sync with --delete if lading put it there") from None
+                raise UnsafeKey(
+                    f"{key}: local path {current} is {kind}", "remove it, or sync with --delete if lading put it there"
+                ) from None
         made.add(current)
     final = current / parts[-1]
     try:
@@ -297,8 +305,14 @@ def apply_plan(
     return summary
 
 
-def _fetch_batch(items: list[TransferItem], state: SyncState, fetcher: Fetcher, options: TransferOptions,
-                 events: SyncEvents, summary: SyncSummary) -> None:
+def _fetch_batch(
+    items: list[TransferItem],
+    state: SyncState,
+    fetcher: Fetcher,
+    options: TransferOptions,
+    events: SyncEvents,
+    summary: SyncSummary,
+) -> None:
     recorder = _Recorder({item.info.key: item.info for item in items}, state, events)
     fetcher(items, options, recorder)
     summary.files += recorder.ok_files

@@ -68,8 +68,18 @@ LOCK = ".lading-lock"
 FETCH = ".lading-fetch"
 _TMP = ".lading-tmp-"
 _DATASETS = "datasets"
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def _download_shard(store: Store, key: str, version: str | None, dest: Path, size: int | None = None) -> None:
@@ -115,8 +125,9 @@ def parse_limit(limit: int | str | None) -> int | None:
 _OWN_DIRECTORY = "set LADING_CACHE_DIR (or cache_dir=) to a directory you can write"
 
 
-def check_root(root: Path, what: str = "the cache directory", elsewhere: str = _OWN_DIRECTORY,
-               modes_follow_umask: bool = False) -> None:
+def check_root(
+    root: Path, what: str = "the cache directory", elsewhere: str = _OWN_DIRECTORY, modes_follow_umask: bool = False
+) -> None:
     """The one safety rule of the node cache's directories (``lading sync``'s and the datasets'):
     refuse (AccessDenied, exit 4) one that is not owned by this user, or that group or others can
     write to (``modes_follow_umask``: skip that, for entries inside a checked root), or that we may
@@ -131,17 +142,25 @@ def check_root(root: Path, what: str = "the cache directory", elsewhere: str = _
         raise local_error(err, f"use {what} {root}", elsewhere) from None
     if link.st_uid != me:  # the symlink's owner (or the directory's, when it is none)
         kind = "a symlink " if stat.S_ISLNK(link.st_mode) else ""
-        raise AccessDenied(f"refusing {what} {root}: it is {kind}owned by uid {link.st_uid}, not by you "
-                           f"(uid {me}); its files would end up in your data", elsewhere)
+        raise AccessDenied(
+            f"refusing {what} {root}: it is {kind}owned by uid {link.st_uid}, not by you "
+            f"(uid {me}); its files would end up in your data",
+            elsewhere,
+        )
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"{what} {root} is not a directory", elsewhere)
     if st.st_uid != me:
-        raise AccessDenied(f"refusing {what} {root}: it is owned by uid {st.st_uid}, not by you "
-                           f"(uid {me}); its files would end up in your data", elsewhere)
+        raise AccessDenied(
+            f"refusing {what} {root}: it is owned by uid {st.st_uid}, not by you "
+            f"(uid {me}); its files would end up in your data",
+            elsewhere,
+        )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not modes_follow_umask:
-        raise AccessDenied(f"refusing {what} {root}: others can write to it "
-                           f"(mode {stat.S_IMODE(st.st_mode):04o}); its files would end up in your data",
-                           f"chmod go-w {root}, or {elsewhere}")
+        raise AccessDenied(
+            f"refusing {what} {root}: others can write to it "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}); its files would end up in your data",
+            f"chmod go-w {root}, or {elsewhere}",
+        )
     if not os.access(root, os.R_OK | os.X_OK):
         raise AccessDenied(f"cannot use {what} {root}: permission denied", elsewhere)
 
@@ -273,8 +292,12 @@ class NodeCache:
             folder.mkdir(exist_ok=True, mode=0o700)
             record = folder / "dataset.json"
             if not record.exists():
-                write_atomically(record, json.dumps({"uri": parent + "/"}) + "\n", mode=0o600,
-                                 tmp=folder / f".dataset.json{_TMP}{os.getpid()}-{threading.get_ident()}")
+                write_atomically(
+                    record,
+                    json.dumps({"uri": parent + "/"}) + "\n",
+                    mode=0o600,
+                    tmp=folder / f".dataset.json{_TMP}{os.getpid()}-{threading.get_ident()}",
+                )
             with self._lock:
                 self._known.add(folder)
         return folder / name, folder / (name + META), folder / (name + LOCK)
@@ -341,16 +364,22 @@ class NodeCache:
             _download_shard(store, source.key, version, tmp, size)
             got = os.path.getsize(tmp)
             if got != size:
-                raise ObjectChanged(f"{source.uri}: downloaded {got} bytes, the index says {size}",
-                                    "the shard was replaced after the index was written: re-pack the dataset")
+                raise ObjectChanged(
+                    f"{source.uri}: downloaded {got} bytes, the index says {size}",
+                    "the shard was replaced after the index was written: re-pack the dataset",
+                )
             record.unlink(missing_ok=True)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
         text = json.dumps({"uri": source.uri, "version": version, "size": size, "downloaded": time.time()})
-        write_atomically(record, text + "\n", mode=0o600,
-                         tmp=record.with_name(f"{record.name}{_TMP}{os.getpid()}-{threading.get_ident()}"))
+        write_atomically(
+            record,
+            text + "\n",
+            mode=0o600,
+            tmp=record.with_name(f"{record.name}{_TMP}{os.getpid()}-{threading.get_ident()}"),
+        )
         self.index.added(path, size)
         log.debug("cached %s (%d bytes) in %.2fs", source.uri, size, time.monotonic() - started)
 
@@ -372,8 +401,12 @@ class NodeCache:
             record.unlink(missing_ok=True)
             os.replace(tmp, path)
             text = json.dumps({"uri": uri, "version": version, "size": size, "downloaded": time.time()})
-            write_atomically(record, text + "\n", mode=0o600,
-                             tmp=record.with_name(f"{record.name}{_TMP}{os.getpid()}-{threading.get_ident()}"))
+            write_atomically(
+                record,
+                text + "\n",
+                mode=0o600,
+                tmp=record.with_name(f"{record.name}{_TMP}{os.getpid()}-{threading.get_ident()}"),
+            )
             self.index.added(path, size)
             return True
         finally:
@@ -398,8 +431,12 @@ class NodeCache:
                 total -= entry.size
                 log.debug("evicted %s (%d bytes) from the node cache", entry.path, entry.size)
         if total + incoming > self.limit:
-            log.warning("node cache %s: %d bytes in use by readers, over cache_limit %d; "
-                        "going over until they are done", self.root, total + incoming, self.limit)
+            log.warning(
+                "node cache %s: %d bytes in use by readers, over cache_limit %d; going over until they are done",
+                self.root,
+                total + incoming,
+                self.limit,
+            )
 
 
 class EntryIndex:
@@ -442,8 +479,12 @@ class EntryIndex:
             if self.file.exists():
                 return
             lines = "".join(f"+ {e.path.relative_to(self.folder)}\t{e.size}\n" for e in iter_entries(self.folder))
-            write_atomically(self.file, lines, mode=0o600,
-                             tmp=self.folder / f"{self.NAME}{_TMP}{os.getpid()}-{threading.get_ident()}")
+            write_atomically(
+                self.file,
+                lines,
+                mode=0o600,
+                tmp=self.folder / f"{self.NAME}{_TMP}{os.getpid()}-{threading.get_ident()}",
+            )
         finally:
             os.close(fd)
 
@@ -460,7 +501,7 @@ class EntryIndex:
                 data = handle.read()
         except FileNotFoundError:
             return dict(self._sizes)
-        complete = data[:data.rfind(b"\n") + 1]
+        complete = data[: data.rfind(b"\n") + 1]
         self._offset += len(complete)
         for line in complete.decode("utf-8", "surrogateescape").splitlines():
             op, _, rest = line.partition(" ")
@@ -528,8 +569,13 @@ def iter_entries(folder: Path) -> Iterator[Entry]:
                 size = int(meta["size"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            yield Entry(record.with_name(name[:-len(META)]), str(meta.get("uri", "")), size, last_used,
-                        float(meta.get("downloaded", last_used)))
+            yield Entry(
+                record.with_name(name[: -len(META)]),
+                str(meta.get("uri", "")),
+                size,
+                last_used,
+                float(meta.get("downloaded", last_used)),
+            )
 
 
 def remove_entry(entry: Entry) -> bool:
@@ -566,8 +612,15 @@ class CachedDataset:
 
     def as_json(self) -> dict[str, object]:
         """For ``lading cache --json``."""
-        return {"folder": str(self.folder), "uri": self.uri, "files": self.files, "bytes": self.bytes,
-                "last_used": self.last_used, "downloaded": self.downloaded, "kind": self.kind}
+        return {
+            "folder": str(self.folder),
+            "uri": self.uri,
+            "files": self.files,
+            "bytes": self.bytes,
+            "last_used": self.last_used,
+            "downloaded": self.downloaded,
+            "kind": self.kind,
+        }
 
 
 def open_root(root: Path | str | None) -> Path:
@@ -611,8 +664,7 @@ def _sync_entries(top: Path, counted: set[tuple[int, int]]) -> Iterator[CachedDa
     from lading.sync.state import SyncState
 
     try:
-        folders = [path for path in top.iterdir() if path.is_dir() and path.name != _DATASETS
-                   and not path.is_symlink()]
+        folders = [path for path in top.iterdir() if path.is_dir() and path.name != _DATASETS and not path.is_symlink()]
     except FileNotFoundError:
         return
     for path in folders:
@@ -653,8 +705,12 @@ class Cleared:
     matched: int = 0
 
 
-def clear(root: Path | str | None = None, dataset: str | None = None, older_than: float | None = None,
-          now: Callable[[], float] = time.time) -> Cleared:
+def clear(
+    root: Path | str | None = None,
+    dataset: str | None = None,
+    older_than: float | None = None,
+    now: Callable[[], float] = time.time,
+) -> Cleared:
     """Remove cached shards: all, or those of ``dataset`` (a URI prefix or folder name), or those
     not used for ``older_than`` seconds. Shards in use are skipped; other files stay."""
     folder = open_root(root) / _DATASETS
@@ -670,7 +726,7 @@ def clear(root: Path | str | None = None, dataset: str | None = None, older_than
             result.bytes += entry.size
         else:
             result.busy += 1
-    for location in (folder.iterdir() if folder.is_dir() else ()):
+    for location in folder.iterdir() if folder.is_dir() else ():
         if location.is_dir():
             _remove_if_empty(location)
     (folder / EntryIndex.NAME).unlink(missing_ok=True)  # rebuilt from the records on next use
@@ -699,5 +755,15 @@ def _remove_if_empty(location: Path) -> None:
                 raise ProblemFound(f"cannot remove {location}: {err.strerror}") from err
 
 
-__all__ = ["CachedDataset", "CachedShard", "Cleared", "NodeCache", "ShardSource", "clear", "default_cache_root",
-           "map_file", "parse_limit", "summarize"]
+__all__ = [
+    "CachedDataset",
+    "CachedShard",
+    "Cleared",
+    "NodeCache",
+    "ShardSource",
+    "clear",
+    "default_cache_root",
+    "map_file",
+    "parse_limit",
+    "summarize",
+]

@@ -171,7 +171,11 @@ def _place(entry: Path, cached: Entry | None, item: TransferItem) -> TransferRes
 
 
 def _fill_entry(
-    store: Store, selection: Selection, request: SyncRequest, entry: Path, options: TransferOptions,
+    store: Store,
+    selection: Selection,
+    request: SyncRequest,
+    entry: Path,
+    options: TransferOptions,
     events: SyncEvents,
 ) -> tuple[SyncSummary, list[PackedDataset]]:
     """Sync the source into the cache ``entry`` (the caller holds its lock), unless the packed
@@ -191,8 +195,9 @@ def _fill_entry(
     cached = sync_into(store_fetcher(store), selection, cache_request, options, events, "download")
     if indexes:  # the indexes just fetched are the listed ones: check their shards before linking
         failed = {f.key for f in cached.failed}
-        refuse_mismatched(cached_datasets(entry, [key for key in indexes if key not in failed]), listing,
-                          request.source)
+        refuse_mismatched(
+            cached_datasets(entry, [key for key in indexes if key not in failed]), listing, request.source
+        )
     return cached, []
 
 

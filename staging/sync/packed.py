@@ -57,11 +57,13 @@ def refuse_mismatched(datasets: Iterable[PackedDataset], listing: Mapping[str, O
                 f"{source}: packed dataset {describe(dataset)} does not match its index, nothing was written: "
                 f"{'; '.join(problems[:_SHOWN_MISMATCHES])}{more}",
                 "a re-pack may still be uploading, or shards were replaced: re-run once `lading pack` "
-                "has finished, or re-pack the dataset")
+                "has finished, or re-pack the dataset",
+            )
 
 
-def reusable_datasets(index_keys_: list[str], cache_plan: SyncPlan, entry: Path,
-                      listing: Mapping[str, ObjectInfo], source: str) -> list[PackedDataset]:
+def reusable_datasets(
+    index_keys_: list[str], cache_plan: SyncPlan, entry: Path, listing: Mapping[str, ObjectInfo], source: str
+) -> list[PackedDataset]:
     """The datasets to reuse from the cache entry without any GET (empty: fill as usual).
 
     ``cache_plan`` is the fill's plan against the entry; indexes it would not fetch are the

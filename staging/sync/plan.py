@@ -185,9 +185,15 @@ class SyncPlan:
             out.write(f"  {dumps(name)}: {dumps(getattr(self, name))},\n")
         out.write(f'  "totals": {dumps(self.totals())},\n')
         string = encode_basestring_ascii  # what json.dumps does for a str, without its overhead
-        _write_list(out, "to_fetch", (f'{{"key": {string(row[0])}, "size": {row[1]:d}, "version": '
-                                      f'{string(row[2])}, "reason": "{row[-1]}"}}' for row in self.fetching),
-                    last=False)
+        _write_list(
+            out,
+            "to_fetch",
+            (
+                f'{{"key": {string(row[0])}, "size": {row[1]:d}, "version": {string(row[2])}, "reason": "{row[-1]}"}}'
+                for row in self.fetching
+            ),
+            last=False,
+        )
         _write_list(out, "up_to_date", (string(row[0]) for row in self.current), last=False)
         _write_list(out, "to_delete", (string(row[0]) for row in self.deleting), last=True)
         out.write("}\n")
@@ -397,8 +403,9 @@ class _Clashes:
             open_files.pop()
         for file_key in open_files:
             if key.startswith(file_key + "/"):
-                self.refusals.add(self.refusals.clashes,
-                                  f"key {file_key!r} is a file and also the directory of {key!r}")
+                self.refusals.add(
+                    self.refusals.clashes, f"key {file_key!r} is a file and also the directory of {key!r}"
+                )
         open_files.append(key)
 
 
@@ -420,8 +427,16 @@ def _share_augmented(selection: Selection, request: SyncRequest) -> Selection:
     assert request.manifest is not None
     kept = list(selection.objects())
     mine = select_for_rank(kept, request.rank, request.world_size, request.distribution, request.balance)
-    mine, records = share_records(request.manifest, request.source, kept, mine, request.rank,
-                                  request.world_size, request.distribution, request.balance)
+    mine, records = share_records(
+        request.manifest,
+        request.source,
+        kept,
+        mine,
+        request.rank,
+        request.world_size,
+        request.distribution,
+        request.balance,
+    )
     runs = SortedRuns()
     runs.extend((info.key, info.size, info.version, info.mtime, info.md5, info.crc32c) for info in mine)
     selection.runs.close()
@@ -434,22 +449,30 @@ def _refuse_empty(request: SyncRequest, objects: int) -> None:
     """An empty selection is almost always a mistyped prefix or filter, or an empty manifest:
     say which (exit 3)."""
     if request.manifest is not None and not request.manifest.entries:
-        raise NotFound(f"the manifest {request.manifest.origin} is empty: it lists no keys",
-                       "check the file; --allow-empty accepts an empty source")
+        raise NotFound(
+            f"the manifest {request.manifest.origin} is empty: it lists no keys",
+            "check the file; --allow-empty accepts an empty source",
+        )
     if objects == 0:
-        raise NotFound(f"nothing at {request.source}: no objects under this prefix",
-                       "check the bucket and prefix, keys are case-sensitive; --allow-empty accepts an empty source")
-    raise NotFound(f"nothing at {request.source} matches the filters: {objects} object(s) listed, "
-                   "none kept by --include/--exclude",
-                   "the globs match keys relative to SOURCE; --allow-empty accepts an empty selection")
+        raise NotFound(
+            f"nothing at {request.source}: no objects under this prefix",
+            "check the bucket and prefix, keys are case-sensitive; --allow-empty accepts an empty source",
+        )
+    raise NotFound(
+        f"nothing at {request.source} matches the filters: {objects} object(s) listed, "
+        "none kept by --include/--exclude",
+        "the globs match keys relative to SOURCE; --allow-empty accepts an empty selection",
+    )
 
 
 def _refuse(refusals: _Refusals, source: str) -> None:
     """One error naming the unsafe keys and the file/directory clashes (a few of each kind)."""
     shown = refusals.unsafe + refusals.clashes
     more = f" (and {refusals.total - len(shown)} more)" if refusals.total > len(shown) else ""
-    raise UnsafeKey(f"{refusals.total} unsafe key(s) in {source}, nothing was written: {'; '.join(shown)}{more}",
-                    "rename them in the bucket, or leave them out with --exclude")
+    raise UnsafeKey(
+        f"{refusals.total} unsafe key(s) in {source}, nothing was written: {'; '.join(shown)}{more}",
+        "rename them in the bucket, or leave them out with --exclude",
+    )
 
 
 def _classify(row: tuple, entry: Entry | None, st: os.stat_result | None) -> str | None:
@@ -489,7 +512,7 @@ def _with_stats(rows: Iterable[tuple], root: str, workers: int) -> Iterator[tupl
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lading-plan-stat") as pool:
         for batch in _batches(iter(rows), window):
             paths = [f"{root}/{row[0]}" for row in batch]  # keys passed key_parts: plain relative paths
-            parts = [paths[i:i + _STAT_BATCH] for i in range(0, len(paths), _STAT_BATCH)]
+            parts = [paths[i : i + _STAT_BATCH] for i in range(0, len(paths), _STAT_BATCH)]
             stats = [st for part in pool.map(_lstat_all, parts) for st in part]
             yield from zip(batch, stats)
 
@@ -498,8 +521,16 @@ def plan_sync(selection: Selection, request: SyncRequest, state: SyncState, work
     """Compare this rank's objects with DEST's index and files, both in key order. Writes
     nothing in DEST."""
     root = str(Path(request.dest))
-    plan = SyncPlan(request.source, root, request.rank, request.world_size, request.distribution,
-                    request.balance, listed=selection.listed, matched=selection.matched)
+    plan = SyncPlan(
+        request.source,
+        root,
+        request.rank,
+        request.world_size,
+        request.distribution,
+        request.balance,
+        listed=selection.listed,
+        matched=selection.matched,
+    )
     try:
         entries = state.rows()
         entry = next(entries, None)

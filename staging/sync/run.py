@@ -61,8 +61,13 @@ def run_sync(
             summary.downloaded_bytes = summary.bytes
         if request.manifest is not None and selection.records is not None and not summary.failed:
             # an augmented manifest: its lines, refs rewritten to paths in DEST, once every object is there
-            write_local_manifest(request.manifest, request.source, Path(request.dest), selection.records,
-                                 {info.key for info in selection.objects()})
+            write_local_manifest(
+                request.manifest,
+                request.source,
+                Path(request.dest),
+                selection.records,
+                {info.key for info in selection.objects()},
+            )
     return summary
 
 

@@ -62,7 +62,6 @@ class Entry(NamedTuple):
     mtime_ns: int
     local_size: int
 
-
     def matches_local(self, st: os.stat_result) -> bool:
         """True when the local file is still exactly what lading wrote."""
         return st.st_mtime_ns == self.mtime_ns and st.st_size == self.local_size
@@ -97,8 +96,11 @@ class SyncState:
             yield from _index_rows(self.dest / STATE_NAME)
             return
         with journal:
-            tagged = heapq.merge(((entry.key, 0, entry) for entry in _index_rows(self.dest / STATE_NAME)),
-                                 ((row[0], 1, row) for row in journal), key=lambda item: item[0])
+            tagged = heapq.merge(
+                ((entry.key, 0, entry) for entry in _index_rows(self.dest / STATE_NAME)),
+                ((row[0], 1, row) for row in journal),
+                key=lambda item: item[0],
+            )
             pending: Entry | None = None
             for key, origin, row in tagged:
                 if pending is not None and pending.key != key:
@@ -259,8 +261,15 @@ def _entries(rows: Iterable[object]) -> Iterator[Entry | None]:
     """:func:`_entry` of each row, with a fast path for well-formed array rows."""
     make = Entry._make
     for row in rows:
-        if (type(row) is list and len(row) == 5 and type(row[0]) is str and type(row[1]) is int
-                and type(row[2]) is str and type(row[3]) is int and type(row[4]) is int):
+        if (
+            type(row) is list
+            and len(row) == 5
+            and type(row[0]) is str
+            and type(row[1]) is int
+            and type(row[2]) is str
+            and type(row[3]) is int
+            and type(row[4]) is int
+        ):
             yield make(row) if is_safe_key(row[0]) else None
         else:
             yield _entry(row)

@@ -200,9 +200,20 @@ class _Engine:
         try:
             todo = [index for index in range(layout.count) if index not in record.done]
             await advance_hash()
-            await download_parts(await self.source.attempt_for(info.key), self.source.policy, info.key, info.key,
-                                 fd, layout, version_of(info), todo, self.events.on_bytes, landed,
-                                 self.options.part_concurrency, self._parts)
+            await download_parts(
+                await self.source.attempt_for(info.key),
+                self.source.policy,
+                info.key,
+                info.key,
+                fd,
+                layout,
+                version_of(info),
+                todo,
+                self.events.on_bytes,
+                landed,
+                self.options.part_concurrency,
+                self._parts,
+            )
             await advance_hash()
             await self._check(verifier, item, os.fstat(fd).st_size)
             publish(tmp, item.dest, fd, self.options.durable)
@@ -222,8 +233,12 @@ class _Engine:
         """The temporary and its record: resumed when both belong to this object and layout, else new."""
         info, tmp, sidecar = item.info, temporary_path(item.dest), sidecar_path(item.dest)
         previous = ResumeRecord.load(sidecar)
-        if (previous is not None and previous.matches(info.key, info.version, info.size, layout.part_size)
-                and tmp.exists() and tmp.stat().st_size == info.size):
+        if (
+            previous is not None
+            and previous.matches(info.key, info.version, info.size, layout.part_size)
+            and tmp.exists()
+            and tmp.stat().st_size == info.size
+        ):
             self.events.on_bytes(sum(end - start for start, end in map(layout.bounds, previous.done)))
             return previous, os.open(tmp, os.O_RDWR)
         remove_temporaries(item.dest)

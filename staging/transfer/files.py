@@ -59,7 +59,7 @@ def write_file(path: Path, data: memoryview) -> None:
     try:
         view = data
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
 
@@ -126,8 +126,13 @@ class ResumeRecord:
 
     def save(self, path: Path) -> None:
         """Write atomically (temporary name, then rename)."""
-        payload = {"key": self.key, "version": self.version, "size": self.size,
-                   "part_size": self.part_size, "done": sorted(self.done)}
+        payload = {
+            "key": self.key,
+            "version": self.version,
+            "size": self.size,
+            "part_size": self.part_size,
+            "done": sorted(self.done),
+        }
         write_atomically(path, json.dumps(payload) + "\n", tmp=path.with_name(path.name + ".tmp"))
 
     def add(self, path: Path, index: int) -> None:
@@ -145,8 +150,13 @@ class ResumeRecord:
         try:
             head, _, rest = path.read_text().partition("\n")
             data = json.loads(head)
-            record = cls(str(data["key"]), str(data["version"]), int(data["size"]),
-                         int(data["part_size"]), {int(i) for i in data["done"]})
+            record = cls(
+                str(data["key"]),
+                str(data["version"]),
+                int(data["size"]),
+                int(data["part_size"]),
+                {int(i) for i in data["done"]},
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return None
         for line in rest.split("\n")[:-1]:  # only whole lines: the last piece has no newline yet

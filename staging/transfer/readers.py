@@ -78,8 +78,14 @@ class NativeSource:
             return reads.attempt
         store = self.store
 
-        async def blocking(key: str, start: int, end: int | None, version: str | None,
-                           sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Fetched:
+        async def blocking(
+            key: str,
+            start: int,
+            end: int | None,
+            version: str | None,
+            sink: Callable[[memoryview], None],
+            on_version: Callable[[str], None],
+        ) -> Fetched:
             return await asyncio.to_thread(store.stream, key, sink, version, start, end, on_version)
 
         return blocking
@@ -105,8 +111,16 @@ class NativeSource:
             progress(len(piece))
 
         try:
-            fetched = await fetch_range(await self.attempt_for(info.key), self.policy, f"{self.store.url}{info.key}",
-                                        info.key, 0, None, version_of(info), write)
+            fetched = await fetch_range(
+                await self.attempt_for(info.key),
+                self.policy,
+                f"{self.store.url}{info.key}",
+                info.key,
+                0,
+                None,
+                version_of(info),
+                write,
+            )
         except BaseException:
             progress(-written)
             raise
@@ -128,8 +142,15 @@ class StoreSource:
 
     async def attempt_for(self, key: str) -> RangeAttempt:
         """``read_range`` of a bounded range in a pool thread."""
-        async def attempt(key: str, start: int, end: int | None, version: str | None,
-                          sink: Callable[[memoryview], None], on_version: Callable[[str], None]) -> Fetched:
+
+        async def attempt(
+            key: str,
+            start: int,
+            end: int | None,
+            version: str | None,
+            sink: Callable[[memoryview], None],
+            on_version: Callable[[str], None],
+        ) -> Fetched:
             if end is None:
                 raise ValueError("a ranged read of a plain Store needs an end")
             data = await asyncio.to_thread(self.store.read_range, key, start, end, version)

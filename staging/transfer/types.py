@@ -72,4 +72,3 @@ class NoEvents:
 
     def on_done(self, result: TransferResult) -> None:
         """Ignore."""
-

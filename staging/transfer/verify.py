@@ -94,5 +94,4 @@ class Verifier:
         digest = self._digest or self._hasher.digest()  # type: ignore[attr-defined]
         actual = base64.b64encode(digest).decode() if self._kind == "CRC32C" else digest.hex()
         if actual != self._expected:
-            raise IntegrityError(f"{self.info.key}: {self._kind} mismatch "
-                                 f"(got {actual}, store says {self._expected})")
+            raise IntegrityError(f"{self.info.key}: {self._kind} mismatch (got {actual}, store says {self._expected})")

@@ -8,5 +8,14 @@ from lading.datasets.order.deal import REMAINDERS, Layout, check_remainder, chec
 from lading.datasets.order.engine import STATE_FORMAT, EpochOrder
 from lading.datasets.order.lanes import choose_lanes
 
-__all__ = ["REMAINDERS", "STATE_FORMAT", "EpochOrder", "Layout", "check_remainder", "check_slot", "choose_lanes",
-           "layout_for", "worker_batches"]
+__all__ = [
+    "REMAINDERS",
+    "STATE_FORMAT",
+    "EpochOrder",
+    "Layout",
+    "check_remainder",
+    "check_slot",
+    "choose_lanes",
+    "layout_for",
+    "worker_batches",
+]

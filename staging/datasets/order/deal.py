@@ -74,8 +74,11 @@ def layout_for(rank: int, world_size: int, local_world_size: int | None, env_top
         local_world_size = topo.local_world_size if topo is not None else 1
     if local_world_size < 1 or world_size % local_world_size:
         raise UsageError(f"local_world_size={local_world_size} does not divide world_size={world_size}")
-    if (topo is not None and topo.local_world_size == local_world_size
-            and topo.node_rank < world_size // local_world_size):
+    if (
+        topo is not None
+        and topo.local_world_size == local_world_size
+        and topo.node_rank < world_size // local_world_size
+    ):
         return Layout(rank, world_size, topo.node_rank, topo.local_rank, local_world_size)
     return Layout(rank, world_size, rank // local_world_size, rank % local_world_size, local_world_size)
 
@@ -94,9 +97,14 @@ def _warn_lost(lanes: int, nodes: int, epoch: int) -> None:
     key = (lanes, nodes, epoch)
     if key not in _LOGGED:
         _LOGGED.add(key)
-        log.warning("node locality lost in epoch %d: %d nodes do not divide the run's %d lanes, so every node "
-                    "reads from every shard (exact all the same); run on a node count that divides %d",
-                    epoch, nodes, lanes, lanes)
+        log.warning(
+            "node locality lost in epoch %d: %d nodes do not divide the run's %d lanes, so every node "
+            "reads from every shard (exact all the same); run on a node count that divides %d",
+            epoch,
+            nodes,
+            lanes,
+            lanes,
+        )
 
 
 @dataclass
@@ -121,8 +129,9 @@ class NodeSequences:
         return [min(real, samples_seen * self.ranks) for real in self.real]
 
 
-def node_sequences(remaining: Remaining, layout: Layout, homes: int, seed: int, epoch: int, shuffle: bool,
-                   remainder: str) -> tuple[NodeSequences, bool]:
+def node_sequences(
+    remaining: Remaining, layout: Layout, homes: int, seed: int, epoch: int, shuffle: bool, remainder: str
+) -> tuple[NodeSequences, bool]:
     """The epoch's (remaining) samples dealt to nodes; second: whether locality holds."""
     lanes = len(remaining.ranges)
     found = lane_owners(lanes, layout.nodes, homes) if layout.nodes > 1 else np.zeros(lanes, dtype=np.int64)

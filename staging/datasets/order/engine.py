@@ -69,8 +69,18 @@ class EpochOrder:
     ``counts``: samples per shard (index order); ``shard_bytes``: their sizes, when known. Every
     rank computes the same lanes and node sequences from the same settings (no communication)."""
 
-    def __init__(self, counts: Sequence[int] | np.ndarray, *, seed: int, shuffle_buffer: int, randomize_shard_order: bool,
-                 layout: Layout, remainder: str, block: int, lanes: int | None = None) -> None:
+    def __init__(
+        self,
+        counts: Sequence[int] | np.ndarray,
+        *,
+        seed: int,
+        shuffle_buffer: int,
+        randomize_shard_order: bool,
+        layout: Layout,
+        remainder: str,
+        block: int,
+        lanes: int | None = None,
+    ) -> None:
         if shuffle_buffer < 0:
             raise UsageError(f"shuffle_buffer={shuffle_buffer} must not be negative")
         if lanes is not None and lanes < 1:
@@ -106,24 +116,32 @@ class EpochOrder:
             return self._resume[1]
         return self.full()
 
-    def sequences(self, epoch: int, remaining: Remaining | None = None, layout: Layout | None = None,
-                  remainder: str | None = None) -> tuple[NodeSequences, bool]:
+    def sequences(
+        self, epoch: int, remaining: Remaining | None = None, layout: Layout | None = None, remainder: str | None = None
+    ) -> tuple[NodeSequences, bool]:
         """Every node's sequence of epoch ``epoch`` (the same on every rank), and whether locality
         holds; by default from what is left of it, on this dataset's layout and remainder rule."""
         mine = remaining is None and layout in (None, self.layout) and remainder in (None, self.remainder)
-        key = (epoch, self.lane_count, self.homes, self.layout, self.remainder, self.seed,
-               self.shuffle(epoch).shuffle)
+        key = (epoch, self.lane_count, self.homes, self.layout, self.remainder, self.seed, self.shuffle(epoch).shuffle)
         cached = self._sequences
         if mine and cached is not None and cached[0] == key and cached[1] is self._resume:
             return cached[2]
-        found = node_sequences(self.remaining(epoch) if remaining is None else remaining, layout or self.layout,
-                              self.homes, self.seed, epoch, self.shuffle(epoch).shuffle, remainder or self.remainder)
+        found = node_sequences(
+            self.remaining(epoch) if remaining is None else remaining,
+            layout or self.layout,
+            self.homes,
+            self.seed,
+            epoch,
+            self.shuffle(epoch).shuffle,
+            remainder or self.remainder,
+        )
         if mine:
             self._sequences = (key, self._resume, found)
         return found
 
-    def rank_order(self, epoch: int, remaining: Remaining | None = None, layout: Layout | None = None,
-                   remainder: str | None = None) -> RankOrder:
+    def rank_order(
+        self, epoch: int, remaining: Remaining | None = None, layout: Layout | None = None, remainder: str | None = None
+    ) -> RankOrder:
         """This rank's walk of epoch ``epoch`` (arguments as for :meth:`sequences`)."""
         layout = layout or self.layout
         sequences, local = self.sequences(epoch, remaining, layout, remainder)
@@ -150,23 +168,34 @@ class EpochOrder:
         left = self.remaining(epoch).copy()
         for pieces, consumed in zip(sequences.pieces, sequences.consumed(samples_seen)):
             left.take(pieces, consumed)
-        return {"format": STATE_FORMAT, "epoch": epoch, "total": self.total, "lanes": self.lane_count,
-                "homes": self.homes, "left": left.total(), "remaining": left.encode(self.lanes().sizes().tolist()),
-                **identity}
+        return {
+            "format": STATE_FORMAT,
+            "epoch": epoch,
+            "total": self.total,
+            "lanes": self.lane_count,
+            "homes": self.homes,
+            "left": left.total(),
+            "remaining": left.encode(self.lanes().sizes().tolist()),
+            **identity,
+        }
 
     def load(self, state: Any, identity: dict[str, Any], kind: str) -> int:
         """Resume from ``state`` (see :meth:`state`); returns the saved epoch."""
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            hint = ("this state was saved by an older lading (another order): start the epoch again"
-                    if isinstance(state, dict) and state.get("format") in _OLDER_FORMATS else
-                    f"pass what {kind}.state_dict() returned")
+            hint = (
+                "this state was saved by an older lading (another order): start the epoch again"
+                if isinstance(state, dict) and state.get("format") in _OLDER_FORMATS
+                else f"pass what {kind}.state_dict() returned"
+            )
             raise UsageError(f"not a {kind} state (format {STATE_FORMAT!r} expected)", hint)
         mine = {**identity, "total": self.total}
         differing = sorted(key for key, value in mine.items() if state.get(key) != value)
         if differing:
             shown = ", ".join(f"{key}: saved {state.get(key)!r}, now {mine[key]!r}" for key in differing)
-            raise UsageError(f"the saved state is for another dataset or order ({shown})",
-                             "resume with the same index, seed and shuffle settings as the saved run")
+            raise UsageError(
+                f"the saved state is for another dataset or order ({shown})",
+                "resume with the same index, seed and shuffle settings as the saved run",
+            )
         lanes, homes = state.get("lanes"), state.get("homes")
         if not isinstance(lanes, int) or lanes < 1 or not isinstance(homes, int) or homes < 1:
             raise UsageError("the saved state has no lane layout")

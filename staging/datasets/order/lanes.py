@@ -25,8 +25,36 @@ from numpy.random import default_rng  # imported here, not lazily inside an epoc
 #: 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64, 96, 128, 192, 256 among others, divide some of them.
 LANE_BASE = 80640
 #: The node counts jobs run with, most common first: lane counts are scored by how many divide them.
-COMMON_NODE_COUNTS = (1, 2, 4, 8, 16, 32, 64, 3, 6, 12, 24, 48, 96, 128, 256, 5, 10, 20, 40, 80, 160,
-                      7, 14, 28, 56, 112, 192, 224)
+COMMON_NODE_COUNTS = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+    64,
+    3,
+    6,
+    12,
+    24,
+    48,
+    96,
+    128,
+    256,
+    5,
+    10,
+    20,
+    40,
+    80,
+    160,
+    7,
+    14,
+    28,
+    56,
+    112,
+    192,
+    224,
+)
 
 
 def _divisors(number: int) -> list[int]:
@@ -111,8 +139,9 @@ class LaneOrder:
         shards, first, length = lanes.pieces(lane)
         rng = _rng("lading-lane", seed, epoch, lane)
         if shuffle and len(shards) > 1:
-            perm = _pinned_permutation(rng, len(shards), first[0] > 0,
-                                       first[-1] + length[-1] < lanes.counts[shards[-1]])
+            perm = _pinned_permutation(
+                rng, len(shards), first[0] > 0, first[-1] + length[-1] < lanes.counts[shards[-1]]
+            )
             shards, first, length = shards[perm], first[perm], length[perm]
         size = int(length.sum())
         piece = np.repeat(np.arange(len(shards)), length)

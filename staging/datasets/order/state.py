@@ -81,8 +81,9 @@ class Remaining:
         """The inverse of :meth:`encode`, checked against the lanes' sizes."""
         try:
             bits = np.unpackbits(np.frombuffer(base64.b64decode(encoded["whole"]), dtype=np.uint8))
-            ranges: list[list[Range]] = [[(0, int(size))] if bits[lane] and size else []
-                                         for lane, size in enumerate(sizes)]
+            ranges: list[list[Range]] = [
+                [(0, int(size))] if bits[lane] and size else [] for lane, size in enumerate(sizes)
+            ]
             for lane, *bounds in encoded["partial"]:
                 pairs = [(int(bounds[i]), int(bounds[i + 1])) for i in range(0, len(bounds), 2)]
                 if any(not 0 <= low < high <= sizes[lane] for low, high in pairs):

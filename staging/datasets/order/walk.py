@@ -83,5 +83,5 @@ class RankOrder:
     def locations(self, locals_: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
         """``(node positions, shard, sample, done_after)`` for rank-local numbers, ``CHUNK`` at a time."""
         for begin in range(0, len(locals_), CHUNK):
-            positions = self.node_positions(locals_[begin:begin + CHUNK])
+            positions = self.node_positions(locals_[begin : begin + CHUNK])
             yield (positions, *self.locate(positions))

@@ -132,8 +132,12 @@ def reusable_shards(store: Store, plan: PackPlan, jobs: list[ShardJob]) -> dict[
             receipt = json.loads(read[0]) if read else None
         except ValueError:
             continue
-        if (isinstance(receipt, dict) and receipt.get("fingerprint") == job.fingerprint
-                and receipt.get("etag") == info.version and receipt.get("size") == info.size == job.shard.nbytes):
+        if (
+            isinstance(receipt, dict)
+            and receipt.get("fingerprint") == job.fingerprint
+            and receipt.get("etag") == info.version
+            and receipt.get("size") == info.size == job.shard.nbytes
+        ):
             found[number] = PublishedShard(job.shard.name, len(job.shard.samples), info.size, info.version)
     return found
 
@@ -144,18 +148,26 @@ def _check_published(store: Store, plan: PackPlan, published: list[PublishedShar
     for shard in published:
         info = listing.get(plan.prefix + shard.name)
         if info is None or info.version != shard.etag or info.size != shard.filesize:
-            raise ProblemFound(f"{plan.prefix}{shard.name} is not as its task published it "
-                               f"({'missing' if info is None else f'ETag {info.version}, {info.size} bytes'})",
-                               "was DEST written by someone else meanwhile? run lading pack again")
+            raise ProblemFound(
+                f"{plan.prefix}{shard.name} is not as its task published it "
+                f"({'missing' if info is None else f'ETag {info.version}, {info.size} bytes'})",
+                "was DEST written by someone else meanwhile? run lading pack again",
+            )
 
 
 def _payload(shard: ShardPlan) -> int:
     return sum(member.info.size for sample in shard.samples for member in sample.members)
 
 
-def run_pack_ray(plan: PackPlan, source: str, dest: str, config: StoreConfig | None = None,
-                 events: PackEvents | None = None, address: str | None = None,
-                 now: Callable[[], float] = time.monotonic) -> PackResult:
+def run_pack_ray(
+    plan: PackPlan,
+    source: str,
+    dest: str,
+    config: StoreConfig | None = None,
+    events: PackEvents | None = None,
+    address: str | None = None,
+    now: Callable[[], float] = time.monotonic,
+) -> PackResult:
     """Write the planned shards on Ray (see the module docstring); the index goes last, or not at all."""
     require_ray()  # before anything is created at DEST
     config = config or StoreConfig.from_env()
@@ -166,11 +178,15 @@ def run_pack_ray(plan: PackPlan, source: str, dest: str, config: StoreConfig | N
         make_directory(Path(dest_uri.prefix))
     store = open_store(dest_uri, config)
     if any(info.key == plan.index_key for info in store.list(plan.index_key)):
-        raise UsageError(f"{store.url}/{plan.index_key} already exists: a dataset with this name was packed there",
-                         "use a new --version or --name, or delete the old dataset first")
+        raise UsageError(
+            f"{store.url}/{plan.index_key} already exists: a dataset with this name was packed there",
+            "use a new --version or --name, or delete the old dataset first",
+        )
     receipts = receipts_prefix(plan)
-    jobs = [ShardJob(shard, plan.shard_key(shard), f"{receipts}{shard.name}.json", shard_fingerprint(shard))
-            for shard in plan.shards]
+    jobs = [
+        ShardJob(shard, plan.shard_key(shard), f"{receipts}{shard.name}.json", shard_fingerprint(shard))
+        for shard in plan.shards
+    ]
     published: dict[int, PublishedShard] = reusable_shards(store, plan, jobs)
     if published:
         log.info("reusing %d of %d shards already written under %s", len(published), len(jobs), store.url)
@@ -185,8 +201,10 @@ def run_pack_ray(plan: PackPlan, source: str, dest: str, config: StoreConfig | N
     shards = [published[number] for number in range(len(jobs))]
     _check_published(store, plan, shards)
     documents = pack_documents(plan, str(dest_uri))
-    extras = [PublishedShard(Path(key).name, 0, info.size, info.version)
-              for key, info in ((key, _put_small(store, key, data)) for key, data in documents)]
+    extras = [
+        PublishedShard(Path(key).name, 0, info.size, info.version)
+        for key, info in ((key, _put_small(store, key, data)) for key, data in documents)
+    ]
     _put_small(store, plan.index_key, index_maker(plan)(shards, extras))
     try:
         claims.delete_prefix(store, receipts)
@@ -195,13 +213,26 @@ def run_pack_ray(plan: PackPlan, source: str, dest: str, config: StoreConfig | N
     return PackResult(plan, str(dest_uri), shards, now() - started)
 
 
-def _run_tasks(ray: Any, plan: PackPlan, jobs: list[ShardJob], todo: list[int], source: str, dest: str,
-               config: StoreConfig, events: PackEvents, published: dict[int, PublishedShard]) -> None:
+def _run_tasks(
+    ray: Any,
+    plan: PackPlan,
+    jobs: list[ShardJob],
+    todo: list[int],
+    source: str,
+    dest: str,
+    config: StoreConfig,
+    events: PackEvents,
+    published: dict[int, PublishedShard],
+) -> None:
     """Submit a task per shard in ``todo`` (a bounded number in flight), record each as it
     completes; on any failure or Ctrl-C cancel the rest."""
     remote = ray.remote(write_shard_job).options(
-        name="lading_pack_shard", max_retries=MAX_RETRIES, retry_exceptions=[TransientError],
-        num_cpus=1, scheduling_strategy="SPREAD")
+        name="lading_pack_shard",
+        max_retries=MAX_RETRIES,
+        retry_exceptions=[TransientError],
+        num_cpus=1,
+        scheduling_strategy="SPREAD",
+    )
     in_flight = max(4, 2 * int(ray.cluster_resources().get("CPU", 1)))
     config_ref = ray.put(config.for_workers())  # each worker resolves its own credentials
     waiting: dict[Any, int] = {}
@@ -226,4 +257,3 @@ def _run_tasks(ray: Any, plan: PackPlan, jobs: list[ShardJob], todo: list[int], 
         for ref in waiting:
             ray.cancel(ref, force=True)
         raise
-

@@ -18,8 +18,9 @@ def require_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise UsageError("the Ray engine needs Ray, which is not installed",
-                         f"{install_command('ray')} (or use --engine local)") from None
+        raise UsageError(
+            "the Ray engine needs Ray, which is not installed", f"{install_command('ray')} (or use --engine local)"
+        ) from None
     return ray
 
 
@@ -39,8 +40,10 @@ def ray_session(address: str | None = None) -> Iterator[Any]:
     try:
         ray.init(address=address, **options)
     except (ConnectionError, TimeoutError) as err:
-        raise TransientError(f"cannot join the Ray cluster at {address}: {err}",
-                             "check --ray-address / RAY_ADDRESS and that the cluster is up") from err
+        raise TransientError(
+            f"cannot join the Ray cluster at {address}: {err}",
+            "check --ray-address / RAY_ADDRESS and that the cluster is up",
+        ) from err
     except (ValueError, RuntimeError) as err:
         raise UsageError(f"cannot start Ray{f' at {address}' if address else ''}: {err}") from err
     log.info("Ray %s (%s)", "joined at " + address if address else "started locally", ray.__version__)
@@ -58,6 +61,8 @@ def task_error(ray: Any, err: BaseException, what: str) -> BaseException:
     if isinstance(err, ray.exceptions.RayTaskError):
         return TransientError(f"{what} failed: {type(cause).__name__ if cause else 'error'}: {cause or err}")
     if isinstance(err, ray.exceptions.RayError):
-        return TransientError(f"{what} failed on Ray after its retries: {str(err).splitlines()[0] if str(err) else err}",
-                              "run the same command again: shards already written are reused")
+        return TransientError(
+            f"{what} failed on Ray after its retries: {str(err).splitlines()[0] if str(err) else err}",
+            "run the same command again: shards already written are reused",
+        )
     return err

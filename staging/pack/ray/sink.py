@@ -66,8 +66,11 @@ class RowEncoder:
         if key is None:
             key = f"{self.task:06d}-{position:09d}"
         elif not isinstance(key, str) or not key or "." in key.rpartition("/")[2]:
-            raise UsageError(f"row {position} of write task {self.task}: __key__ {key!r} is not a string "
-                             "without dots in its last segment", "WebDataset readers end the key at the first dot")
+            raise UsageError(
+                f"row {position} of write task {self.task}: __key__ {key!r} is not a string "
+                "without dots in its last segment",
+                "WebDataset readers end the key at the first dot",
+            )
         members = []
         for name, value in row.items():
             if name.startswith("__") or value is None:
@@ -75,8 +78,9 @@ class RowEncoder:
             if not name or name != name.lower() and name.lower() in row:
                 raise UsageError(f"sample {key!r}: field {name!r} is not a usable extension")
             if not isinstance(value, (bytes, bytearray, memoryview)):
-                value = encode_value(value.item() if _numpy_scalar(value) else value,
-                                     f"sample {key!r}, field {name!r}")[1]
+                value = encode_value(
+                    value.item() if _numpy_scalar(value) else value, f"sample {key!r}, field {name!r}"
+                )[1]
             members.append((name, bytes(value)))
         if not members:
             raise UsageError(f"sample {key!r} has no fields", "a row needs at least one field besides __key__")
@@ -174,8 +178,9 @@ class ShardSink(Datasink):
             explicitly travel with it.
     """
 
-    def __init__(self, dest: str, *, name: str, shard_size: int | str = DEFAULT_SHARD_SIZE,
-                 config: StoreConfig | None = None) -> None:
+    def __init__(
+        self, dest: str, *, name: str, shard_size: int | str = DEFAULT_SHARD_SIZE, config: StoreConfig | None = None
+    ) -> None:
         check_name(name, "name")
         self.dest = str(parse_uri(dest)) if parse_uri(dest).scheme != "file" else parse_uri(dest).prefix
         self.name = name
@@ -229,8 +234,10 @@ class ShardSink(Datasink):
             make_directory(Path(self.dest))
         store = self._store()
         if any(info.key == self.index_key for info in store.list(self.index_key)):
-            raise UsageError(f"{store.url}/{self.index_key} already exists: a dataset with this name was written there",
-                             "use another name or dest, or delete the old dataset first")
+            raise UsageError(
+                f"{store.url}/{self.index_key} already exists: a dataset with this name was written there",
+                "use another name or dest, or delete the old dataset first",
+            )
 
     def write(self, blocks: Iterable[Any], ctx: Any) -> TaskResult:
         """One write task: rows into shards of about shard_size, each uploaded when complete."""
@@ -277,7 +284,10 @@ class ShardSink(Datasink):
         extra = self.merge_summaries([result.summary for result in results])
         store = self._store()
         table = _offsets_table(shards)
-        offsets_key, manifest_key = f"{self.folder}{self.name}{OFFSETS_SUFFIX}", f"{self.folder}{self.name}.manifest.json"
+        offsets_key, manifest_key = (
+            f"{self.folder}{self.name}{OFFSETS_SUFFIX}",
+            f"{self.folder}{self.name}.manifest.json",
+        )
         offsets_info = _put(store, offsets_key, offsets.encode(table))
         manifest = [{"prefix": f"{store.url.rstrip('/')}/{self.folder}"}, *(Path(s.key).name for s in shards)]
         _put(store, manifest_key, dump(manifest))
@@ -287,17 +297,26 @@ class ShardSink(Datasink):
         index.update(extra)
         self.index = self.publish_index(store, self.index_key, index)
 
-    def _index(self, shards: list[TaskShard], table: offsets.OffsetsTable, offsets_file: PublishedShard) -> dict[str, Any]:
+    def _index(
+        self, shards: list[TaskShard], table: offsets.OffsetsTable, offsets_file: PublishedShard
+    ) -> dict[str, Any]:
         return {
             "__kind__": INDEX_KIND,
             "wids_version": 1,
             "name": self.name,
-            "shardlist": [{"url": s.key, "nsamples": s.nsamples, "filesize": s.filesize, "etag": s.etag}
-                          for s in shards],
+            "shardlist": [
+                {"url": s.key, "nsamples": s.nsamples, "filesize": s.filesize, "etag": s.etag} for s in shards
+            ],
             "lading": {
-                "format": 1, "version": None, "shuffle": False, "seed": None, "shard_size": self.shard_size,
-                "nsamples": table.nsamples, "nfiles": len(table.member_size),
-                "input_bytes": sum(s.payload for s in shards), "writer": "ray.ShardSink",
+                "format": 1,
+                "version": None,
+                "shuffle": False,
+                "seed": None,
+                "shard_size": self.shard_size,
+                "nsamples": table.nsamples,
+                "nfiles": len(table.member_size),
+                "input_bytes": sum(s.payload for s in shards),
+                "writer": "ray.ShardSink",
                 "offsets": {"url": offsets_file.name, "filesize": offsets_file.filesize, "etag": offsets_file.etag},
             },
         }
@@ -306,7 +325,7 @@ class ShardSink(Datasink):
         """Delete this dataset's shards (by name pattern) that ``listed`` does not name."""
         removed = 0
         for info in store.list(f"{self.folder}{self.name}-"):
-            if info.key not in listed and self._pattern.match(info.key[len(self.folder):]):
+            if info.key not in listed and self._pattern.match(info.key[len(self.folder) :]):
                 claims.delete(store, info.key)
                 removed += 1
         if removed:
@@ -332,8 +351,9 @@ def _shard_size(value: int | str) -> int:
         except UsageError as err:
             raise UsageError(f"shard_size={value!r}: {err.message}", err.hint) from None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UsageError(f"shard_size={value!r} is not a size",
-                         'a positive number of bytes or a string such as "256KB" or "64MiB"')
+        raise UsageError(
+            f"shard_size={value!r} is not a size", 'a positive number of bytes or a string such as "256KB" or "64MiB"'
+        )
     return value
 
 
@@ -357,11 +377,22 @@ def _offsets_table(shards: list[TaskShard]) -> offsets.OffsetsTable:
         member_ext.extend(ext_ids.setdefault(ext, len(ext_ids)) for ext in shard.member_ext)
         for key, count in zip(shard.keys, shard.members_per_sample):
             if key in seen:
-                raise UsageError(f"__key__ {key!r} appears in more than one row", "keys identify samples: make them unique")
+                raise UsageError(
+                    f"__key__ {key!r} appears in more than one row", "keys identify samples: make them unique"
+                )
             seen.add(key)
             sample_members.append(sample_members[-1] + count)
             keys += key.encode("utf-8", "surrogateescape")
             key_offsets.append(len(keys))
         shard_samples.append(shard_samples[-1] + shard.nsamples)
-    return offsets.OffsetsTable(shard_samples, sample_members, member_offset, member_sizes, member_ext, key_offsets,
-                                bytes(keys), list(ext_ids), [(Path(s.key).name, s.nsamples) for s in shards])
+    return offsets.OffsetsTable(
+        shard_samples,
+        sample_members,
+        member_offset,
+        member_sizes,
+        member_ext,
+        key_offsets,
+        bytes(keys),
+        list(ext_ids),
+        [(Path(s.key).name, s.nsamples) for s in shards],
+    )

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, Throttled, TransientError, UsageError
 
-CREDENTIALS_HINT = ("check Google credentials (GOOGLE_APPLICATION_CREDENTIALS or "
-                    "`gcloud auth application-default login`)")
+CREDENTIALS_HINT = (
+    "check Google credentials (GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`)"
+)
 
 
 def status_of(err: BaseException) -> int:
@@ -56,8 +57,10 @@ def from_response(code: str, status: int, message: str, what: str) -> LadingErro
     """An error answer from GCS (HTTP ``status``; ``code`` is the JSON reason, unused) as a
     project error; shared by the google-cloud-storage and obstore paths."""
     if status == 412:
-        return ObjectChanged(f"{what} changed (precondition failed: the generation no longer matches)",
-                             "the object was replaced while lading read it; run again")
+        return ObjectChanged(
+            f"{what} changed (precondition failed: the generation no longer matches)",
+            "the object was replaced while lading read it; run again",
+        )
     if status == 404:
         if "bucket does not exist" in message.lower():  # GCS's words for a missing bucket
             bucket = what.removeprefix("gs://").split("/", 1)[0]
@@ -82,9 +85,19 @@ def _is_network_error(err: BaseException) -> bool:
     import requests.exceptions as rex
     from urllib3 import exceptions as u3
 
-    return isinstance(err, (rex.ConnectionError, rex.Timeout, rex.ChunkedEncodingError,
-                            rex.ContentDecodingError, u3.ProtocolError, u3.ReadTimeoutError,
-                            u3.IncompleteRead, u3.NewConnectionError))
+    return isinstance(
+        err,
+        (
+            rex.ConnectionError,
+            rex.Timeout,
+            rex.ChunkedEncodingError,
+            rex.ContentDecodingError,
+            u3.ProtocolError,
+            u3.ReadTimeoutError,
+            u3.IncompleteRead,
+            u3.NewConnectionError,
+        ),
+    )
 
 
 def _short(err: BaseException) -> str:

@@ -106,8 +106,15 @@ class GCSStore(ObstoreReads):
 
     scheme = "gs"
 
-    def __init__(self, uri: StoreURI, config: StoreConfig, *, page_size: int = 1000,
-                 resumable_threshold: int = 8 << 20, chunk_size: int = 16 << 20) -> None:
+    def __init__(
+        self,
+        uri: StoreURI,
+        config: StoreConfig,
+        *,
+        page_size: int = 1000,
+        resumable_threshold: int = 8 << 20,
+        chunk_size: int = 16 << 20,
+    ) -> None:
         super().__init__(uri, config, from_response)
         self.page_size = page_size
         self.resumable_threshold = min(resumable_threshold, 8 << 20)  # the SDK's one-shot limit
@@ -146,14 +153,30 @@ class GCSStore(ObstoreReads):
         return ObstoreGCS(self.bucket, **options)
 
     def _target(self, client: Any) -> ObstoreTarget:
-        return ObstoreTarget(client, self._where(), self.root, self.config.retry, pin=generation_pin,
-                             version_of=generation_of, info_of=info_of, from_response=from_response, url=self.url)
+        return ObstoreTarget(
+            client,
+            self._where(),
+            self.root,
+            self.config.retry,
+            pin=generation_pin,
+            version_of=generation_of,
+            info_of=info_of,
+            from_response=from_response,
+            url=self.url,
+        )
 
     def _info(self, key: str, meta: Mapping[str, Any]) -> ObjectInfo:
         return info_of(key, meta)
 
-    def stream(self, key: str, sink: Sink, version: str | None, start: int = 0,
-               end: int | None = None, on_version: Callable[[str], None] | None = None) -> Fetched:
+    def stream(
+        self,
+        key: str,
+        sink: Sink,
+        version: str | None,
+        start: int = 0,
+        end: int | None = None,
+        on_version: Callable[[str], None] | None = None,
+    ) -> Fetched:
         """As :meth:`ObstoreReads.stream`, along the route this store's reads take; a pinned
         generation that is gone while the object exists means the object was replaced."""
         self._choose_route(key, version)
@@ -180,12 +203,21 @@ class GCSStore(ObstoreReads):
     def read_each(self, requests: Sequence[RangeRequest]) -> Outcomes:
         """As :meth:`ObstoreReads.read_each`; a 404 to a pinned range is explained as in :meth:`read_many`."""
         answers = super().read_each(requests)
-        return [self._pinned_not_found(request.key, request.version)
-                if isinstance(answer, NotFound) and request.version else answer
-                for request, answer in zip(requests, answers)]
+        return [
+            self._pinned_not_found(request.key, request.version)
+            if isinstance(answer, NotFound) and request.version
+            else answer
+            for request, answer in zip(requests, answers)
+        ]
 
-    def download(self, key: str, dest: Path, version: str | None = None,
-                 progress: ProgressCallback | None = None, size: int | None = None) -> None:
+    def download(
+        self,
+        key: str,
+        dest: Path,
+        version: str | None = None,
+        progress: ProgressCallback | None = None,
+        size: int | None = None,
+    ) -> None:
         """As :meth:`ObstoreReads.download`; a 404 while it runs is explained: pinned, by
         :meth:`_pinned_not_found`; unpinned (the download pinned the first answer's generation),
         an object that exists again is one that was replaced."""
@@ -195,8 +227,10 @@ class GCSStore(ObstoreReads):
             if version is not None:
                 raise self._pinned_not_found(key, version) from None
             current = self.stat(key).version  # NotFound when it is gone
-            raise ObjectChanged(f"{self._where(key)} changed while lading read it (it is now generation "
-                                f"{current})", "the object was replaced; run again") from None
+            raise ObjectChanged(
+                f"{self._where(key)} changed while lading read it (it is now generation {current})",
+                "the object was replaced; run again",
+            ) from None
 
     def _pinned_not_found(self, key: str, version: str) -> LadingError:
         """The error for a 404 to a GET pinned to generation ``version``: ObjectChanged when the
@@ -207,11 +241,15 @@ class GCSStore(ObstoreReads):
         except NotFound:
             return NotFound(f"not found: {self._where(key)}")
         if current == version:
-            return LadingError(f"{self._where(key)}: the server answered 404 for generation {version}, "
-                               "which its JSON API reports as current",
-                               "the server's object download path does not serve this bucket")
-        return ObjectChanged(f"{self._where(key)} changed while lading read it (generation {version} "
-                             f"is now {current})", "the object was replaced; run again")
+            return LadingError(
+                f"{self._where(key)}: the server answered 404 for generation {version}, "
+                "which its JSON API reports as current",
+                "the server's object download path does not serve this bucket",
+            )
+        return ObjectChanged(
+            f"{self._where(key)} changed while lading read it (generation {version} is now {current})",
+            "the object was replaced; run again",
+        )
 
     # -- which way reads go ---------------------------------------------------------------------
 
@@ -243,21 +281,30 @@ class GCSStore(ObstoreReads):
                 return
             info = self.stat(key)  # the JSON API: which object, which generation
             if version and info.version != version:
-                raise ObjectChanged(f"{self._where(key)} changed while lading read it (generation {version} "
-                                    f"is now {info.version})", "the object was replaced; run again")
+                raise ObjectChanged(
+                    f"{self._where(key)} changed while lading read it (generation {version} is now {info.version})",
+                    "the object was replaced; run again",
+                )
             if self._serves(key, info, None):
                 self.route = XML
             elif self._serves(key, info, EMULATOR_PUBLIC_HOST):
-                log.info("%s: the endpoint %s answers object paths only with Host: %s (fake-gcs-server "
-                         "without -public-host); reading with that Host header", self.url,
-                         self.config.gcs_endpoint, EMULATOR_PUBLIC_HOST)
+                log.info(
+                    "%s: the endpoint %s answers object paths only with Host: %s (fake-gcs-server "
+                    "without -public-host); reading with that Host header",
+                    self.url,
+                    self.config.gcs_endpoint,
+                    EMULATOR_PUBLIC_HOST,
+                )
                 self._host_header = EMULATOR_PUBLIC_HOST
                 self._reset_client()  # rebuilt with the Host header on next use
                 self.route = XML_PUBLIC_HOST
             else:
-                log.warning("%s: the endpoint %s does not serve object paths (/bucket/object) for the objects "
-                            "its JSON API lists; reading through its JSON media downloads instead (slower)",
-                            self.url, self.config.gcs_endpoint)
+                log.warning(
+                    "%s: the endpoint %s does not serve object paths (/bucket/object) for the objects "
+                    "its JSON API lists; reading through its JSON media downloads instead (slower)",
+                    self.url,
+                    self.config.gcs_endpoint,
+                )
                 self.route = MEDIA
 
     def _serves(self, key: str, info: ObjectInfo, host: str | None) -> bool:
@@ -284,8 +331,15 @@ class GCSStore(ObstoreReads):
     def _sdk_stat(self, key: str) -> ObjectInfo:
         return self.stat(key)  # stat is google-cloud-storage's already
 
-    def _sdk_stream(self, key: str, sink: Sink, version: str | None, start: int, end: int | None,
-                    on_version: Callable[[str], None] | None) -> Fetched:
+    def _sdk_stream(
+        self,
+        key: str,
+        sink: Sink,
+        version: str | None,
+        start: int,
+        end: int | None,
+        on_version: Callable[[str], None] | None,
+    ) -> Fetched:
         """A media GET through google-cloud-storage (``/download/storage/v1/b/B/o/O``), pinned with
         ``generation`` and streamed to ``sink`` in pieces of at least 256 KiB; the generation of
         the answer is checked too. Unpinned, the object is stat'ed first (and pinned to that).
@@ -301,8 +355,15 @@ class GCSStore(ObstoreReads):
         def attempt(bucket: Any) -> str | None:
             blob = bucket.blob(self._path(key), generation=int(version) if version else None)
             try:
-                blob.download_to_file(pieces, start=start or None, end=None if end is None else end - 1,
-                                      raw_download=True, checksum=None, retry=None, timeout=self._timeout())
+                blob.download_to_file(
+                    pieces,
+                    start=start or None,
+                    end=None if end is None else end - 1,
+                    raw_download=True,
+                    checksum=None,
+                    retry=None,
+                    timeout=self._timeout(),
+                )
             except Exception as err:
                 pieces.flush()  # bytes of the pinned generation: the caller resumes after them
                 if status_of(err) == 416:
@@ -310,8 +371,11 @@ class GCSStore(ObstoreReads):
                 raise
             got = None if blob.generation is None else str(blob.generation)
             if version and got and got != version:
-                raise ObjectChanged(f"{self._where(key)} changed while lading read it (asked for generation "
-                                    f"{version}, the server sent {got})", "the object was replaced; run again")
+                raise ObjectChanged(
+                    f"{self._where(key)} changed while lading read it (asked for generation "
+                    f"{version}, the server sent {got})",
+                    "the object was replaced; run again",
+                )
             pieces.flush()
             return got
 
@@ -341,8 +405,7 @@ class GCSStore(ObstoreReads):
         session.mount("https://", adapter)
         session.mount("http://", adapter)
         options = {"api_endpoint": cfg.gcs_endpoint} if cfg.gcs_endpoint else None
-        client = storage.Client(project=project, credentials=credentials, _http=session,
-                                client_options=options)
+        client = storage.Client(project=project, credentials=credentials, _http=session, client_options=options)
         # Recent releases fetch bucket metadata in a background thread (for trace attributes
         # only) on first use: an extra request per process that we neither need nor want.
         if getattr(client, "_bucket_metadata_cache", None) is not None:
@@ -367,10 +430,17 @@ class GCSStore(ObstoreReads):
         full_prefix = self.root + prefix
         token: str | None = None
         while True:
+
             def fetch(bucket: Any, token: str | None = token) -> tuple[list[Any], str | None]:
                 iterator = bucket.client.list_blobs(
-                    bucket, prefix=full_prefix, page_size=self.page_size, page_token=token,
-                    fields=_LIST_FIELDS, retry=None, timeout=self._timeout())
+                    bucket,
+                    prefix=full_prefix,
+                    page_size=self.page_size,
+                    page_token=token,
+                    fields=_LIST_FIELDS,
+                    retry=None,
+                    timeout=self._timeout(),
+                )
                 page = next(iterator.pages, None)
                 return (list(page) if page is not None else []), iterator.next_page_token
 
@@ -385,14 +455,21 @@ class GCSStore(ObstoreReads):
     @staticmethod
     def _blob_info(blob: Any, key: str) -> ObjectInfo:
         updated = blob.updated
-        return ObjectInfo(key, int(blob.size or 0), str(blob.generation),
-                          updated.timestamp() if updated else 0.0, md5_hex(blob.md5_hash), blob.crc32c)
+        return ObjectInfo(
+            key,
+            int(blob.size or 0),
+            str(blob.generation),
+            updated.timestamp() if updated else 0.0,
+            md5_hex(blob.md5_hash),
+            blob.crc32c,
+        )
 
     def stat(self, key: str) -> ObjectInfo:
         """Fetch one object's metadata."""
         self._path(key)
-        blob = self._gcs_call(self._where(key), lambda bucket: bucket.get_blob(
-            self.root + key, retry=None, timeout=self._timeout()))
+        blob = self._gcs_call(
+            self._where(key), lambda bucket: bucket.get_blob(self.root + key, retry=None, timeout=self._timeout())
+        )
         if blob is None:
             raise NotFound(f"not found: {self._where(key)}")
         return self._blob_info(blob, key)
@@ -434,8 +511,13 @@ class GCSStore(ObstoreReads):
 
         def attempt(bucket: Any) -> str:
             blob = bucket.blob(path)
-            blob.upload_from_string(data, content_type="application/octet-stream", if_generation_match=generation,
-                                    retry=None, timeout=self._timeout())
+            blob.upload_from_string(
+                data,
+                content_type="application/octet-stream",
+                if_generation_match=generation,
+                retry=None,
+                timeout=self._timeout(),
+            )
             return str(blob.generation)
 
         return self._gcs_call(self._where(key), attempt)
@@ -443,8 +525,12 @@ class GCSStore(ObstoreReads):
     def _delete_object(self, key: str, version: str | None) -> None:
         path = self._path(key)
         generation = int(version) if version is not None else None
-        self._gcs_call(self._where(key), lambda bucket: bucket.blob(path).delete(
-            if_generation_match=generation, retry=None, timeout=self._timeout()))
+        self._gcs_call(
+            self._where(key),
+            lambda bucket: bucket.blob(path).delete(
+                if_generation_match=generation, retry=None, timeout=self._timeout()
+            ),
+        )
 
     def delete_many(self, keys: Sequence[str]) -> None:
         """One delete per key; missing ones are no error."""
@@ -476,8 +562,10 @@ class GoogleTokens:
                 mapped = translate(err, "Google credentials")
                 raise (mapped if isinstance(mapped, LadingError) else err) from err
             expiry = self._credentials.expiry
-            return {"token": self._credentials.token,
-                    "expires_at": expiry.replace(tzinfo=timezone.utc) if expiry else None}
+            return {
+                "token": self._credentials.token,
+                "expires_at": expiry.replace(tzinfo=timezone.utc) if expiry else None,
+            }
 
 
 def _obstore_can_name(key: str) -> bool:

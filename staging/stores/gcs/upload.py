@@ -31,14 +31,14 @@ class UploadTarget(Protocol):
 
     def _timeout(self) -> Any: ...
 
+
 _HASH_CHUNK = 1 << 20
 
 
 class ResumableUpload:
     """One upload of ``src`` to ``key``; :meth:`run` drives it through the store's retries."""
 
-    def __init__(self, store: UploadTarget, src: Path, key: str, size: int,
-                 progress: ProgressCallback | None) -> None:
+    def __init__(self, store: UploadTarget, src: Path, key: str, size: int, progress: ProgressCallback | None) -> None:
         self.store, self.src, self.key, self.size, self.progress = store, src, key, size, progress
         self.where = store._where(key)
         self.session_url: str | None = None
@@ -49,9 +49,12 @@ class ResumableUpload:
     def run(self) -> None:
         """Create the session, then send chunks until GCS reports the object complete."""
         crc = _crc32c_base64(self.src)
-        self.session_url = self.store._gcs_call(self.where, lambda bucket: bucket.blob(
-            self.store.root + self.key).create_resumable_upload_session(
-                size=self.size, checksum=None, retry=None, timeout=self.store._timeout()))
+        self.session_url = self.store._gcs_call(
+            self.where,
+            lambda bucket: bucket.blob(self.store.root + self.key).create_resumable_upload_session(
+                size=self.size, checksum=None, retry=None, timeout=self.store._timeout()
+            ),
+        )
         while not self.done:
             self.store._gcs_call(self.where, lambda bucket: self._step(bucket, crc))
 
@@ -68,16 +71,19 @@ class ResumableUpload:
             last = start + len(data) >= self.size
             headers = {"X-Goog-Hash": f"crc32c={crc}"} if last else {}
             self.committed = None  # unknown until the server answers
-            self._advance(self._put(session, data, f"bytes {start}-{start + len(data) - 1}/{self.size}",
-                                    headers))
+            self._advance(self._put(session, data, f"bytes {start}-{start + len(data) - 1}/{self.size}", headers))
         except BaseException:
             self.committed = None
             raise
 
     def _put(self, session: Any, data: bytes, content_range: str, headers: dict[str, str]) -> Any:
         assert self.session_url is not None
-        response = session.put(self.session_url, data=data, timeout=self.store._timeout(),
-                               headers={"Content-Range": content_range, **headers})
+        response = session.put(
+            self.session_url,
+            data=data,
+            timeout=self.store._timeout(),
+            headers={"Content-Range": content_range, **headers},
+        )
         if response.status_code >= 400:
             from google.api_core.exceptions import from_http_response
 

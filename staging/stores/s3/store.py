@@ -89,8 +89,15 @@ class S3Store(ObstoreReads):
 
     scheme = "s3"
 
-    def __init__(self, uri: StoreURI, config: StoreConfig, *, multipart_threshold: int = 64 << 20,
-                 part_size: int = 16 << 20, upload_workers: int = 8) -> None:
+    def __init__(
+        self,
+        uri: StoreURI,
+        config: StoreConfig,
+        *,
+        multipart_threshold: int = 64 << 20,
+        part_size: int = 16 << 20,
+        upload_workers: int = 8,
+    ) -> None:
         super().__init__(uri, config, from_response)
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
@@ -108,8 +115,11 @@ class S3Store(ObstoreReads):
         cfg = self.config
         if self.region is None:
             self.region = self._known_region()
-        options: dict[str, Any] = {"region": self.region, "retry_config": NO_RETRIES,
-                                   "client_options": client_options(cfg, cfg.endpoint_url or "https://")}
+        options: dict[str, Any] = {
+            "region": self.region,
+            "retry_config": NO_RETRIES,
+            "client_options": client_options(cfg, cfg.endpoint_url or "https://"),
+        }
         if cfg.endpoint_url:
             options["endpoint"] = cfg.endpoint_url  # as given: FIPS, dual-stack, PrivateLink, IPv6
             options["virtual_hosted_style_request"] = False
@@ -130,9 +140,19 @@ class S3Store(ObstoreReads):
         return ObstoreS3(self.bucket, **options)
 
     def _target(self, client: Any) -> ObstoreTarget:
-        return ObstoreTarget(client, self._where(), self.root, self.config.retry, pin=if_match, version_of=etag_of,
-                             info_of=info_of, from_response=from_response, url=self.url, moved=_is_redirect,
-                             relocate=self._relocate)
+        return ObstoreTarget(
+            client,
+            self._where(),
+            self.root,
+            self.config.retry,
+            pin=if_match,
+            version_of=etag_of,
+            info_of=info_of,
+            from_response=from_response,
+            url=self.url,
+            moved=_is_redirect,
+            relocate=self._relocate,
+        )
 
     def _info(self, key: str, meta: Mapping[str, Any]) -> ObjectInfo:
         return info_of(key, meta)
@@ -165,12 +185,20 @@ class S3Store(ObstoreReads):
             if key and not (key.endswith("/") and int(item.get("Size", 0)) == 0):
                 etag = plain_etag(item.get("ETag"))
                 modified = item.get("LastModified")
-                infos.append(ObjectInfo(key, int(item.get("Size", 0)), etag,
-                                        modified.timestamp() if modified else 0.0, md5_of_etag(etag)))
+                infos.append(
+                    ObjectInfo(
+                        key,
+                        int(item.get("Size", 0)),
+                        etag,
+                        modified.timestamp() if modified else 0.0,
+                        md5_of_etag(etag),
+                    )
+                )
         more = bool(page.get("IsTruncated"))
         if more and not page.get("NextContinuationToken"):
-            raise TransientError(f"the listing of {where} stopped early: the server marked a page "
-                                 "truncated without a continuation token")
+            raise TransientError(
+                f"the listing of {where} stopped early: the server marked a page truncated without a continuation token"
+            )
         return infos, (contents[-1]["Key"] if contents else after), more and bool(contents)
 
     def _translate(self, err: BaseException, what: str) -> BaseException:
@@ -214,8 +242,11 @@ class S3Store(ObstoreReads):
         if cfg.env_credentials and not cfg.profile:
             key, secret, token = cfg.env_credentials
             keys = {"aws_access_key_id": key, "aws_secret_access_key": secret, "aws_session_token": token}
-        return translated(lambda: boto3.session.Session(profile_name=cfg.profile, region_name=cfg.region, **keys),
-                          translate, self._where())
+        return translated(
+            lambda: boto3.session.Session(profile_name=cfg.profile, region_name=cfg.region, **keys),
+            translate,
+            self._where(),
+        )
 
     def _build_boto(self) -> Any:
         from botocore import UNSIGNED
@@ -240,8 +271,13 @@ class S3Store(ObstoreReads):
         if cfg.proxy_for(cfg.endpoint_url or "https://"):
             options["proxies"] = {"http": cfg.proxy_for("http://"), "https": cfg.proxy_for("https://")}
         session = self._session()
-        return session.client("s3", endpoint_url=cfg.endpoint_url, region_name=self.region or None,
-                              config=Config(**options), verify=cfg.ca_bundle or None)
+        return session.client(
+            "s3",
+            endpoint_url=cfg.endpoint_url,
+            region_name=self.region or None,
+            config=Config(**options),
+            verify=cfg.ca_bundle or None,
+        )
 
     def _known_region(self) -> str:
         """The bucket's region: discovered once per process (per endpoint and bucket)."""
@@ -251,8 +287,12 @@ class S3Store(ObstoreReads):
             if where in known:
                 return known[where]
             known[where] = self._discover_region()
-            log.debug("%s: the bucket is in %s (asked from thread %s)", self.url, known[where],
-                      threading.current_thread().name)
+            log.debug(
+                "%s: the bucket is in %s (asked from thread %s)",
+                self.url,
+                known[where],
+                threading.current_thread().name,
+            )
         return known[where]
 
     def _discover_region(self) -> str:
@@ -279,16 +319,29 @@ class S3Store(ObstoreReads):
         return with_retries(lambda: self._boto_attempt(what, operation), self.config.retry)
 
     def _sdk_stat(self, key: str) -> ObjectInfo:
-        head = self._boto_call(self._where(key), lambda client: client.head_object(
-            Bucket=self.bucket, Key=self._path(key)))
+        head = self._boto_call(
+            self._where(key), lambda client: client.head_object(Bucket=self.bucket, Key=self._path(key))
+        )
         etag = plain_etag(head.get("ETag"))
         modified = head.get("LastModified")
         encrypted = head.get("ServerSideEncryption") == "aws:kms" or "SSECustomerAlgorithm" in head
-        return ObjectInfo(key, int(head.get("ContentLength", 0)), etag,
-                          modified.timestamp() if modified else 0.0, None if encrypted else md5_of_etag(etag))
+        return ObjectInfo(
+            key,
+            int(head.get("ContentLength", 0)),
+            etag,
+            modified.timestamp() if modified else 0.0,
+            None if encrypted else md5_of_etag(etag),
+        )
 
-    def _sdk_stream(self, key: str, sink: Sink, version: str | None, start: int, end: int | None,
-                    on_version: Callable[[str], None] | None) -> Fetched:
+    def _sdk_stream(
+        self,
+        key: str,
+        sink: Sink,
+        version: str | None,
+        start: int,
+        end: int | None,
+        on_version: Callable[[str], None] | None,
+    ) -> Fetched:
         """GetObject through boto3 (If-Match, and the answer's ETag checked), body in pieces."""
         request: dict[str, Any] = {"Bucket": self.bucket, "Key": self._path(key)}
         if version:
@@ -319,7 +372,7 @@ class S3Store(ObstoreReads):
                 if skip:
                     dropped = min(skip, len(view))
                     view, skip = view[dropped:], skip - dropped
-                view = view[:max(want - delivered, 0)]
+                view = view[: max(want - delivered, 0)]
                 if view:
                     sink(view)
                     delivered += len(view)
@@ -335,8 +388,9 @@ class S3Store(ObstoreReads):
 
     def etag_is_md5(self, key: str) -> bool:
         """Whether the object's ETag is the MD5 of its bytes (not so with SSE-KMS or SSE-C)."""
-        head = self._boto_call(self._where(key), lambda client: client.head_object(
-            Bucket=self.bucket, Key=self.root + key))
+        head = self._boto_call(
+            self._where(key), lambda client: client.head_object(Bucket=self.bucket, Key=self.root + key)
+        )
         return head.get("ServerSideEncryption") != "aws:kms" and "SSECustomerAlgorithm" not in head
 
     def upload(self, src: Path, key: str, progress: ProgressCallback | None = None) -> ObjectInfo:
@@ -356,11 +410,11 @@ class S3Store(ObstoreReads):
 
         def attempt(client: Any) -> None:
             with open(src, "rb") as body:
-                client.put_object(Bucket=self.bucket, Key=self.root + key, Body=body,
-                                  ContentLength=size, ContentMD5=digest)
+                client.put_object(
+                    Bucket=self.bucket, Key=self.root + key, Body=body, ContentLength=size, ContentMD5=digest
+                )
 
         self._boto_call(self._where(key), attempt)
-
 
     # -- conditional writes (the claims protocol) ------------------------------------------------
 
@@ -371,8 +425,12 @@ class S3Store(ObstoreReads):
         condition = {"IfNoneMatch": "*"} if if_absent else {}
         if if_version is not None:
             condition = {"IfMatch": f'"{if_version}"'}
-        response = self._conditional(key, lambda client: client.put_object(
-            Bucket=self.bucket, Key=path, Body=data, ContentLength=len(data), **condition))
+        response = self._conditional(
+            key,
+            lambda client: client.put_object(
+                Bucket=self.bucket, Key=path, Body=data, ContentLength=len(data), **condition
+            ),
+        )
         return plain_etag(response.get("ETag"))
 
     def _delete_object(self, key: str, version: str | None) -> None:
@@ -390,17 +448,23 @@ class S3Store(ObstoreReads):
     def delete_many(self, keys: Sequence[str]) -> None:
         """DeleteObjects, 1,000 keys a request; a key that fails (other than missing) is an error."""
         for start in range(0, len(keys), 1000):
-            response = self._delete_objects([self._path(key) for key in keys[start:start + 1000]])
+            response = self._delete_objects([self._path(key) for key in keys[start : start + 1000]])
             failed = [error for error in response.get("Errors", ()) if error.get("Code") != "NoSuchKey"]
             if failed:
                 first = failed[0]
-                raise from_response(str(first.get("Code", "")), 0, str(first.get("Message", "")),
-                                    f"s3://{self.bucket}/{first.get('Key', '')}")
+                raise from_response(
+                    str(first.get("Code", "")),
+                    0,
+                    str(first.get("Message", "")),
+                    f"s3://{self.bucket}/{first.get('Key', '')}",
+                )
 
     def _delete_objects(self, paths: list[str]) -> Any:
         objects = [{"Key": path} for path in paths]
-        return self._boto_call(self._where(), lambda client: client.delete_objects(
-            Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True}))
+        return self._boto_call(
+            self._where(),
+            lambda client: client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True}),
+        )
 
     def _conditional(self, key: str, operation: Callable[[Any], T]) -> T:
         """A boto3 call whose 409 ConditionalRequestConflict is ObjectChanged (as a 412 is)."""

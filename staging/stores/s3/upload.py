@@ -27,6 +27,7 @@ class UploadTarget(Protocol):
 
     def _boto_attempt(self, where: str, operation: Callable[[Any], Any]) -> Any: ...
 
+
 _MIN_PART = 5 << 20
 _MAX_PARTS = 10_000
 
@@ -34,8 +35,7 @@ _MAX_PARTS = 10_000
 class MultipartUpload:
     """CreateMultipartUpload, parallel UploadPart (each retried), Complete; Abort on failure."""
 
-    def __init__(self, store: UploadTarget, src: Path, key: str, size: int,
-                 progress: ProgressCallback | None) -> None:
+    def __init__(self, store: UploadTarget, src: Path, key: str, size: int, progress: ProgressCallback | None) -> None:
         self.store, self.src, self.key, self.size, self.progress = store, src, key, size, progress
         self.part_size = max(store.part_size, _MIN_PART, math.ceil(size / _MAX_PARTS))
         self.where = store._where(key)
@@ -44,16 +44,21 @@ class MultipartUpload:
     def run(self) -> None:
         """Upload every part and complete the upload; abort it if anything fails."""
         store = self.store
-        created = store._boto_call(self.where, lambda client: client.create_multipart_upload(
-            Bucket=store.bucket, Key=self.full_key))
+        created = store._boto_call(
+            self.where, lambda client: client.create_multipart_upload(Bucket=store.bucket, Key=self.full_key)
+        )
         upload_id = created["UploadId"]
         try:
             count = math.ceil(self.size / self.part_size)
             with ThreadPoolExecutor(max_workers=max(1, min(store.upload_workers, count))) as pool:
                 etags = list(pool.map(lambda n: self._part(upload_id, n), range(1, count + 1)))
             parts = [{"PartNumber": n, "ETag": etag} for n, etag in enumerate(etags, start=1)]
-            store._boto_call(self.where, lambda client: client.complete_multipart_upload(
-                Bucket=store.bucket, Key=self.full_key, UploadId=upload_id, MultipartUpload={"Parts": parts}))
+            store._boto_call(
+                self.where,
+                lambda client: client.complete_multipart_upload(
+                    Bucket=store.bucket, Key=self.full_key, UploadId=upload_id, MultipartUpload={"Parts": parts}
+                ),
+            )
         except BaseException:
             self._abort(upload_id)
             raise
@@ -63,16 +68,28 @@ class MultipartUpload:
         with open(self.src, "rb") as handle:
             data = os.pread(handle.fileno(), self.part_size, offset)
         digest = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
-        response = self.store._boto_call(self.where, lambda client: client.upload_part(
-            Bucket=self.store.bucket, Key=self.full_key, UploadId=upload_id, PartNumber=number,
-            Body=data, ContentMD5=digest))
+        response = self.store._boto_call(
+            self.where,
+            lambda client: client.upload_part(
+                Bucket=self.store.bucket,
+                Key=self.full_key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=data,
+                ContentMD5=digest,
+            ),
+        )
         if self.progress is not None:
             self.progress(len(data))
         return str(response["ETag"])
 
     def _abort(self, upload_id: str) -> None:
         try:
-            self.store._boto_attempt(self.where, lambda client: client.abort_multipart_upload(
-                Bucket=self.store.bucket, Key=self.full_key, UploadId=upload_id))
+            self.store._boto_attempt(
+                self.where,
+                lambda client: client.abort_multipart_upload(
+                    Bucket=self.store.bucket, Key=self.full_key, UploadId=upload_id
+                ),
+            )
         except Exception:  # best effort: the original error is the one to report
             pass
