@@ -252,15 +252,17 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
 def tune_readahead(mountpoint: Path, kib: int = READAHEAD_KIB, timeout: float = 10.0) -> bool:
     """Raise the mount's kernel readahead so sequential reads arrive as 1 MiB requests.
 
-    The default (128 KiB) costs eight Python callbacks per MiB. Needs root; best effort.
+    The default (128 KiB) costs eight Python callbacks per MiB. Needs root; best effort. The
+    mount's device number comes from /proc/self/mountinfo, never from a stat of the mount point:
+    the daemon stat-ing its own mount waits on its own FUSE loop, and if the daemon is killed
+    meanwhile that thread sleeps in the kernel forever, holding the dead mount's connection open.
     """
     deadline = time.monotonic() + timeout
-    while not os.path.ismount(mountpoint):
+    while (device := mount_device(mountpoint)) is None:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
-    st = os.stat(mountpoint)
-    knob = Path(f"/sys/class/bdi/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/read_ahead_kb")
+    knob = Path(f"/sys/class/bdi/{device}/read_ahead_kb")
     try:
         knob.write_text(str(kib))
     except OSError as err:
@@ -268,6 +270,21 @@ def tune_readahead(mountpoint: Path, kib: int = READAHEAD_KIB, timeout: float = 
         return False
     log.info("kernel readahead set to %d KiB", kib)
     return True
+
+
+def mount_device(mountpoint: Path) -> str | None:
+    """The ``major:minor`` of the lading mount at ``mountpoint`` from /proc/self/mountinfo (no
+    file system request), or None when it is not mounted there."""
+    target = os.path.abspath(mountpoint).replace("\\", "\\134").replace(" ", "\\040")
+    try:
+        with open("/proc/self/mountinfo") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == target and " - fuse" in line:
+                    return fields[2]
+    except OSError:
+        pass
+    return None
 
 
 def _steady_allocator() -> None:

@@ -164,3 +164,29 @@ def test_memory_budget_bounds_buffers(bucket, tmp_path: Path, moto_server) -> No
         # A budget smaller than the daemon itself: file data still gets the minimum, and keeps to it.
         assert stats["memory_budget"] == 2 << 20 and stats["memory_buffers"] == 16 << 20
         assert stats["memory_held"] <= stats["memory_buffers"]
+
+
+def test_the_mount_device_is_found_without_a_request_to_the_mount(bucket, tmp_path: Path) -> None:
+    """The daemon tunes its mount's readahead from /proc/self/mountinfo, not by stat-ing its own
+    mount point: a daemon killed while such a stat waited on its own FUSE loop left a thread asleep
+    in the kernel forever, holding the dead mount's connection open (seen once as a mount test that
+    hung). Here the daemon is stopped, so nothing could answer a request to the mount."""
+    with mounted(f"s3://{BUCKET}", tmp_path / "mnt", env=bucket) as mnt:
+        st = os.stat(mnt.path)
+        os.kill(mnt.pid, signal.SIGSTOP)
+        try:
+            code = (
+                "import sys; from pathlib import Path; from lading.mounts.lifecycle import mount_device;"
+                "print(mount_device(Path(sys.argv[1])), mount_device(Path(sys.argv[2])))"
+            )
+            probe = subprocess.run(
+                [sys.executable, "-c", code, str(mnt.path), str(tmp_path)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=REPO,
+            )
+        finally:
+            os.kill(mnt.pid, signal.SIGCONT)
+        assert probe.returncode == 0, probe.stderr
+        assert probe.stdout.split() == [f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}", "None"]
