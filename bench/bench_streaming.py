@@ -532,6 +532,26 @@ def shuffle_main(args: argparse.Namespace) -> None:
                 f"| {q['run_mean']:.2f} / {q['run_max']} | {q['first_labels']} | {seconds:.2f} |"
             )
             print(lines[-1], flush=True)
+    # one epoch of one seed is a noisy sample (on 100 samples especially): the same statistics
+    # averaged over seeds (for lading, a seed also draws the run's shard order)
+    lines += [
+        "",
+        "| case | order | seeds | distinct shards per 1,000 (mean / mean of mins / min) | label run (mean / mean of maxes) |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    for (name, counts, block_shards), seeds in zip(cases, (args.seeds_small, args.seeds_large)):
+        block = block_shards * counts[0]
+        for label, make in [
+            ("lading", lambda s: lading_order(counts, block, s, 0, block_shards)),
+            ("MosaicML py1e", lambda s: mosaic_order(counts, block, s, 0, "py1e")),
+        ]:
+            found = [quality(make(seed), counts, 10, 1000) for seed in range(1, seeds + 1)]
+            mean = lambda key: sum(q[key] for q in found) / len(found)  # noqa: E731
+            lines.append(
+                f"| {name} | {label} | {seeds} | {mean('distinct_mean'):.2f} / {mean('distinct_min'):.1f} / "
+                f"{min(q['distinct_min'] for q in found)} | {mean('run_mean'):.3f} / {mean('run_max'):.1f} |"
+            )
+            print(lines[-1], flush=True)
     print("\n".join(lines))
 
 
@@ -715,6 +735,8 @@ def main() -> None:
     stream.add_argument("--bucket-prefix", default="bench-loader-streaming", help="the run's bucket is PREFIX-<random>")
     stream.add_argument("--out", type=Path)
     shuffle = sub.add_parser("shuffle")
+    shuffle.add_argument("--seeds-small", type=int, default=20, help="seeds averaged on 100 samples")
+    shuffle.add_argument("--seeds-large", type=int, default=4, help="seeds averaged on 10^6 samples")
     shuffle.add_argument("--tmp", default=None)
     scale = sub.add_parser("scale")
     scale.add_argument("--samples", type=int, default=10**8)

@@ -146,6 +146,28 @@ def test_shuffle_buffer_shuffles_small_datasets(tmp_path):
     assert keys != [s["__key__"] for s in ShardDataset(index, shuffle_buffer=1000)]
 
 
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_windows_at_lane_edges_mix_as_many_shards_as_mosaicml_py1e(nodes):
+    """Packed class by class (the worst case), 200 shards of 1,000, blocks of 10 shards: windows
+    of 1,000 consecutive samples draw on as many shards as MosaicML's py1e with the same block
+    size, and labels run no longer. py1e measured here (bench_streaming.py shuffle, seeds 1-16):
+    10.65-10.71 shards per window (min 5-6), mean label run 1.22-1.25; with each lane (about
+    one block) spread on its own, windows at lane edges reached one side only: 8.3 (min 6), 1.29-1.30."""
+    import numpy as np
+
+    per, shards = 1000, 200
+    sampler = NodeLocalSampler(
+        [per] * shards, shuffle_buffer=10 * per, shuffle_block=10, seed=1, randomize_shard_order=True, world_size=nodes
+    )
+    shard = np.fromiter(sampler, dtype=np.int64) // per
+    assert len(shard) == per * shards // nodes
+    windows = [len(np.unique(shard[i : i + 1000])) for i in range(0, len(shard) - 999, 1000)]
+    assert np.mean(windows) >= 10.6 and min(windows) >= 6, f"{np.mean(windows):.2f} / {min(windows)}"
+    label = shard * 10 // shards
+    runs = np.diff(np.concatenate(([0], np.flatnonzero(np.diff(label)) + 1, [len(label)])))
+    assert runs.mean() <= 1.26 and runs.max() <= 20, f"label runs {runs.mean():.3f} / {runs.max()}"
+
+
 def test_four_ranks_resumed_on_three_deliver_408_samples_exactly_once():
     counts = [4] * 102
     assert sum(counts) == 408

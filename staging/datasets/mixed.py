@@ -36,7 +36,7 @@ from lading.datasets.order.state import Remaining
 from lading.datasets.order.walk import RankOrder
 from lading.datasets.shards import RELEASE_EVERY, ShardDataset
 
-STATE_FORMAT = "lading-mixed-2"
+STATE_FORMAT = "lading-mixed-3"
 
 
 def apportion(weights: Sequence[float], seats: int) -> list[int]:
@@ -131,10 +131,7 @@ def advance(order: EpochOrder, state: ChildState, draws: int, nodes: int) -> Chi
         draws %= whole
         base = order.full()
         sequences = order.sequences(passes, base, layout, "pad")[0]
-    left = base.copy()
-    for pieces, consumed in zip(sequences.pieces, sequences.consumed(draws)):
-        left.take(pieces, consumed)
-    return ChildState(passes, left)
+    return ChildState(passes, order.take(base, passes, sequences, sequences.consumed(draws)))
 
 
 class ChildStream:

@@ -6,7 +6,8 @@
    keeps what its cache holds); else, when ``N`` divides ``L``, the block ``[n*L/N, (n+1)*L/N)``.
    Otherwise locality is lost: one group of all ranks (logged). A node's sequence is its lanes'
    remaining ranges, lanes in run order from a start drawn per ``(seed, epoch)`` (so the two halves
-   of a shard split between neighbouring lanes are read one right after the other).
+   of a shard split between neighbouring lanes are read one right after the other), merged by
+   key where they meet (:mod:`.walk`).
 2. **Balance.** With ``remainder="pad"`` or ``"drop"`` every rank gets the same count ``q``
    (``ceil`` or ``floor`` of remaining / ranks). A node longer than ``q * ranks`` hands its last
    samples to nodes that are short (in node order), so only those few leave their node; what is
@@ -26,7 +27,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from lading.core.errors import UsageError
-from lading.datasets.order.lanes import _rng
+from lading.datasets.order.lanes import visit_start
 from lading.datasets.order.state import Piece, Remaining
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,22 @@ def lane_owners(lanes: int, nodes: int, homes: int) -> np.ndarray | None:
     return None
 
 
+def home_edges(lanes: int, homes: int, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per lane, whether it starts / ends its node's sequence on the run's first layout (``homes``
+    nodes) in an epoch whose visit starts at lane ``start``: where a lane's spread is bounded."""
+    owners = lane_owners(lanes, homes, homes) if homes > 1 else None
+    if owners is None:
+        owners = np.zeros(lanes, dtype=np.int64)
+    visit = (np.arange(lanes) + start) % lanes
+    firsts = np.zeros(lanes, dtype=bool)
+    lasts = np.zeros(lanes, dtype=bool)
+    _, first_at = np.unique(owners[visit], return_index=True)
+    _, last_at = np.unique(owners[visit][::-1], return_index=True)
+    firsts[visit[first_at]] = True
+    lasts[visit[lanes - 1 - last_at]] = True
+    return firsts, lasts
+
+
 def _warn_lost(lanes: int, nodes: int, epoch: int) -> None:
     key = (lanes, nodes, epoch)
     if key not in _LOGGED:
@@ -143,8 +160,7 @@ def node_sequences(
     ranks = layout.per_node if local else layout.world_size
     # lanes in run order from a start drawn per epoch: a shard split between lanes l and l + 1 is
     # then read at the end of one and the start of the next (once), not at two far-apart times
-    start = int(_rng("lading-lanes", seed, epoch).integers(lanes)) if shuffle else 0
-    visit = (np.arange(lanes) + start) % lanes
+    visit = (np.arange(lanes) + visit_start(seed, epoch, lanes, shuffle)) % lanes
     pieces: list[list[Piece]] = [[] for _ in range(groups)]
     for lane in visit.tolist():
         pieces[int(owners[lane])].extend(remaining.pieces(lane))

@@ -11,13 +11,13 @@ from lading.core.errors import UsageError
 from lading.datasets.order.deal import Layout, NodeSequences, check_remainder, check_slot, layout_for, node_sequences
 from lading.datasets.order.lanes import Lanes, choose_lanes
 from lading.datasets.order.state import Remaining
-from lading.datasets.order.walk import RankOrder, Shuffle
+from lading.datasets.order.walk import RankOrder, Shuffle, delivered
 from lading.datasets.slots import distributed_slot
 
-STATE_FORMAT = "lading-order-3"
+STATE_FORMAT = "lading-order-4"
 #: Shards a node walks together when neither ``shuffle_block`` nor ``cache_limit`` says otherwise.
 DEFAULT_BLOCK_SHARDS = 16
-_OLDER_FORMATS = ("lading-order-2", "lading-partitioned-1", "lading-elastic-1", "lading-shards-1")
+_OLDER_FORMATS = ("lading-order-3", "lading-order-2", "lading-partitioned-1", "lading-elastic-1", "lading-shards-1")
 
 
 def env_topology() -> Any | None:
@@ -108,7 +108,7 @@ class EpochOrder:
 
     def shuffle(self, epoch: int) -> Shuffle:
         """Epoch ``epoch``'s shuffle settings."""
-        return Shuffle(self.seed, epoch, self.shuffle_buffer > 0 or self.randomize_shard_order, self.window)
+        return Shuffle(self.seed, epoch, self.shuffle_buffer > 0 or self.randomize_shard_order, self.window, self.homes)
 
     def remaining(self, epoch: int) -> Remaining:
         """What is left of ``epoch`` when this run starts it (all of it, unless resumed)."""
@@ -149,6 +149,14 @@ class EpochOrder:
         me = layout.local_rank if local else layout.rank
         return RankOrder(self.lanes(), sequences, group, me, self.shuffle(epoch))
 
+    def take(self, left: Remaining, epoch: int, sequences: NodeSequences, consumed: list[int]) -> Remaining:
+        """``left`` without what each group's first ``consumed[group]`` positions of epoch ``epoch`` hold."""
+        left = left.copy()
+        taken = delivered(self.lanes(), sequences, self.shuffle(epoch), consumed)
+        for pieces, counts in zip(sequences.pieces, taken):
+            left.take(pieces, counts)
+        return left
+
     def full(self) -> Remaining:
         """A whole epoch: nothing delivered yet."""
         return Remaining.full(self.lanes().sizes().tolist())
@@ -165,9 +173,7 @@ class EpochOrder:
         count = self.rank_order(epoch).count
         if not 0 <= samples_seen <= count:
             raise UsageError(f"samples_seen={samples_seen}: this rank has {count} samples in epoch {epoch}")
-        left = self.remaining(epoch).copy()
-        for pieces, consumed in zip(sequences.pieces, sequences.consumed(samples_seen)):
-            left.take(pieces, consumed)
+        left = self.take(self.remaining(epoch), epoch, sequences, sequences.consumed(samples_seen))
         return {
             "format": STATE_FORMAT,
             "epoch": epoch,

@@ -7,11 +7,16 @@
 - **A lane's order in an epoch** (:class:`LaneOrder`): its shard pieces in an order permuted per
   ``(seed, epoch, lane)`` (a piece of a shard split with the previous or next lane stays first or
   last, next to its other part: lanes are visited in run order from a start drawn per epoch, so a
-  split shard is read once per epoch however small the node cache), their samples concatenated, and each sample moved by a random offset of
-  about half the shuffle window (MosaicML's ``py1e``: a piece of ``n`` samples spreads over about
-  one window, ``(w - n) / 2`` each way and at least ``w / 4``, bounded by the lane's ends; keys sorted).
-  A sample therefore stays within about ``w/2`` positions of its shard's place, so reading a lane needs
-  about one window of shards at a time: the bounded working set.
+  split shard is read once per epoch however small the node cache), their samples concatenated,
+  and each sample given a key: its position moved by a random offset of about half the shuffle
+  window (MosaicML's ``py1e``: a piece of ``n`` samples spreads over about one window,
+  ``(w - n) / 2`` each way and at least ``w / 4``). The lane's order is its samples by key. Keys
+  reach past the lane's ends, so that a node's sequence can merge neighbouring lanes by key
+  (:mod:`.walk`: a window at a lane's edge draws on both lanes, as py1e's does anywhere), except
+  at the ends of a node's sequence on the run's first layout (:func:`home_edges`), where the
+  spread is bounded as py1e bounds it at a node's ends.
+  A sample therefore stays within ``w/2`` positions of its shard's place, so reading a node's
+  sequence needs about one window of shards at a time: the bounded working set.
 """
 
 from __future__ import annotations
@@ -120,22 +125,37 @@ def _pinned_permutation(rng: np.random.Generator, count: int, keep_first: bool, 
     return np.concatenate((np.arange(low), middle, np.arange(high, count))).astype(np.int64)
 
 
-def _spread(starts: np.ndarray, length: np.ndarray, size: int, window: int) -> tuple[np.ndarray, np.ndarray]:
+def visit_start(seed: int, epoch: int, lanes: int, shuffle: bool) -> int:
+    """The lane an epoch's visit starts at (lanes are visited in run order from it, cyclically)."""
+    return int(_rng("lading-lanes", seed, epoch).integers(lanes)) if shuffle else 0
+
+
+def _spread(
+    starts: np.ndarray, length: np.ndarray, size: int, window: int, edges: tuple[bool, bool]
+) -> tuple[np.ndarray, np.ndarray]:
     """How far each piece's samples may move, ``[low, high]``: a piece of ``n`` samples spreads
-    over about one window (``(window - n) / 2`` each way, at least a quarter window), shifted at
-    the lane's ends so that keys stay inside the lane (MosaicML's py1e bounds, so the first and
-    last positions mix every piece within reach instead of the edge pieces alone)."""
+    over about one window (``(window - n) / 2`` each way, at least a quarter window); at a lane end
+    that ``edges`` marks as a node sequence's end, shifted so that keys stay inside the lane
+    (MosaicML's py1e bounds, so the first and last positions mix every piece within reach
+    instead of the edge pieces alone)."""
     reach = np.maximum((window - length) / 2, window / 4)
-    low = np.maximum(-reach, -starts[:-1])
-    high = np.minimum(reach, size - starts[1:])
+    low, high = -reach, reach
+    if edges[0]:
+        low = np.maximum(low, -starts[:-1])
+    if edges[1]:
+        high = np.minimum(high, size - starts[1:])
     return low, high
 
 
 class LaneOrder:
     """Lane ``lane``'s samples in epoch ``epoch``: ``shard[j]``, ``sample[j]`` for lane position ``j``;
-    ``last[j]``: the last lane position of the shard at ``j`` (when this lane is done with it)."""
+    ``last[j]``: the last lane position of the shard at ``j`` (when this lane is done with it);
+    ``key[j]``: its key (non-decreasing, within ``window / 2`` of ``j``). ``edges``: whether the
+    lane starts / ends a node's sequence (its spread is bounded there)."""
 
-    def __init__(self, lanes: Lanes, lane: int, seed: int, epoch: int, shuffle: bool, window: int) -> None:
+    def __init__(
+        self, lanes: Lanes, lane: int, seed: int, epoch: int, shuffle: bool, window: int, edges: tuple[bool, bool]
+    ) -> None:
         shards, first, length = lanes.pieces(lane)
         rng = _rng("lading-lane", seed, epoch, lane)
         if shuffle and len(shards) > 1:
@@ -144,17 +164,20 @@ class LaneOrder:
             )
             shards, first, length = shards[perm], first[perm], length[perm]
         size = int(length.sum())
-        piece = np.repeat(np.arange(len(shards)), length)
+        piece = np.repeat(np.arange(len(shards), dtype=np.int32), length)
         starts = np.concatenate(([0], np.cumsum(length)))
         within = np.arange(size, dtype=np.int64) - starts[piece] + first[piece]
         if window > 1 and size > 1:
-            low, high = _spread(starts, length, size, window)
-            keys = np.arange(size) + low[piece] + (high - low)[piece] * rng.uniform(0, 1, size)
+            low, high = _spread(starts, length, size, window, edges)
+            keys = np.arange(size, dtype=np.float64)
+            keys += low[piece] + (high - low)[piece] * rng.uniform(0, 1, size)
             perm = np.argsort(keys, kind="stable")
-            piece, within = piece[perm], within[perm]
-        self.shard = shards[piece]
-        self.sample = within
+            piece, within, self.key = piece[perm], within[perm], keys[perm]
+        else:
+            self.key = np.arange(size, dtype=np.float64)
+        self.shard = shards[piece].astype(np.int32)
+        self.sample = within.astype(np.int32)
         last_of_piece = np.zeros(len(shards), dtype=np.int64)
         np.maximum.at(last_of_piece, piece, np.arange(size))
-        self.last = last_of_piece[piece]
+        self.last = last_of_piece[piece].astype(np.int32)
         self.size = size

@@ -43,14 +43,12 @@ class Remaining:
         """Lane ``lane``'s remaining ranges as pieces."""
         return [(lane, start, end) for start, end in self.ranges[lane]]
 
-    def take(self, pieces: Iterable[Piece], count: int) -> None:
-        """Mark the first ``count`` samples of ``pieces`` (a node's sequence) delivered."""
-        for lane, start, end in pieces:
-            if count <= 0:
-                return
-            stop = min(end, start + count)
-            self._remove(lane, start, stop)
-            count -= stop - start
+    def take(self, pieces: Iterable[Piece], counts: Iterable[int]) -> None:
+        """Mark the first ``counts[i]`` samples of each piece ``pieces[i]`` delivered (what a node's
+        merged sequence delivered: a prefix of each of its pieces)."""
+        for (lane, start, end), count in zip(pieces, counts):
+            if count > 0:
+                self._remove(lane, start, min(end, start + count))
 
     def _remove(self, lane: int, start: int, stop: int) -> None:
         kept: list[Range] = []
