@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import click
 from lading.cli.context import AppState
@@ -104,7 +104,7 @@ def _stage_one(
     config: StoreConfig,
     source: str,
     dest: str,
-    views: Callable[[StageResult], dict[int, list[str]]],
+    views: Callable[[StageResult], dict[int, Callable[[], Iterator[str]]]],
     json_out: bool = False,
     force: bool = False,
 ) -> dict:
@@ -114,9 +114,9 @@ def _stage_one(
 
     progress = LogProgress(f"{source} -> {dest}", _echo_for(state))
     staged = stage_source(source, dest, config, events=progress, force=force)
-    raise_for_failures(staged.result)
-    linked = build_views(staged.root, staged.result.files, views(staged.result))
-    result = staged.result
+    with staged.result as result:
+        raise_for_failures(result)
+        linked = build_views(staged.root, result.path_of, views(result))
     if not json_out:
         state.result(
             _summary_line(
@@ -363,7 +363,7 @@ def fetch(state: AppState, uri: str, dest: str, slots: bool, force: bool, json_o
         pop_store_config(options),
         uri,
         dest,
-        lambda result: {i: sorted(result.files) for i in range(count)},
+        lambda result: dict.fromkeys(range(count), result.keys),
         json_out=json_out,
         force=force,
     )

@@ -244,7 +244,7 @@ def test_a_crafted_view_record_cannot_delete_outside_the_view(tmp_path):
     (staged / "a.bin").write_bytes(b"a")
     (staged / "sub" / "b.bin").write_bytes(b"b")
     files = {"a.bin": staged / "a.bin", "sub/b.bin": staged / "sub" / "b.bin"}
-    build_views(staged, files, {0: sorted(files)})
+    build_views(staged, files.__getitem__, {0: lambda: iter(sorted(files))})
     view = view_root(staged, 0)
     victims = [tmp_path / "victim.txt", staged / "a.bin", tmp_path / "elsewhere" / "x.txt"]
     for victim in victims:
@@ -264,7 +264,9 @@ def test_a_crafted_view_record_cannot_delete_outside_the_view(tmp_path):
         "sub/b.bin",
     ]
     (view / VIEW_RECORD).write_text(json.dumps(crafted))
-    changed = build_views(staged, files, {0: ["sub/b.bin"]})  # a.bin left this view: only it goes
+    changed = build_views(
+        staged, files.__getitem__, {0: lambda: iter(["sub/b.bin"])}
+    )  # a.bin left this view: only it goes
     assert changed == 1
     for victim in victims:
         assert victim.read_text() == "keep me", victim

@@ -20,14 +20,15 @@ Schema (the rest of ``data:`` is yours; lading reads only ``data.datasets``)::
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Iterator, Mapping
 
 from lading.core.errors import UsageError
 from lading.hooks.stage import StageResult
-from lading.selection.sharding import select_for_rank
 
 DISTRIBUTIONS = ("replicated", "sharded")
 _FIELDS = {"source", "dest", "distribution", "slots"}
@@ -83,12 +84,20 @@ def slots_per_trial(config: Mapping[str, object]) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def views_for(spec: DatasetSpec, result: StageResult, slot_count: int, trial_slots: int | None) -> dict[int, list[str]]:
-    """Which keys each per-slot view ``{dest}-rank{i}`` holds (empty dict: no views)."""
+def views_for(
+    spec: DatasetSpec, result: StageResult, slot_count: int, trial_slots: int | None
+) -> dict[int, Callable[[], Iterator[str]]]:
+    """Which keys each per-slot view ``{dest}-rank{i}`` holds (empty dict: no views), streamed in
+    key order: all of them, or the sharded rule's share (``balance='count'``: the ``i``-th key in
+    key order goes to rank ``i mod world``, as :func:`~lading.selection.sharding.select_for_rank`)."""
     if spec.distribution == "replicated":
-        return {i: sorted(result.files) for i in range(slot_count)} if spec.slots else {}
+        return dict.fromkeys(range(slot_count), result.keys) if spec.slots else {}
     world = _sharded_world(spec, slot_count, trial_slots)
-    return {i: [info.key for info in select_for_rank(result.infos, i, world, "sharded")] for i in range(world)}
+    return {i: functools.partial(_every, result.keys, i, world) for i in range(world)}
+
+
+def _every(keys: Callable[[], Iterator[str]], start: int, step: int) -> Iterator[str]:
+    return itertools.islice(keys(), start, None, step)
 
 
 def check_sharding(spec: DatasetSpec, slot_count: int, trial_slots: int | None) -> None:

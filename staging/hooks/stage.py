@@ -18,6 +18,7 @@ engine (temporary name, verified, renamed).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -26,7 +27,7 @@ import stat as stat_mode
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import IO, Callable, Iterator, Mapping, Protocol
 
 from lading.core.atomic import write_atomically
 from lading.core.errors import (
@@ -39,10 +40,11 @@ from lading.core.errors import (
 from lading.core.keys import safe_join
 from lading.core.locks import directory_lock
 from lading.core.names import hidden_sibling
+from lading.selection.runs import SortedRuns
 from lading.stores.base import ObjectInfo, Store
 from lading.sync.apply import FailedKey, common_hint, store_fetcher, unlink_key
 from lading.sync.into import make_directory, sync_into
-from lading.sync.plan import SyncPlan, SyncRequest, select_objects
+from lading.sync.plan import Selection, SyncPlan, SyncRequest, select_objects
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
 
 MARKER_FORMAT = 1
@@ -51,7 +53,9 @@ MARKER_SUFFIX = ".lading-staged.json"
 
 @dataclass
 class StageResult:
-    """What one staging run did; ``files`` maps each staged key to its path (for the views)."""
+    """What one staging run did, and the keys it staged (for the views), streamed: a prefix's come
+    from its selection on disk in key order (:meth:`keys`, as often as needed until :meth:`close`),
+    never as one list in memory."""
 
     source: str
     dest: Path
@@ -61,9 +65,30 @@ class StageResult:
     unchanged: int = 0
     removed: int = 0
     failed: list[FailedKey] = field(default_factory=list)
-    files: dict[str, Path] = field(default_factory=dict)
-    infos: list[ObjectInfo] = field(default_factory=list)
     seconds: float = 0.0
+    selection: Selection | None = None  # a prefix: its objects, in key order
+    target: ObjectInfo | None = None  # one object, staged at ``dest``
+
+    def keys(self) -> Iterator[str]:
+        """The staged keys, in ascending order (a fresh iterator on each call)."""
+        if self.selection is not None:
+            return (info.key for info in self.selection.objects())
+        return iter([self.target.key] if self.target is not None else [])
+
+    def path_of(self, key: str) -> Path:
+        """Where ``key`` was staged."""
+        return self.dest if self.selection is None else safe_join(self.dest, key)
+
+    def close(self) -> None:
+        """Remove the selection's rows on disk (the result keeps its counts)."""
+        if self.selection is not None:
+            self.selection.close()
+
+    def __enter__(self) -> "StageResult":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def to_json(self) -> dict[str, object]:
         """The summary with ``lading sync --json``'s field names (plus ``objects``, the source's count)."""
@@ -130,26 +155,28 @@ def stage_prefix(
 ) -> StageResult:
     """Sync every object under ``source`` into ``root`` (a mirror: lading's own stale files go)."""
     request = SyncRequest(source=source, dest=root, delete=True, allow_empty=True)
-    with select_objects(store, request, options.workers) as selection:
+    selection = select_objects(store, request, options.workers)
+    try:
         if not selection.selected_files:
             raise NotFound(
                 f"nothing at {source}: no object of that name and no keys under it",
                 "check the bucket and prefix (keys are case-sensitive)",
             )
         summary = sync_into(store_fetcher(store), selection, request, options, events)
-        infos = list(selection.objects())  # the hook's result names every file
+    except BaseException:
+        selection.close()
+        raise
     return StageResult(
         source,
         root,
-        len(infos),
+        selection.selected_files,
         fetched=summary.files,
         fetched_bytes=summary.bytes,
         unchanged=summary.skipped,
         removed=summary.deleted,
         failed=list(summary.failed),
-        files={info.key: safe_join(root, info.key) for info in infos},
-        infos=infos,
         seconds=summary.seconds,
+        selection=selection,  # the views' keys; the caller closes the result
     )
 
 
@@ -171,7 +198,7 @@ def stage_object(
     its marker. A file at ``target`` that lading did not write (no marker beside it) is refused
     unless ``force``: a fetch never silently replaces the user's own file."""
     started = time.monotonic()
-    result = StageResult(source, target, 1, files={info.key: target}, infos=[info])
+    result = StageResult(source, target, 1, target=info)
     make_directory(target.parent, "DEST")
     with directory_lock(target.parent, lambda: events.on_wait(target.parent)):
         marker = marker_path(target)
@@ -274,45 +301,130 @@ def view_root(root: Path, index: int) -> Path:
 VIEW_RECORD = ".lading-view.json"
 
 
-def build_views(root: Path, files: dict[str, Path], views: dict[int, list[str]]) -> int:
-    """Hard-link each view's keys from ``files`` under ``{root}-rank{i}`` (copy across filesystems).
+def build_views(root: Path, path_of: Callable[[str], Path], views: Mapping[int, Callable[[], Iterator[str]]]) -> int:
+    """Hard-link each view's keys under ``{root}-rank{i}`` (copy across filesystems).
 
-    ``views`` maps a slot index to the keys it sees (all of them, or its shard). Links that
-    already point at the staged file are left alone. Each view directory records the keys it
-    was given (``.lading-view.json``); a key that left the view (a shard reassigned, an object
-    gone) is unlinked from it, and nothing else in the view is touched. Returns the number of
-    links (or copies) made or removed.
+    ``views`` maps a slot index to its keys (all of them, or its shard): a callable that returns
+    them in ascending order, afresh on each call; ``path_of`` names each key's staged file. Links
+    that already point at the staged file are left alone. Each view directory records the keys it
+    was given (``.lading-view.json``, a JSON array, one key a line); a key that left the view (a
+    shard reassigned, an object gone) is unlinked from it, and nothing else in the view is touched.
+    The keys stream: the previous record is sorted on disk and walked beside them, so memory does
+    not grow with the key count. Returns the number of links (or copies) made or removed.
     """
     changed = 0
     for index, keys in views.items():
         base = view_root(root, index)
-        for key in keys:
-            staged = files[key]
-            target = base / staged.relative_to(root) if staged != root else base
-            if not _same_file(staged, target):
-                _link_atomically(staged, target)
-                changed += 1
-        if root not in files.values():  # a directory view: it can hold a record
-            changed += _update_view_record(base, sorted(keys))
+        with _previous_keys(base / VIEW_RECORD) as previous:
+            removals, tree = _Removals(base, previous), True
+            for key in keys():
+                staged = path_of(key)
+                tree = tree and staged != root
+                target = base / staged.relative_to(root) if staged != root else base
+                if not _same_file(staged, target):
+                    _link_atomically(staged, target)
+                    changed += 1
+                removals.keep(key)
+            if tree:  # a directory view: it holds a record
+                changed += removals.finish()
+                if removals.differs:
+                    base.mkdir(parents=True, exist_ok=True)
+                    write_atomically(base / VIEW_RECORD, _record_lines(keys()))
     return changed
 
 
-def _update_view_record(base: Path, keys: list[str]) -> int:
-    """Unlink keys the previous record listed and ``keys`` doesn't; rewrite the record if it changed."""
-    record = base / VIEW_RECORD
+def _record_lines(keys: Iterator[str]) -> Iterator[str]:
+    """A view record: a JSON array, ``[``, one key a line (``,`` between), ``]``."""
+    yield "["
+    sep = "\n"
+    for key in keys:
+        yield sep + json.dumps(key)
+        sep = ",\n"
+    yield "\n]\n"
+
+
+@contextlib.contextmanager
+def _previous_keys(record: Path) -> Iterator[Iterator[str]]:
+    """The keys of a view record, in ascending order. The record lives in the view, where anyone
+    may edit it: its keys are untrusted (non-strings are ignored here, unsafe keys by the unlink).
+    One we wrote (one key a line, ascending) is read as it streams; any other is sorted on disk
+    (a record of an older version, one key list on one line, is read whole with ``json.loads``)."""
     try:
-        previous = json.loads(record.read_text())
-    except (OSError, ValueError):
-        previous = []
-    if previous == keys:
-        return 0
-    # The record lives in the view, where anyone may edit it: its keys are untrusted (unsafe
-    # ones are ignored, and nothing outside the view is ever removed).
-    listed = {key for key in previous if isinstance(key, str)} if isinstance(previous, list) else set()
-    removed = sum(unlink_key(base, key) for key in sorted(listed - set(keys)))
-    base.mkdir(parents=True, exist_ok=True)
-    write_atomically(record, json.dumps(keys, separators=(",", ":")))
-    return removed
+        handle = open(record, encoding="utf-8")
+    except OSError:
+        yield iter(())
+        return
+    with handle, SortedRuns() as runs:
+        try:
+            ordered = _in_order(handle)
+            handle.seek(0)
+            data = None if ordered else json.load(handle)
+        except (OSError, ValueError):
+            ordered, data = False, None
+        if ordered:
+            yield _record_keys(handle)
+            return
+        runs.extend((key,) for key in (data if isinstance(data, list) else []) if isinstance(key, str))
+        yield (row[0] for row in runs.finish())
+
+
+def _record_keys(handle: IO[str]) -> Iterator[str]:
+    """The keys of a record laid out as :func:`_record_lines` writes it (checked by :func:`_in_order`)."""
+    handle.readline()
+    for line in handle:
+        if line == "]\n":
+            return
+        yield json.loads(line.rstrip("\n").removesuffix(","))
+
+
+def _in_order(handle: IO[str]) -> bool:
+    """Whether the record is laid out as :func:`_record_lines` writes it, its keys ascending."""
+    if handle.readline() != "[\n":
+        return False
+    last = None
+    for line in handle:
+        if line == "]\n":
+            return handle.read() == ""
+        key = json.loads(line.rstrip("\n").removesuffix(","))
+        if not isinstance(key, str) or (last is not None and key <= last):
+            return False
+        last = key
+    return False
+
+
+class _Removals:
+    """The previous record's keys (sorted, duplicates skipped) walked beside the current keys
+    (ascending): a previous key that the current ones pass by has left the view and is unlinked."""
+
+    def __init__(self, base: Path, previous: Iterator[str]) -> None:
+        self.base, self.previous = base, previous
+        self.head: str | None = next(previous, None)
+        self.removed, self.differs = 0, False
+
+    def keep(self, key: str) -> None:
+        """``key`` is in the view."""
+        while self.head is not None and self.head < key:
+            self._drop()
+        if self.head == key:
+            self._advance()
+        else:
+            self.differs = True
+
+    def finish(self) -> int:
+        """Unlink what is left of the previous keys; the number of files removed."""
+        while self.head is not None:
+            self._drop()
+        return self.removed
+
+    def _drop(self) -> None:
+        self.differs = True
+        self.removed += unlink_key(self.base, self.head)
+        self._advance()
+
+    def _advance(self) -> None:
+        current = self.head
+        while self.head == current:
+            self.head = next(self.previous, None)
 
 
 def _same_file(a: Path, b: Path) -> bool:
