@@ -141,6 +141,8 @@ class Bench:
         count = self.args.local_keys
         source = self.work / f"src-{count}"
         make_tree(source, count, 1000)
+        if "prepare" in self.args.only:
+            return
         dest = self.work / "dest"
         tools = self.args.tools.split(",")
         if "lading" in tools:
@@ -152,28 +154,13 @@ class Bench:
 
     def rgw(self) -> None:
         count, bucket, endpoint = self.args.rgw_keys, self.args.bucket, self.args.endpoint
-        seed = self.work / f"seed-{count}"
-        make_tree(seed, count, 200)
-        remote = f"rgw:{bucket}/scale"
-        subprocess.run([self.rclone, "--config", str(self.conf), "mkdir", f"rgw:{bucket}"], env=peer_env(), check=True)
-        log(f"seeding {count:,} empty objects into s3://{bucket}/scale/ with rclone ...")
-        timed(
-            [
-                self.rclone,
-                "--config",
-                str(self.conf),
-                "copy",
-                str(seed),
-                remote,
-                "--transfers",
-                "64",
-                "--checkers",
-                "64",
-            ]
-        )
+        self.seed_rgw()
+        if "prepare" in self.args.only:
+            return
         dest = self.work / "dest"
         tools = self.args.tools.split(",")
         name = f"RGW {count:,}"
+        remote = f"rgw:{bucket}/scale"
         if "lading" in tools:
             argv = self.lading_argv(f"s3://{bucket}/scale", dest, "--endpoint-url", endpoint)
             self.pair(name, "lading", argv, argv, dest, count, self.lading.root)
@@ -191,6 +178,26 @@ class Bench:
                 count,
             )
 
+    def seed_rgw(self) -> None:
+        """``--rgw-keys`` empty objects in 200 folders under s3://BUCKET/scale/, once (a marker file
+        in --work says the bucket is seeded): with s5cmd (128 workers) if present, else rclone."""
+        count, bucket = self.args.rgw_keys, self.args.bucket
+        marker = self.work / f"seeded-{bucket}-{count}"
+        if marker.exists():
+            return
+        seed = self.work / f"seed-{count}"
+        make_tree(seed, count, 200)
+        subprocess.run([self.rclone, "--config", str(self.conf), "mkdir", f"rgw:{bucket}"], env=peer_env(), check=True)
+        log(f"seeding {count:,} empty objects into s3://{bucket}/scale/ ...")
+        if self.s5cmd:
+            argv = [self.s5cmd, "--endpoint-url", self.args.endpoint, "--numworkers", "128", "cp"]
+            run = timed([*argv, f"{seed}/*", f"s3://{bucket}/scale/"])
+        else:
+            argv = [self.rclone, "--config", str(self.conf), "copy", "--transfers", "64", "--checkers", "64"]
+            run = timed([*argv, str(seed), f"rgw:{bucket}/scale"])
+        log(f"seeded in {run.wall:.0f} s")
+        marker.write_text("")
+
     def remove_bucket(self) -> None:
         log(f"removing the bucket {self.args.bucket} ...")
         subprocess.run(
@@ -203,7 +210,11 @@ class Bench:
 def main() -> None:
     global log
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="local,rgw", help="local, rgw or both (default %(default)s)")
+    parser.add_argument(
+        "--only",
+        default="local,rgw",
+        help="local, rgw or both (default %(default)s); with prepare: create the trees and seed the bucket only",
+    )
     parser.add_argument("--tools", default="lading,rclone,s5cmd")
     parser.add_argument("--local-keys", type=int, default=1_280_000)
     parser.add_argument("--rgw-keys", type=int, default=200_000)
@@ -242,7 +253,10 @@ def main() -> None:
             log(f"removing {work} ...")
             shutil.rmtree(work / "dest", ignore_errors=True)
             for path in work.glob("s*-*"):
-                shutil.rmtree(path, ignore_errors=True)
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
                 path.with_name(path.name + ".done").unlink(missing_ok=True)
     log("\n".join(bench.rows))
     sys.exit(0)
