@@ -10,7 +10,7 @@
 #
 # Environment: RGW_DIR (/tmp/lading-rgw), RGW_PORT (7480), RGW_MON_PORT (3300: give a second
 # cluster its own, with its own RGW_DIR and RGW_PORT), RGW_STORE (memstore|bluestore),
-# RGW_MEM_BYTES (memstore capacity, 12 GiB).
+# RGW_MEM_BYTES (memstore capacity, 12 GiB). Deleted objects are garbage-collected after 30-90 s.
 set -euo pipefail
 dir=${RGW_DIR:-/tmp/lading-rgw}
 port=${RGW_PORT:-7480}
@@ -73,6 +73,10 @@ auth client required = none
 rgw frontends = beast endpoint=127.0.0.1:$port tcp_nodelay=1
 rgw dns name = localhost
 rgw thread pool size = 64
+# memstore holds deleted objects' tails until RGW's garbage collector runs (2 h by default): a
+# deleted bench bucket must give its memory back within a minute, or the OSD grows until OOM-killed
+rgw gc obj min wait = 30
+rgw gc processor period = 60
 log file = $dir/log/rgw.log
 CONF
 }
