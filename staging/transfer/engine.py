@@ -117,18 +117,19 @@ class _Engine:
         return self.results
 
     async def _one(self, item: TransferItem) -> None:
+        large = self._is_large(item)
         try:
-            self._dirs.ensure(item.dest.parent)
-            if self._is_large(item):
+            self._dirs.ensure_parent(item.dest)
+            if large:
                 await self._large(item)
                 return
             nbytes = await self._whole(item)
         except asyncio.CancelledError:
-            if not self._is_large(item):
+            if not large:
                 remove_temporaries(item.dest)
             raise
         except (LadingError, OSError) as err:
-            if not self._is_large(item):
+            if not large:
                 remove_temporaries(item.dest)
             self._finish(TransferResult(item.info.key, item.dest, False, 0, as_lading_error(err, item.dest)))
             return

@@ -94,14 +94,15 @@ class DirectoryMaker:
     """``mkdir -p`` that remembers what it already created (one syscall per directory)."""
 
     def __init__(self) -> None:
-        self._made: set[Path] = set()
+        self._made: set[str] = set()  # by name: hashing a str is cheap, a Path's hash parses it again
         self._lock = threading.Lock()
 
-    def ensure(self, directory: Path) -> None:
-        """Create ``directory`` and its parents if needed."""
+    def ensure_parent(self, path: Path) -> None:
+        """Create the directory holding ``path``, and its parents, if needed."""
+        directory = os.path.dirname(path)
         if directory in self._made:
             return
-        directory.mkdir(parents=True, exist_ok=True)
+        os.makedirs(directory, exist_ok=True)
         with self._lock:
             self._made.add(directory)
 
