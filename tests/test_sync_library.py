@@ -138,3 +138,21 @@ def test_snapshot_write_failure_is_one_line_and_leaves_no_temporary(tmp_path):
         state.save()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([STATE_NAME, JOURNAL_NAME])
     assert set(SyncState.load(tmp_path).entry_map()) == {"a"}  # still in the journal
+
+
+def test_what_is_in_a_keys_way_fails_that_key_only(tmp_path):
+    """A directory where a key's file goes, a file or a symlink where its folder goes: that key
+    fails with a one-line reason, nothing is followed, and the other keys arrive."""
+    src, dest, outside = tmp_path / "src", tmp_path / "dest", tmp_path / "outside"
+    make_source(src, {"a/dir.bin": b"1", "b/x.bin": b"2", "c/y.bin": b"3", "d/ok.bin": b"4", "ok.bin": b"5"})
+    (dest / "a" / "dir.bin").mkdir(parents=True)
+    (dest / "b").write_bytes(b"mine")
+    outside.mkdir()
+    (dest / "c").symlink_to(outside)
+    summary = run_sync(LocalStore(src), SyncRequest(str(src), dest))
+    reasons = {failed.key: failed.error for failed in summary.failed}
+    assert sorted(reasons) == ["a/dir.bin", "b/x.bin", "c/y.bin"]
+    assert "a local directory" in reasons["a/dir.bin"] and "in the way" in reasons["a/dir.bin"]
+    assert "not a directory" in reasons["b/x.bin"] and "a symlink" in reasons["c/y.bin"]
+    assert list(outside.iterdir()) == [] and (dest / "b").read_bytes() == b"mine"
+    assert (dest / "d" / "ok.bin").read_bytes() == b"4" and (dest / "ok.bin").read_bytes() == b"5"

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 #: Objects handed to the fetcher at a time (the plan is read from disk batch by batch).
 FETCH_BATCH = 8192
 
+#: The plan's reasons to fetch that mean it found no file at the key's path (see ``_classify``).
+NO_FILE_REASONS = frozenset({"new", "missing"})
+
 #: ``fetcher(items, options, events) -> results``: how the bytes get there.
 Fetcher = Callable[[list[TransferItem], TransferOptions, TransferEvents], list[TransferResult]]
 
@@ -138,34 +141,38 @@ def store_fetcher(store: Store) -> Fetcher:
     return fetch
 
 
-def prepare_parent(root: Path, key: str, made: set[Path]) -> Path:
+def prepare_parent(root: Path, key: str, made: dict[str, Path], existed: bool = True) -> Path:
     """Create the directories of ``key`` under ``root`` and return its final path.
 
     Raises :class:`UnsafeKey` when a component exists as a symlink or a file: following it could
-    write outside ``root``. ``made`` caches directories already checked in this run.
+    write outside ``root``. ``made`` maps each key folder already checked in this run to its path
+    (one join a key after the first of its folder). ``existed`` False says the plan saw no file at
+    the final path (under DEST's lock): no directory can be in the way, so it is not looked at again.
     """
-    parts = key.split("/")
-    current = root
-    for part in parts[:-1]:
-        current = current / part
-        if current in made:
-            continue
+    folder, _, name = key.rpartition("/")
+    parent = made.get(folder)
+    if parent is None:
+        parent = root
+        for part in folder.split("/") if folder else ():
+            parent = parent / part
+            try:
+                os.mkdir(parent)
+            except FileExistsError:
+                st = os.lstat(parent)
+                if not stat_mode.S_ISDIR(st.st_mode):
+                    kind = "a symlink" if stat_mode.S_ISLNK(st.st_mode) else "not a directory"
+                    raise UnsafeKey(
+                        f"{key}: local path {parent} is {kind}",
+                        "remove it, or sync with --delete if lading put it there",
+                    ) from None
+        made[folder] = parent
+    final = parent / name
+    if existed:
         try:
-            os.mkdir(current)
-        except FileExistsError:
-            st = os.lstat(current)
-            if not stat_mode.S_ISDIR(st.st_mode):
-                kind = "a symlink" if stat_mode.S_ISLNK(st.st_mode) else "not a directory"
-                raise UnsafeKey(
-                    f"{key}: local path {current} is {kind}", "remove it, or sync with --delete if lading put it there"
-                ) from None
-        made.add(current)
-    final = current / parts[-1]
-    try:
-        if stat_mode.S_ISDIR(os.lstat(final).st_mode):
-            raise UnsafeKey(f"{key}: a local directory {final} is in the way")
-    except FileNotFoundError:
-        pass
+            if stat_mode.S_ISDIR(os.lstat(final).st_mode):
+                raise UnsafeKey(f"{key}: a local directory {final} is in the way")
+        except FileNotFoundError:
+            pass
     return final
 
 
@@ -284,12 +291,13 @@ def apply_plan(
     summary = SyncSummary(plan.source, plan.dest, skipped=plan.up_to_date_files)
     summary.deleted = delete_tracked(dest, plan.to_delete(), state) if plan.delete_files else 0
     events.on_phase(phase, plan)
-    made: set[Path] = set()
+    made: dict[str, Path] = {}
     try:
         batch: list[TransferItem] = []
         for planned in plan.to_fetch(skip_keys):
+            existed = planned.reason not in NO_FILE_REASONS
             try:
-                batch.append(TransferItem(planned.info, prepare_parent(dest, planned.info.key, made)))
+                batch.append(TransferItem(planned.info, prepare_parent(dest, planned.info.key, made, existed)))
             except (UnsafeKey, OSError) as err:
                 message = err.message if isinstance(err, LadingError) else f"{planned.info.key}: {err}"
                 summary.failed.append(FailedKey(planned.info.key, message, 1))
