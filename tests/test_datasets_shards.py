@@ -176,3 +176,37 @@ def test_iter_shard_refuses_a_shard_of_another_size_than_its_index_says(packed, 
     shard.write_bytes(shard.read_bytes()[:-1024])  # truncated after the index was written
     with pytest.raises(ProblemFound, match=f"{shard.name} is {shard.stat().st_size} bytes, but its index says"):
         list(iter_shard(ref, StoreConfig()))
+
+
+def test_an_index_keeps_its_shards_as_arrays_and_makes_refs_on_demand(tmp_path):
+    import hashlib
+    import json
+
+    import numpy as np
+    from lading.datasets import load_index
+    from lading.datasets.index import ShardList, ShardRef
+    from lading.stores.config import StoreConfig
+
+    shardlist = [
+        {"url": "a-0.tar", "nsamples": 3, "filesize": 30, "etag": '"e0"'},
+        {"url": "sub/a-1.tar", "nsamples": 4},
+        {"url": f"{tmp_path}/elsewhere/a-2.tar", "nsamples": 5, "filesize": 50},
+        {"url": "s3://bucket/a-3.tar", "nsamples": 6, "filesize": 60, "etag": None},
+    ]
+    path = tmp_path / "ds.index.json"
+    path.write_text(json.dumps({"wids_version": 1, "shardlist": shardlist}))
+    index = load_index(str(path), StoreConfig())
+    assert isinstance(index.shards, ShardList) and len(index.shards) == 4
+    assert list(index.shards) == [
+        ShardRef(f"{tmp_path}/a-0.tar", 3, '"e0"', 30),
+        ShardRef(f"{tmp_path}/sub/a-1.tar", 4, None, None),
+        ShardRef(f"{tmp_path}/elsewhere/a-2.tar", 5, None, 50),
+        ShardRef("s3://bucket/a-3.tar", 6, None, 60),
+    ]
+    assert index.shards[1:3] == list(index.shards)[1:3] and index.counts.tolist() == [3, 4, 5, 6]
+    assert index.shards.sizes() is None, "a shard without a size: no sizes"
+    assert not index.shards.all_local(), "s3://bucket/a-3.tar is remote"
+    local = ShardList(str(tmp_path), ["x.tar", "/abs/y.tar"], np.array([1, 2]), np.array([10, 20]), None)
+    assert local.all_local() and local.sizes().tolist() == [10, 20]
+    names = [(url.rpartition("/")[2], shard["nsamples"]) for url, shard in zip(index.shards.names(), shardlist)]
+    assert index.identity == hashlib.sha256(repr(names).encode()).hexdigest()[:16], "the identity resumes as before"

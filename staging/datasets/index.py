@@ -4,9 +4,11 @@ wrote one, the offsets file that places every sample (:mod:`lading.pack.offsets`
 from __future__ import annotations
 
 import hashlib
+import itertools
 import threading
+from array import array
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence, overload
 
 from lading.core.errors import ProblemFound, UsageError
 from lading.pack import offsets as offsets_format
@@ -69,12 +71,117 @@ class ShardRef:
         return "://" not in self.uri or self.uri.startswith("file://")
 
 
+class PackedStrings(Sequence[str]):
+    """Strings (``None`` allowed) packed into one: no object per string, and the many small ones
+    a JSON parse made (between its freed dicts) can go, so their memory is returned. Plain
+    arrays, no numpy: the map-style datasets never import it for their index."""
+
+    def __init__(self, strings: Sequence[str | None]) -> None:
+        if any(text is None for text in strings):
+            self.present = array("b", (text is not None for text in strings))
+            strings = [text or "" for text in strings]
+        else:
+            self.present = array("b", b"\x01" * len(strings))
+        self.bounds = array("q", itertools.accumulate(map(len, strings), initial=0))  # type: ignore[arg-type]
+        self.text = "".join(strings)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self.present)
+
+    def __iter__(self) -> Iterator[Any]:
+        bounds, text = self.bounds.tolist(), self.text
+        for number, present in enumerate(self.present.tolist()):
+            yield text[bounds[number] : bounds[number + 1]] if present else None
+
+    @overload
+    def __getitem__(self, number: int) -> str: ...
+
+    @overload
+    def __getitem__(self, number: slice) -> list[str]: ...
+
+    def __getitem__(self, number: int | slice) -> Any:
+        if isinstance(number, slice):
+            return [self[i] for i in range(*number.indices(len(self)))]
+        if not self.present[number]:
+            return None
+        return self.text[int(self.bounds[number]) : int(self.bounds[number + 1])]
+
+
+class ShardList(Sequence[ShardRef]):
+    """An index's shards in index order, kept as the index's URLs (packed) and arrays of counts
+    and sizes: an index of 10^5 shards makes no object per shard until one is asked for."""
+
+    def __init__(
+        self,
+        parent: str,
+        urls: Sequence[str],
+        nsamples: Sequence[int],
+        filesizes: Sequence[int],
+        etags: Sequence[str | None] | None,
+    ) -> None:
+        self.parent = parent
+        self.urls = urls if isinstance(urls, PackedStrings) else PackedStrings(urls)
+        self.etags = etags if etags is None or isinstance(etags, PackedStrings) else PackedStrings(etags)
+        self.nsamples = array("q", nsamples)  # samples per shard
+        self.filesizes = array("q", filesizes)  # bytes per shard, -1 where the index gave none
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    @overload
+    def __getitem__(self, number: int) -> ShardRef: ...
+
+    @overload
+    def __getitem__(self, number: slice) -> list[ShardRef]: ...
+
+    def __getitem__(self, number: int | slice) -> ShardRef | list[ShardRef]:
+        if isinstance(number, slice):
+            return [self[i] for i in range(*number.indices(len(self)))]
+        etag = self.etags[number] if self.etags is not None else None  # a str or None
+        size = int(self.filesizes[number])
+        return ShardRef(
+            _resolve(self.parent, self.urls[number]),
+            int(self.nsamples[number]),
+            etag if isinstance(etag, str) else None,
+            size if size >= 0 else None,
+        )
+
+    def __iter__(self) -> Iterator[ShardRef]:
+        return (self[number] for number in range(len(self)))
+
+    def names(self) -> list[str]:
+        """Each shard's file name."""
+        return [url.rpartition("/")[2] for url in self.urls]
+
+    def sizes(self) -> array[int] | None:
+        """Bytes per shard, or None when the index lacks any."""
+        return None if min(self.filesizes, default=0) < 0 else self.filesizes
+
+    def all_local(self) -> bool:
+        """Whether every shard is a local file (see :attr:`ShardRef.local`)."""
+        parent_local = ShardRef(self.parent).local
+        if parent_local and "://" not in self.urls.text:
+            return True  # every URL is a path, under a local folder or absolute
+        for url in self.urls:
+            if "://" in url:
+                if not url.startswith("file://"):
+                    return False
+            elif not parent_local and not url.startswith("/"):
+                return False
+        return True
+
+
+def _identity(names: list[str], counts: list[int]) -> str:
+    """What a resume state checks: the shards' names and sample counts."""
+    return hashlib.sha256(repr(list(zip(names, counts))).encode()).hexdigest()[:16]
+
+
 @dataclass
 class DatasetIndex:
     """Shards in index order, where the offsets file is (if any), and an identity for resume."""
 
     uri: str
-    shards: list[ShardRef]
+    shards: ShardList
     offsets: ShardRef | None = None
     identity: str = ""
     _table: Any = field(default=None, repr=False)
@@ -89,9 +196,9 @@ class DatasetIndex:
         self._table = None
 
     @property
-    def counts(self) -> list[int]:
+    def counts(self) -> array[int]:
         """Samples per shard (an index always has them)."""
-        return [shard.nsamples or 0 for shard in self.shards]
+        return self.shards.nsamples
 
     def table(
         self, config: StoreConfig, fetch: Callable[[ShardRef], bytes] | None = None
@@ -102,7 +209,7 @@ class DatasetIndex:
             uri = self.offsets.uri
             data = fetch(self.offsets) if fetch is not None else read_object(uri, config)
             table = offsets_format.decode(data, uri)
-            listed = [(shard.uri.rpartition("/")[2], shard.nsamples) for shard in self.shards]
+            listed = list(zip(self.shards.names(), self.shards.nsamples.tolist()))
             if [(url.rpartition("/")[2], count) for url, count in table.shards] != listed:
                 raise ProblemFound(
                     f"{uri} does not describe the shards of {self.uri}",
@@ -120,18 +227,23 @@ def load_index(index_uri: str, config: StoreConfig) -> DatasetIndex:
     """Read a ``NAME.index.json`` (wids shard index) and resolve its shard URLs next to it."""
     data = read_object(index_uri, config)
     document = parse_index(data, index_uri)
+    del data
     parent = str(parse_uri(index_uri).split_name()[0]).rstrip("/")
-    shards = []
-    for shard in document["shardlist"]:
-        etag, size = shard.get("etag"), shard.get("filesize")
-        shards.append(
-            ShardRef(
-                _resolve(parent, shard["url"]),
-                shard["nsamples"],
-                etag if isinstance(etag, str) else None,
-                size if isinstance(size, int) else None,
-            )
-        )
+    listed = document.pop("shardlist")
+    urls = [shard["url"] for shard in listed]
+    counts = [shard["nsamples"] for shard in listed]
+    sizes = _sizes([shard.get("filesize") for shard in listed])
+    etags = [etag if isinstance(etag := shard.get("etag"), str) else None for shard in listed]
+    del listed
+    shards = ShardList(
+        parent,
+        urls,
+        counts,
+        sizes,
+        etags if any(etag is not None for etag in etags) else None,
+    )
+    identity = _identity([url.rpartition("/")[2] for url in urls], counts)
+    del urls, etags, counts
     block = document.get("lading") if isinstance(document.get("lading"), dict) else {}
     entry = block.get("offsets") if isinstance(block, dict) else None
     offsets = None
@@ -144,5 +256,9 @@ def load_index(index_uri: str, config: StoreConfig) -> DatasetIndex:
             size if isinstance(size, int) else None,
         )
     # The order of an epoch depends on the sample counts only: a copy (other versions) resumes too.
-    identity = hashlib.sha256(repr([(s.uri.rpartition("/")[2], s.nsamples) for s in shards]).encode()).hexdigest()[:16]
     return DatasetIndex(index_uri, shards, offsets, identity)
+
+
+def _sizes(values: list[Any]) -> list[int]:
+    """Shard sizes from the index, -1 where one is missing or not a size."""
+    return [v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else -1 for v in values]

@@ -8,6 +8,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+
 from lading.core.errors import UsageError
 from lading.datasets.order import EpochOrder
 from lading.datasets.records import RecordDataset
@@ -46,8 +47,8 @@ class NodeLocalSampler:
             counts = list(index.counts) if index is not None else list(dataset)
         if not counts or any(not isinstance(count, int) or count < 0 for count in counts):
             raise UsageError("NodeLocalSampler needs samples per shard (a PackedDataset or a list of counts)")
-        sizes = [ref.filesize for ref in index.shards] if index is not None else []
-        shard_bytes = np.array(sizes, dtype=np.int64) if sizes and None not in sizes else None
+        sizes = index.shards.sizes() if index is not None else None
+        shard_bytes = None if sizes is None else np.asarray(sizes, dtype=np.int64)
         self.identity = getattr(index, "identity", None)
         self.first = list(itertools.accumulate(counts, initial=0))
         self.seed, self.shuffle_buffer, self.randomize_shard_order = seed, shuffle_buffer, randomize_shard_order

@@ -14,7 +14,7 @@ import numpy as np
 from lading.core.errors import NotFound, ProblemFound, UsageError
 from lading.datasets.cache import NodeCache, parse_limit
 from lading.datasets.decode import DecodeOption, decode_sample, decoders_for
-from lading.datasets.index import DatasetIndex, ShardRef, load_index, store_for
+from lading.datasets.index import DatasetIndex, ShardList, ShardRef, load_index, store_for
 from lading.datasets.iterable import IterableBase
 from lading.datasets.order import EpochOrder, check_remainder
 from lading.datasets.order.deal import Layout, worker_locals
@@ -218,7 +218,7 @@ class ShardDataset(IterableBase):
         if isinstance(source, str) and source.endswith(".json"):
             with control_plane():  # not obstore: DataLoader workers forked after this still may use it
                 self.index = load_index(source, self.config)
-            self.shards = list(self.index.shards)
+            self.shards: Sequence[ShardRef] = self.index.shards
         elif isinstance(source, str):
             self.shards = [ShardRef(source)]
         else:
@@ -243,15 +243,15 @@ class ShardDataset(IterableBase):
         self.order: EpochOrder | None = None
         if self.index is not None:
             self.order = self._new_order(shuffle_block, lanes)
-        if self.cache_dir is not None or cache_limit is not None or not all(ref.local for ref in self.shards):
+        if self.cache_dir is not None or cache_limit is not None or not self._all_local():
             NodeCache(self.cache_dir, cache_limit)  # refuse a bad root or limit now, not in a worker
 
     def _new_order(self, shuffle_block: int | str | None, lanes: int | None) -> EpochOrder:
         assert self.index is not None
-        sizes = [ref.filesize for ref in self.shards]
-        shard_bytes = np.array(sizes, dtype=np.int64) if all(size is not None for size in sizes) else None
+        sizes = self.index.shards.sizes()
+        shard_bytes = None if sizes is None else np.asarray(sizes, dtype=np.int64)
         block = block_shards(shuffle_block, self.cache_limit, shard_bytes)
-        if self.cache_limit is not None and shard_bytes is not None and not all(ref.local for ref in self.shards):
+        if self.cache_limit is not None and shard_bytes is not None and not self._all_local():
             smallest = int(np.sort(shard_bytes)[::-1][: block + 1].sum())
             if self.cache_limit < smallest:
                 raise UsageError(
@@ -260,7 +260,7 @@ class ShardDataset(IterableBase):
                     "raise cache_limit, or lower shuffle_block",
                 )
         return EpochOrder(
-            self.index.counts,
+            np.asarray(self.index.counts, dtype=np.int64),
             seed=self.seed,
             shuffle_buffer=self.shuffle_buffer,
             randomize_shard_order=self.randomize_shard_order,
@@ -274,6 +274,11 @@ class ShardDataset(IterableBase):
     def nsamples(self) -> int | None:
         """Samples in the whole dataset, when an index gave the counts."""
         return None if self.index is None else sum(self.index.counts)
+
+    def _all_local(self) -> bool:
+        if isinstance(self.shards, ShardList):
+            return self.shards.all_local()
+        return all(ref.local for ref in self.shards)
 
     @property
     def shuffle_block(self) -> int | None:
