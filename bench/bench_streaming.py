@@ -44,6 +44,7 @@ tool process's user + system time and its reaped children's (the DataLoader work
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -180,6 +181,17 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def litdata_allow_http(_worker: int | None = None) -> None:
+    """Let litdata's obstore client speak plain HTTP to the local RGW, in this process.
+
+    litdata builds its obstore stores with explicit client options (``_OBSTORE_CLIENT_OPTIONS``),
+    which override ``AWS_ALLOW_HTTP`` from the environment, and a module global set in the parent is
+    not seen by spawned workers: so this also runs as the DataLoader's ``worker_init_fn``."""
+    from litdata.streaming import downloader
+
+    downloader._OBSTORE_CLIENT_OPTIONS = dict(downloader._OBSTORE_CLIENT_OPTIONS, allow_http=True)
+
+
 def stream_child(job: dict) -> None:
     """One tool's epochs in this process; after each epoch, waits for the driver to read the proxy."""
     import torch.utils.data as tud
@@ -227,9 +239,7 @@ def stream_child(job: dict) -> None:
         )
         loader = tud.DataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch)
     else:
-        from litdata.streaming import downloader
-
-        downloader._OBSTORE_CLIENT_OPTIONS = dict(downloader._OBSTORE_CLIENT_OPTIONS, allow_http=True)
+        litdata_allow_http()
         import litdata
         from litdata.streaming.resolver import Dir
 
@@ -241,9 +251,11 @@ def stream_child(job: dict) -> None:
             max_cache_size=limit,
             storage_options={"endpoint_url": os.environ["AWS_ENDPOINT_URL"]},
         )
-        context = {"multiprocessing_context": job["litdata_context"]} if job.get("litdata_context") else {}
+        extra = {"multiprocessing_context": job["litdata_context"]} if job.get("litdata_context") else {}
+        if job.get("litdata_out_of_order"):
+            extra["in_order"] = False
         loader = litdata.StreamingDataLoader(
-            dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch, **context
+            dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch, worker_init_fn=litdata_allow_http, **extra
         )
     built = time.monotonic() - began
     work = Path(job["work"])
@@ -308,6 +320,29 @@ class PeakSampler:
         self._thread.join()
 
 
+def audit_cache(cache: Path, spec: dict) -> str:
+    """After a failure: every shard or chunk file left in the cache against its object in the store
+    (size and MD5, the ETag of a single-PUT upload), to tell a bad download from a bad read."""
+    import hashlib
+
+    bucket = spec["uri"].split("/")[2]
+    client = s3_client(os.environ["AWS_ENDPOINT_URL"])
+    lines = []
+    for path in sorted(cache.rglob("*")):
+        if not path.is_file() or path.suffix not in (".mds", ".bin") or path.name == "index.json":
+            continue
+        key = spec["prefix"] + str(path.relative_to(cache))
+        try:
+            head = client.head_object(Bucket=bucket, Key=key)
+        except Exception as err:  # noqa: BLE001 - a diagnostic: report, do not fail on it
+            lines.append(f"{path.name}: no object {key} ({err})")
+            continue
+        data = path.read_bytes()
+        same = len(data) == head["ContentLength"] and hashlib.md5(data).hexdigest() == head["ETag"].strip('"')
+        lines.append(f"{path.name}: {len(data)} bytes, store {head['ContentLength']}, {'same' if same else 'DIFFERS'}")
+    return "cache audit:\n" + ("\n".join(lines) or "(no shard files left)")
+
+
 def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Path) -> list[dict]:
     """Run ``tool``'s epochs in a child process; one row per epoch."""
     work = root / f"run-{tool}"
@@ -325,6 +360,7 @@ def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Pa
         "block_samples": args.block_samples,
         "lading_block": args.lading_block,
         "litdata_context": args.litdata_context,
+        "litdata_out_of_order": args.litdata_out_of_order,
         "work": str(work),
     }
     (work / "job.json").write_text(json.dumps(job))
@@ -356,7 +392,8 @@ def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Pa
                 )
             if child.poll() is not None:
                 peak.stop()
-                raise RuntimeError(f"{tool} failed: {(work / 'stderr.txt').read_text()[-2000:]}")
+                audit = audit_cache(cache, spec)
+                raise RuntimeError(f"{tool} failed: {(work / 'stderr.txt').read_text()[-2000:]}\n{audit}")
             time.sleep(0.01)
         time.sleep(0.05)  # the file is written in one call; let it land
         row = json.loads(mark.read_text())
@@ -383,6 +420,25 @@ def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Pa
     peak.stop()
     shutil.rmtree(cache, ignore_errors=True)
     return rows
+
+
+@contextlib.contextmanager
+def bench_lock(path: str | None):
+    """Hold the machine's benchmark lock (flock on ``path``) for one tool's copy and epochs, so that
+    other benchmarks run between the tools rather than beside them; no lock without a path."""
+    if not path:
+        yield
+        return
+    import fcntl
+
+    with open(path, "a") as handle:
+        began = time.monotonic()
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        print(f"  (bench lock taken after {time.monotonic() - began:.0f} s; load {os.getloadavg()[0]:.1f})", flush=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def stream_main(args: argparse.Namespace) -> None:
@@ -412,14 +468,15 @@ def stream_main(args: argparse.Namespace) -> None:
     rows: list[dict] = []
     try:
         for tool in args.tools.split(","):
-            spec = publish(tool, root, files, args.endpoint, bucket, args.shard_bytes)
-            print(f"  {tool:8s} copy: {spec['bytes'] / 1e6:.0f} MB in {spec['seconds']:.0f} s", flush=True)
-            try:
-                rows += stream_tool(tool, spec, args, proxy, root)
-            except Exception as err:  # noqa: BLE001 - a peer that fails is a row, not the end of the run
-                print(f"  {tool}: FAILED: {str(err)[-1500:]}", flush=True)
-                rows.append({"tool": tool, "error": str(err)[-400:]})
-            delete_prefix(client, bucket, spec["prefix"])
+            with bench_lock(args.lock):
+                spec = publish(tool, root, files, args.endpoint, bucket, args.shard_bytes)
+                print(f"  {tool:8s} copy: {spec['bytes'] / 1e6:.0f} MB in {spec['seconds']:.0f} s", flush=True)
+                try:
+                    rows += stream_tool(tool, spec, args, proxy, root)
+                except Exception as err:  # noqa: BLE001 - a peer that fails is a row, not the end of the run
+                    print(f"  {tool}: FAILED: {str(err)[-3000:]}", flush=True)
+                    rows.append({"tool": tool, "error": str(err)[-400:]})
+                delete_prefix(client, bucket, spec["prefix"])
     finally:
         delete_prefix(client, bucket, "")
         client.delete_bucket(Bucket=bucket)
@@ -732,6 +789,12 @@ def main() -> None:
         default=None,
         help="litdata's DataLoader multiprocessing_context (e.g. spawn; default: torch's, fork)",
     )
+    stream.add_argument(
+        "--litdata-out-of-order",
+        action="store_true",
+        help="DataLoader(in_order=False) for litdata: a worker whose batches wait is not stalled behind another",
+    )
+    stream.add_argument("--lock", default=None, help="take this flock for each tool's copy and epochs")
     stream.add_argument("--bucket-prefix", default="bench-loader-streaming", help="the run's bucket is PREFIX-<random>")
     stream.add_argument("--out", type=Path)
     shuffle = sub.add_parser("shuffle")
