@@ -192,6 +192,12 @@ def litdata_allow_http(_worker: int | None = None) -> None:
     downloader._OBSTORE_CLIENT_OPTIONS = dict(downloader._OBSTORE_CLIENT_OPTIONS, allow_http=True)
 
 
+def drop_mosaic_clients(dataset) -> None:
+    """Drop the parent's S3 clients of a MosaicML ``StreamingDataset`` before workers fork."""
+    for stream in dataset.streams:
+        stream._downloader.clean_up()
+
+
 def stream_child(job: dict) -> None:
     """One tool's epochs in this process; after each epoch, waits for the driver to read the proxy."""
     import torch.utils.data as tud
@@ -237,6 +243,12 @@ def stream_child(job: dict) -> None:
             batch_size=BATCH,
             num_canonical_nodes=1,
         )
+        # MosaicML's S3 downloader keeps the boto3 client it fetched index.json with, and that client's
+        # keep-alive connection; forked DataLoader workers inherit both and then share one TCP
+        # connection, so a worker can be handed the other's bytes (run a1's IndexError; a 60 s read
+        # timeout in r1's epoch 2). Its pickling drops the client (spawn is safe); under fork, drop it
+        # here, as a fork-safe library would: each worker then makes its own.
+        drop_mosaic_clients(dataset)
         loader = tud.DataLoader(dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch)
     else:
         litdata_allow_http()
@@ -255,11 +267,18 @@ def stream_child(job: dict) -> None:
         if job.get("litdata_out_of_order"):
             extra["in_order"] = False
         loader = litdata.StreamingDataLoader(
-            dataset, batch_size=BATCH, num_workers=workers, collate_fn=touch, worker_init_fn=litdata_allow_http, **extra
+            dataset,
+            batch_size=BATCH,
+            num_workers=job.get("litdata_workers") or workers,
+            collate_fn=touch,
+            worker_init_fn=litdata_allow_http,
+            **extra,
         )
     built = time.monotonic() - began
     work = Path(job["work"])
     for epoch in range(job["epochs"]):
+        if tool == "mosaic":
+            drop_mosaic_clients(dataset)
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         elif hasattr(dataset, "set_epoch"):
@@ -279,6 +298,7 @@ def stream_child(job: dict) -> None:
             "first_batch": first,
             "cpu": cpu_seconds() - cpu0,
             "built": built if epoch == 0 else 0.0,
+            "workers": loader.num_workers,
             **info,
         }
         (work / f"epoch-{epoch}.json").write_text(json.dumps(out))
@@ -361,6 +381,7 @@ def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Pa
         "lading_block": args.lading_block,
         "litdata_context": args.litdata_context,
         "litdata_out_of_order": args.litdata_out_of_order,
+        "litdata_workers": args.litdata_workers,
         "work": str(work),
     }
     (work / "job.json").write_text(json.dumps(job))
@@ -499,7 +520,7 @@ def stream_table(rows: list[dict]) -> str:
             lines.append(f"| {r['tool']} | failed: {r['error'][-200:].replace('|', '/')} | | | | | | | |")
             continue
         lines.append(
-            f"| {r['tool']} | {r['epoch'] + 1} | {r['downloaded'] / 1e6:,.0f} ({r['downloaded'] / r['data']:.2f}x) "
+            f"| {r['tool']} ({r.get('workers', '?')} workers) | {r['epoch'] + 1} | {r['downloaded'] / 1e6:,.0f} ({r['downloaded'] / r['data']:.2f}x) "
             f"| {r['cache_peak'] / 1e6:,.0f} ({r['limit'] / 1e6:,.0f}) | {r['built']:.2f} | {r['first_batch']:.2f} "
             f"| {r['samples'] / r['seconds']:,.0f} | {r['cpu']:.1f} | {r['load']:.1f} |"
         )
@@ -793,6 +814,13 @@ def main() -> None:
         "--litdata-out-of-order",
         action="store_true",
         help="DataLoader(in_order=False) for litdata: a worker whose batches wait is not stalled behind another",
+    )
+    stream.add_argument(
+        "--litdata-workers",
+        type=int,
+        default=None,
+        help="litdata's DataLoader workers (default --workers; with 2, litdata 0.2.76 deadlocks on its shared "
+        "cache slots when max_cache_size holds 10 chunks)",
     )
     stream.add_argument("--lock", default=None, help="take this flock for each tool's copy and epochs")
     stream.add_argument("--bucket-prefix", default="bench-loader-streaming", help="the run's bucket is PREFIX-<random>")
