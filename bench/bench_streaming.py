@@ -496,7 +496,7 @@ def stream_main(args: argparse.Namespace) -> None:
                     rows += stream_tool(tool, spec, args, proxy, root)
                 except Exception as err:  # noqa: BLE001 - a peer that fails is a row, not the end of the run
                     print(f"  {tool}: FAILED: {str(err)[-3000:]}", flush=True)
-                    rows.append({"tool": tool, "error": str(err)[-400:]})
+                    rows.append({"tool": tool, "error": str(err).partition("cache audit:")[0].strip()[-400:]})
                 delete_prefix(client, bucket, spec["prefix"])
     finally:
         delete_prefix(client, bucket, "")
