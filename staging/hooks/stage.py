@@ -417,6 +417,7 @@ class _Removals:
         return self.removed
 
     def _drop(self) -> None:
+        assert self.head is not None  # callers loop while there is a head
         self.differs = True
         self.removed += unlink_key(self.base, self.head)
         self._advance()
