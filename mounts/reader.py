@@ -25,6 +25,7 @@ free, a reader's demand may evict.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import ctypes
 import logging
@@ -214,11 +215,19 @@ class Reader:
         self._walk_streak = 0
         self._walked_to = -1
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="lading-disk") if disk else None
+        self._loops: list[asyncio.AbstractEventLoop] = []  # idle loops of FUSE threads' own GETs
+        self._late: set[threading.Thread] = set()  # threads finishing GETs that outlived their read
         self._closed = False
 
     def close(self) -> None:
         """Stop accepting reads; GETs in flight finish on the I/O core on their own."""
         self._closed = True
+        with self._lock:
+            late, loops, self._loops = list(self._late), self._loops, []
+        for thread in late:  # a GET completing into an exiting interpreter would abort it
+            thread.join(timeout=self.config.timeout)
+        for loop in loops:
+            loop.close()
         if self._writer is not None:
             self._writer.shutdown(wait=True)
 
@@ -276,10 +285,17 @@ class Reader:
             needed.sort(key=lambda extent: extent.start)
             if handle.streaming:
                 self._readahead(handle, files, end, fetches)
+                here: list[_Fetch] = []
+            else:
+                here, fetches = fetches, []
+                self._coalesce(here)
             wake = self._queue(fetches)
         if wake:
             self._wake()
-        copied = self._copy(handle, needed, offset, end, dest)
+        deadline = time.monotonic() + self.config.timeout
+        if here:
+            self._fetch_here(here, deadline)
+        copied = self._copy(handle, needed, offset, end, dest, deadline)
         self.stats.add(reads=1, bytes_served=copied)
         if not handle.answered:
             handle.answered = True
@@ -476,8 +492,6 @@ class Reader:
 
     def _start(self) -> None:
         """On the loop: start every queued GET, neighbouring misses merged."""
-        import asyncio
-
         with self._lock:
             fetches, self._pending = self._pending, []
             self._coalesce(fetches)
@@ -494,9 +508,8 @@ class Reader:
 
     async def _get(self, fetch: _Fetch) -> None:
         """One GET: demand GETs at once, readahead within ``--workers`` GETs in flight."""
-        slots = self._slots
-        assert slots is not None
-        if not fetch.demand:
+        slots = None if fetch.demand else self._slots  # made by _start before any readahead runs
+        if slots is not None:
             await slots.acquire()  # type: ignore[attr-defined]
         began = time.monotonic()
         try:
@@ -510,7 +523,7 @@ class Reader:
             self._failed(fetch, err)
             return
         finally:
-            if not fetch.demand:
+            if slots is not None:
                 slots.release()  # type: ignore[attr-defined]
         self.stats.sample("get_latency", time.monotonic() - began)
         self.stats.add(bytes_fetched=len(view))
@@ -539,10 +552,42 @@ class Reader:
         for extent in fetch.extents:
             extent.future.set_exception(err)
 
+    # -- GETs on the asking thread ---------------------------------------------------------------
+    def _fetch_here(self, fetches: list[_Fetch], deadline: float) -> None:
+        """A random reader's misses, run on this (FUSE) thread on an event loop of its own: the
+        answer wakes the thread that waits for it, with no hop to the I/O core's loop and back. A
+        GET still running at ``deadline`` finishes on a thread of its own (the read times out)."""
+        self.stats.add(requests=len(fetches))
+        with self._lock:
+            loop = self._loops.pop() if self._loops else asyncio.new_event_loop()
+        task = loop.create_task(self._get_all(fetches))
+        loop.run_until_complete(asyncio.wait([task], timeout=max(0.0, deadline - time.monotonic())))
+        if task.done():
+            with self._lock:
+                self._loops.append(loop)
+            return
+        late = threading.Thread(target=self._finish_late, args=(loop, task), name="lading-late-get", daemon=True)
+        with self._lock:
+            self._late.add(late)
+        late.start()
+
+    async def _get_all(self, fetches: list[_Fetch]) -> None:
+        await asyncio.gather(*(self._get(fetch) for fetch in fetches))
+
+    def _finish_late(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+        """Run a loop whose GET outlived its read until that GET ends, then close the loop."""
+        try:
+            loop.run_until_complete(task)
+        finally:
+            loop.close()
+            with self._lock:
+                self._late.discard(threading.current_thread())
+
     # -- serving ---------------------------------------------------------------------------------
-    def _copy(self, handle: OpenFile, extents: list[Extent], offset: int, end: int, dest: int) -> int:
-        """Wait for each extent in turn and copy its part of the read into ``dest``."""
-        deadline = time.monotonic() + self.config.timeout
+    def _copy(
+        self, handle: OpenFile, extents: list[Extent], offset: int, end: int, dest: int, deadline: float
+    ) -> int:
+        """Wait for each extent in turn (until ``deadline``) and copy its part of the read into ``dest``."""
         waited = 0.0
         copied = 0
         position = offset
