@@ -25,6 +25,16 @@ def _objects() -> dict[str, bytes]:
     return {f"f{i}.bin": rng.randbytes(50_000 + i) for i in range(6)} | {"big.bin": rng.randbytes(3 << 20)}
 
 
+def _pread_errno(path: Path, offset: int) -> int | None:
+    """The errno of one 4 KiB read at ``offset`` (a random reader's: the file's first read is not at 0)."""
+    try:
+        with open(path, "rb", buffering=0) as handle:
+            os.pread(handle.fileno(), 4096, offset)
+    except OSError as err:
+        return err.errno
+    return None
+
+
 def _read_errno(path: Path) -> int | None:
     try:
         path.read_bytes()
@@ -76,10 +86,17 @@ def test_hung_server_gives_eio_within_timeout_then_recovers(own_moto, tmp_path: 
             assert _read_errno(mnt.path / "f2.bin") == errno.EIO
             elapsed = time.monotonic() - started
             assert TIMEOUT - 0.5 <= elapsed < TIMEOUT + 3, elapsed
+            # A random reader's miss (fetched on the FUSE thread that asked) times out the same way.
+            started = time.monotonic()
+            assert _pread_errno(mnt.path / "big.bin", 2 << 20) == errno.EIO
+            assert TIMEOUT - 0.5 <= time.monotonic() - started < TIMEOUT + 3
         finally:
             os.killpg(own_moto.proc.pid, signal.SIGCONT)
         wait_for(lambda: _read_errno(mnt.path / "f2.bin") is None, 20, "reads to work again")
         assert (mnt.path / "f2.bin").read_bytes() == objects["f2.bin"]
+        wait_for(lambda: _pread_errno(mnt.path / "big.bin", 2 << 20) is None, 20, "random reads to work again")
+        with open(mnt.path / "big.bin", "rb", buffering=0) as handle:
+            assert os.pread(handle.fileno(), 4096, 2 << 20) == objects["big.bin"][2 << 20 : (2 << 20) + 4096]
         assert mnt.stats()["read_timeouts"] >= 1
 
 
