@@ -392,6 +392,8 @@ class Reader:
         allowance = self.budget // WALK_SHARE
         target = min(self._file_count, self._walk_next + 1 + WALK_AHEAD)
         position = max(self._walked_to, self._walk_next + 1)
+        if position - self._walk_next > WALK_AHEAD // 2:
+            return  # still half a window ahead: top up in batches, one wake of the I/O core for many GETs
         while position < target:
             entry = self._entry_at(position)
             if entry.size > self.config.small_file:
