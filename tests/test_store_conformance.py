@@ -567,22 +567,21 @@ def test_a_pinned_read_never_returns_the_replacement(backend, tmp_path):
 
 
 def test_the_mount_read_path_never_returns_the_replacement(backend):
-    """The same guard on the path ``lading mount`` reads through (``async_range_reader``: obstore's
-    GET on the I/O core, or the store's own read): a file open under the mount never shows two
-    versions."""
+    """The same guard on the path ``lading mount`` reads through (``range_reader``: obstore's
+    blocking GET on the calling thread, or the store's own read): a file open under the mount
+    never shows two versions."""
     backend.known_bug("lean-get")
-    from lading.stores.iocore import io_core
-    from lading.stores.ranged import RangeRequest, async_range_reader
+    from lading.stores.ranged import RangeRequest, range_reader
 
     old, new = b"old bytes " * 100, b"NEW BYTES " * 101
     backend.put("g/obj", old)
     store = backend.store("g")
     version = store.stat("obj").version
-    read = async_range_reader(store)
-    assert bytes(io_core().run(read(RangeRequest("obj", 0, 500, version)))) == old[:500]
+    read = range_reader(store)
+    assert bytes(read(RangeRequest("obj", 0, 500, version))) == old[:500]
     backend.put("g/obj", new)
     try:
-        got = bytes(io_core().run(read(RangeRequest("obj", 0, 500, version))))
+        got = bytes(read(RangeRequest("obj", 0, 500, version)))
     except ObjectChanged:
         pass
     else:
