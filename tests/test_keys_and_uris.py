@@ -16,8 +16,9 @@ def test_escaping_keys_refused(key, tmp_path):
 
 
 def test_the_fast_check_agrees_with_key_parts():
-    # every key of up to 5 pieces from these (the newline: where a "$" would wrongly end)
-    pieces = ["a", ".", "..", "/", "\\", "\x00", "\n"]
+    # every key of up to 5 pieces from these (the newline: where a "$" would wrongly end; the
+    # dotted names: dots that are not a "." or ".." segment)
+    pieces = ["a", ".", "..", "/", "\\", "\x00", "\n", ".a", "a."]
     for length in range(6):
         for key in map("".join, itertools.product(pieces, repeat=length)):
             try:
