@@ -736,8 +736,8 @@ def scale_main(args: argparse.Namespace) -> None:
         "| tool | build s | + first shard s | RSS after imports MB | peak RSS MB | state bytes | load |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    for tool in args.tools.split(","):
-        for _ in range(args.rounds):
+    for _ in range(args.rounds):  # rounds alternate between the tools, so the load hits both alike
+        for tool in args.tools.split(","):
             job = {
                 "tool": tool,
                 "index": index,
