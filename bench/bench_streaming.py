@@ -395,9 +395,14 @@ def stream_tool(tool: str, spec: dict, args: argparse.Namespace, proxy, root: Pa
     )
     peak = PeakSampler(cache)
     before = proxy.counts[0]
-    child = subprocess.Popen(
-        [sys.executable, __file__, "child", str(work / "job.json")], env=env, stderr=open(work / "stderr.txt", "w")
-    )
+    command = [sys.executable, __file__, "child", str(work / "job.json")]
+    if args.profile:  # py-spy over the tool's process and its DataLoader workers, collapsed stacks
+        args.profile.mkdir(parents=True, exist_ok=True)
+        spy = Path(sys.executable).with_name("py-spy")
+        command = [str(spy), "record", "--subprocesses", "--format", "raw", "--rate", "200", "--nonblocking"]
+        command += ["--output", str(args.profile / f"{tool}.txt"), "--", sys.executable, __file__, "child"]
+        command += [str(work / "job.json")]
+    child = subprocess.Popen(command, env=env, stderr=open(work / "stderr.txt", "w"))
     rows = []
     for epoch in range(args.epochs):
         mark = work / f"epoch-{epoch}.json"
@@ -822,6 +827,7 @@ def main() -> None:
         help="litdata's DataLoader workers (default --workers; with 2, litdata 0.2.76 deadlocks on its shared "
         "cache slots when max_cache_size holds 10 chunks)",
     )
+    stream.add_argument("--profile", type=Path, default=None, help="py-spy each tool's epochs into DIR/TOOL.txt")
     stream.add_argument("--lock", default=None, help="take this flock for each tool's copy and epochs")
     stream.add_argument("--bucket-prefix", default="bench-loader-streaming", help="the run's bucket is PREFIX-<random>")
     stream.add_argument("--out", type=Path)
