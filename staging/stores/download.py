@@ -27,7 +27,7 @@ from lading.core.errors import LadingError, TransientError
 from lading.core.retry import Attempts, RetryPolicy
 from lading.stores.base import Fetched, ProgressCallback
 
-#: The largest ``pwrite`` call, and the piece size asked of a streamed body.
+#: The largest ``pwrite`` call.
 SLICE = 256 << 10
 #: Part size of a ranged download; objects larger than one part are fetched in parts.
 PART_SIZE = 16 << 20

@@ -21,7 +21,7 @@ from lading.core.errors import LadingError, ObjectChanged, TransientError
 from lading.core.keys import key_parts
 from lading.core.retry import RetryPolicy, note_answer, with_retries, with_retries_async
 from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, RangeRequest
-from lading.stores.download import PART_SIZE, SLICE, download_file
+from lading.stores.download import PART_SIZE, download_file
 from lading.stores.iocore import io_core
 from lading.stores.obstore_errors import FromResponse, status_and_code, translate
 
@@ -55,9 +55,13 @@ log = logging.getLogger(__name__)
 WHOLE_LIMIT = 2 << 20
 #: A streamed body arrives in pieces of an eighth of its length, within these bounds: a cut body
 #: loses only the piece in flight, so smaller pieces resume closer to where it broke, larger ones
-#: cost fewer hops per byte. A download's pieces (:meth:`ObstoreReader.attempt`) are at most SLICE:
-#: each is one ``pwrite``, and reused heap memory rather than a fresh mapping.
+#: cost fewer hops per byte. A download's pieces (:meth:`ObstoreReader.attempt`) are about
+#: DOWNLOAD_PIECE: below the CLI's mmap threshold (reused heap memory rather than a fresh mapping),
+#: written in ``pwrite`` calls of at most :data:`~lading.stores.download.SLICE`.
 _MIN_PIECE, _MAX_PIECE = 64 << 10, 4 << 20
+#: Each piece is one hop from obstore's runtime to the loop (tens of us of CPU): 1 MiB pieces make
+#: a 16 MiB part 16 hops instead of 64 (bench/RESULTS.md, session 6).
+DOWNLOAD_PIECE = 1 << 20
 
 
 def piece_size(length: int) -> int:
@@ -203,7 +207,7 @@ class ObstoreReader:
         on_version: Callable[[str], None],
     ) -> Fetched:
         """One GET of bytes ``[start, end)``, no retry (a :class:`lading.stores.download.RangeAttempt`):
-        the body in pieces of about :data:`SLICE` bytes as they arrive (what arrived before a break
+        the body in pieces of about :data:`DOWNLOAD_PIECE` bytes as they arrive (what arrived before a break
         is delivered, so the caller resumes after it)."""
         if end is not None and end <= start:
             return Fetched(0, start, version or "")
@@ -216,7 +220,7 @@ class ObstoreReader:
             return Fetched(len(answer.data), answer.size, answer.version)
         delivered = 0
         try:
-            async for piece in answer.result.stream(min_chunk_size=min(SLICE, piece_size(answer.length))):
+            async for piece in answer.result.stream(min_chunk_size=min(DOWNLOAD_PIECE, piece_size(answer.length))):
                 sink(memoryview(piece))
                 delivered += len(piece)
         except Exception as err:
