@@ -17,9 +17,7 @@ Cases (every run cold: a fresh mount, the page cache dropped first):
   random  1,000 reads of 4 KiB at random 4 KiB-aligned offsets of the 1 GiB object, one reader;
           direct: 1,000 ranged GETs one after another
 Beside each time: the daemon's CPU seconds during the case and its peak RSS (VmHWM; the mount is
-fresh for every case), and the MiB it received through read calls during the case (``read_mib``:
-/proc/PID/io rchar, sockets and files alike: what it pulled from the server and any cache file);
-for direct, this process's CPU. Prints one line per measurement, then a
+fresh for every case); for direct, this process's CPU. Prints one line per measurement, then a
 table of median [min-max] and lading's time divided by each tool's (below 1: lading is faster).
 Everything goes to OUT/log.txt (--out, default bench/out/mount-DATE/), with results.json and
 table.md. The bucket (--bucket) is created and seeded on first use; --cleanup deletes its 1 GiB
@@ -320,15 +318,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def read_mib(pid: int) -> float:
-    """MiB a process has received through read calls so far (``rchar``: sockets and files alike)."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-            if line.startswith("rchar:"):
-                return int(line.split()[1]) / (1 << 20)
-    return 0.0
-
-
 def peak_rss_mib(pid: int) -> float:
     """A process's peak resident set size (VmHWM)."""
     with contextlib.suppress(OSError):
@@ -441,16 +430,13 @@ def run_case(case: str, tools: dict, root: Path, round_: int) -> None:
             started = time.monotonic()
             with tools[name](path, PREFIX[case]) as pid:
                 mounted = time.monotonic()
-                cpu, received = cpu_seconds(pid), read_mib(pid)
+                cpu = cpu_seconds(pid)
                 through_mount(case, path)
                 done = time.monotonic()
                 cpu = cpu_seconds(pid) - cpu
-                received = read_mib(pid) - received
                 rss = peak_rss_mib(pid)
             elapsed = done - (started if case == "ls" else mounted)  # ls: mount + ls -lR
-            extra: dict[str, object] = {"read_mib": round(received, 1)}
-            if case == "ls":
-                extra["mount_s"] = round(mounted - started, 3)
+            extra = {"mount_s": round(mounted - started, 3)} if case == "ls" else {}
             record(case, name, elapsed, cpu, rss, **extra)
         except (RuntimeError, AssertionError, OSError, subprocess.CalledProcessError) as err:
             message = f"{case} {name} round {round_ + 1}: {type(err).__name__}: {err}"
