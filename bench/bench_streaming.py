@@ -33,9 +33,12 @@ tool's rows and deleted after):
            --lading-block, else its default) through lading.datasets.DataLoader
   mosaic   StreamingDataset(remote, local=fresh, shuffle=True, shuffle_algo="py1e",
            shuffle_block_size=--block-samples, shuffle_seed=1, cache_limit=10% of its copy,
-           batch_size=64) through torch's DataLoader
+           batch_size=64) through torch's DataLoader; the parent's S3 clients are dropped before
+           the workers fork (forked workers otherwise share its keep-alive connection and can
+           read each other's responses)
   litdata  StreamingDataset(Dir(fresh, remote), shuffle=True, seed=1, max_cache_size=10% of its
-           copy) through StreamingDataLoader
+           copy) through StreamingDataLoader (plain HTTP switched on in every worker by its
+           worker_init_fn; --litdata-workers 1 where 2 workers deadlock on its cache slots)
 Bytes are what the proxy relayed (headers, listings and index included); "x data" divides them by
 that tool's own copy. The cache's peak is sampled every 0.2 s by the driver. CPU seconds are the
 tool process's user + system time and its reaped children's (the DataLoader workers).
