@@ -7,7 +7,7 @@ Two sources, each synced into a fresh DEST by every tool, then re-synced with no
           filesystem of --work (ext4 under /tmp here); local -> local, so only listing,
           planning and bookkeeping count. s5cmd copies only to or from a bucket: not in this row.
   rgw     M empty objects (default 200,000) in 200 folders in the bucket --bucket on the shared
-          Ceph RGW (seeded with rclone from a local tree of the same shape).
+          Ceph RGW (seeded once from a local tree of the same shape, with s5cmd, or rclone without it).
 
 Commands (W = --workers, 64 = lading's default):
   lading  python -m lading sync SRC DEST --no-cache --json   (twice)
@@ -15,8 +15,13 @@ Commands (W = --workers, 64 = lading's default):
   s5cmd   s5cmd --numworkers W cp 's3://B/P/*' DEST/ then s5cmd --numworkers W sync ... (no-op)
 
 Everything it creates is removed at the end (the trees, the DESTs and the bucket), unless --keep.
+With --keep, one tool per hold of the bench lock (session 6's way, trees and bucket made once):
 
-    .venv/bin/python bench/bench_sync_scale.py --peers-venv /tmp/ss/tools/v
+    flock /work/bench.lock .venv/bin/python bench/bench_sync_scale.py --only prepare,local,rgw --keep
+    flock /work/bench.lock .venv/bin/python bench/bench_sync_scale.py --only local --tools lading --keep
+    flock /work/bench.lock .venv/bin/python bench/bench_sync_scale.py --only local --tools rclone --keep
+    flock /work/bench.lock .venv/bin/python bench/bench_sync_scale.py --only rgw --keep
+    .venv/bin/python bench/bench_sync_scale.py --only local,rgw --tools none     (removes it all)
 """
 
 from __future__ import annotations
