@@ -17,7 +17,7 @@ from lading.datasets.decode import DecodeOption, decode_sample, decoders_for
 from lading.datasets.index import DatasetIndex, ShardList, ShardRef, load_index, store_for
 from lading.datasets.iterable import IterableBase
 from lading.datasets.order import EpochOrder, check_remainder
-from lading.datasets.order.deal import Layout, worker_locals
+from lading.datasets.order.deal import worker_locals
 from lading.datasets.order.engine import block_shards, resolve_layout
 from lading.datasets.order.walk import RankOrder
 from lading.datasets.reader import Sample, ShardReader
@@ -338,21 +338,6 @@ class ShardDataset(IterableBase):
         if self.order is None:
             raise TypeError("a ShardDataset over a list of shards has no length (no sample counts)")
         return self.order.count(self.epoch)
-
-    def whole_epoch(self, epoch: int) -> RankOrder:
-        """Epoch ``epoch``'s whole sequence as one rank's walk (what a MixedDataset draws from)."""
-        order = self._ordered()
-        whole = EpochOrder(
-            order.counts,
-            seed=self.seed,
-            shuffle_buffer=self.shuffle_buffer,
-            randomize_shard_order=self.randomize_shard_order,
-            layout=Layout(0, 1, 0, 0, 1),
-            remainder="uneven",
-            block=order.block,
-            lanes=order.lane_count,
-        )
-        return whole.rank_order(epoch)
 
     def locations(self, epoch: int | None = None) -> Iterator[tuple[int, int]]:
         """``(shard, sample in shard)`` of this rank's samples, in order (no worker split)."""
