@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +29,13 @@ def server_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def pytest_configure(config: pytest.Config) -> None:
     """The suite keeps to its own TMPDIR, HOME and caches (tests/hermetic.py), from before any
-    test module imports lading to the end of the session."""
+    test module imports lading to the end of the session. Ctrl-C works in the suite and in the
+    commands it starts even when the suite itself was started in the background of a
+    non-interactive shell (`cmd &`), which ignores SIGINT in it and in everything it execs: the
+    Ctrl-C tests would otherwise fail (9 of them did, in a CI run started that way)."""
     config.stash[_HERMETIC] = hermetic.enter()
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
