@@ -141,9 +141,7 @@ class ObstoreReader:
         ranged = bool(request.start) or request.end is not None
         if ranged and self._ranges_ignored:
             return await self._attempt_sliced(request)
-        options: dict[str, Any] = target.pin(request.version) if request.version else {}
-        if ranged:
-            options["range"] = (request.start, request.end) if request.end is not None else {"offset": request.start}
+        options = self._get_options(request, ranged)
         try:
             result = await obstore.get_async(self.client, path, options=options)  # type: ignore[arg-type]
         except Exception as err:
@@ -172,6 +170,13 @@ class ObstoreReader:
         else:
             answer.result = result
         return answer
+
+    def _get_options(self, request: RangeRequest, ranged: bool) -> dict[str, Any]:
+        """A GET's options: pinned to the request's version, and its range when it has one."""
+        options: dict[str, Any] = self.target.pin(request.version) if request.version else {}
+        if ranged:
+            options["range"] = (request.start, request.end) if request.end is not None else {"offset": request.start}
+        return options
 
     async def _collect(self, result: Any, key: str, length: int) -> Any:
         try:
@@ -262,8 +267,7 @@ class ObstoreReader:
         import obstore
 
         target = self.target
-        options: dict[str, Any] = target.pin(request.version) if request.version else {}
-        options["range"] = (request.start, request.end) if request.end is not None else {"offset": request.start}
+        options = self._get_options(request, ranged=True)
         try:
             result = obstore.get(self.client, self._path(request.key), options=options)  # type: ignore[arg-type]
             self._check_version(result.meta, request.version, request.key)
