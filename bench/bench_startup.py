@@ -5,7 +5,10 @@ A TCP forwarder in front of the S3 server (RGW at 127.0.0.1:7480 by default) not
 command's first connection arrives; the time from ``Popen`` to that moment is the start-up, and
 the command's total wall time and CPU (user + system of the child) are recorded beside it. Each
 checkout runs as ``python -m lading`` from a tree of symlinks with the installed layout
-(staging/ is ``lading``, cli/ and mounts/ inside it), so a baseline needs no virtualenv of its own.
+(staging/ is ``lading``, cli/ and mounts/ inside it), in a virtualenv that sees the dependencies
+as a wheel install would, so a baseline needs no virtualenv of its own. The "deps only" row is
+the floor: a script that imports what the CLI cannot do without (click, asyncio, hashlib,
+obstore) and makes the same GET.
 
     python bench/bench_startup.py --baseline /tmp/lading-base --rounds 10
 """
@@ -19,9 +22,11 @@ import socket
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
+import venv
 from pathlib import Path
 
 import boto3
@@ -75,13 +80,35 @@ class FirstConnection:
                     pass
 
 
-def run(view: Path, args: list[str], proxy: FirstConnection, env: dict[str, str]) -> tuple[float, float, float]:
+def installed_python() -> str:
+    """A virtualenv's python that sees this interpreter's packages as a wheel install would: the
+    site-packages directories on ``sys.path``, without the ``.pth`` hooks of a development install
+    (an editable install's finder alone costs 20-25 ms of start-up here)."""
+    root = Path(tempfile.mkdtemp(prefix="lading-startup-venv-"))
+    venv.create(root, with_pip=False)
+    purelib = Path(sysconfig.get_path("purelib", vars={"base": str(root), "platbase": str(root)}))
+    packages = [entry for entry in sys.path if entry.endswith("site-packages") and Path(entry).is_dir()]
+    (purelib / "lading-bench-deps.pth").write_text("\n".join(packages) + "\n")
+    return str(root / "bin" / "python")
+
+
+#: The floor: what lading's dependencies alone cost before the same GET (click and asyncio
+#: imported as the CLI does, hashlib for the check, an obstore client built from the environment).
+FLOOR = """
+import sys, asyncio, hashlib, click, obstore
+from obstore.store import S3Store
+store = S3Store(sys.argv[1], endpoint=sys.argv[2], region="us-east-1", virtual_hosted_style_request=False, client_options={"allow_http": True})
+sys.stdout.buffer.write(bytes(obstore.get(store, sys.argv[3]).bytes()))
+"""
+
+
+def run(argv: list[str], view: Path, proxy: FirstConnection, env: dict[str, str]) -> tuple[float, float, float]:
     """(seconds to the first connection, wall seconds, CPU seconds) of one command."""
     proxy.first = None
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "lading", *args],
+        argv,
         env=dict(env, PYTHONPATH=str(view)),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -90,7 +117,7 @@ def run(view: Path, args: list[str], proxy: FirstConnection, env: dict[str, str]
     wall = time.monotonic() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
-        raise SystemExit(f"lading {' '.join(args)} failed: {done.stderr.decode()[-500:]}")
+        raise SystemExit(f"{' '.join(argv)} failed: {done.stderr.decode()[-500:]}")
     first = (proxy.first - started) if proxy.first is not None else float("nan")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return first, wall, cpu
@@ -132,6 +159,7 @@ def main() -> None:
             stdout=subprocess.DEVNULL,
         )
     views = {"baseline": layout(options.baseline), "new": layout(REPO)}
+    python = installed_python()
     dest = Path(tempfile.mkdtemp(prefix="lading-startup-dest-"))
     commands = {"cat": ["cat", f"s3://{bucket}/data/00.bin"], "sync": ["sync", f"s3://{bucket}/data", str(dest)]}
     results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
@@ -140,7 +168,9 @@ def main() -> None:
             for name, view in views.items():
                 if command == "sync":
                     subprocess.run(["rm", "-rf", str(dest)], check=True)
-                results.setdefault((command, name), []).append(run(view, args, proxy, env))
+                results.setdefault((command, name), []).append(run([python, "-m", "lading", *args], view, proxy, env))
+        floor = [python, "-c", FLOOR, bucket, env["AWS_ENDPOINT_URL"], "data/00.bin"]
+        results.setdefault(("cat", "deps only"), []).append(run(floor, views["new"], proxy, env))
     print(f"load average: {os.getloadavg()}")
     for (command, name), rows in results.items():
         first, wall, cpu = (statistics.median(column) for column in zip(*rows))

@@ -7,10 +7,10 @@ import sys
 from typing import Any
 
 import click
-from lading.cli.cmd_sync import _resolve_topology, _topology_options
 from lading.cli.option_rules import needs
 from lading.cli.params import size
 from lading.cli.store_options import pop_store_config, store_options
+from lading.cli.topology_options import resolve_topology, topology_options
 
 CAT_HELP = """Stream the objects of SOURCE, in order, to stdout or a named pipe.
 
@@ -73,7 +73,7 @@ SOURCE, unless --allow-empty), 4 access denied, 5 transient failure after retrie
     show_default=True,
     help="Sharding rule: by key order (i mod world size) or by size (largest first).",
 )
-@_topology_options
+@topology_options
 @click.option("--shuffle", is_flag=True, help="Stream this rank's objects in a seeded random order.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --shuffle.")
 @click.option(
@@ -124,7 +124,7 @@ def cat(
     needs("seed", "shuffle")
     needs("balance", "distribution", "sharded")
     config = pop_store_config(options)
-    topology = _resolve_topology(options)
+    topology = resolve_topology(options)
     manifest = load_manifest(manifest_file) if manifest_file else None
     store, location, keys = stream.open_source(source, config, manifest, snapshot)
     request = stream.StreamRequest(

@@ -21,9 +21,10 @@ from lading.cli.progress import (
     line_interval,
 )
 from lading.cli.store_options import pop_store_config, store_options
+from lading.cli.topology_options import resolve_topology, topology_options, topology_options_with
 from lading.core.errors import UsageError
 from lading.core.cacheroot import CACHE_ROOT_RULE
-from lading.selection.topology import FIELDS, Topology, detect_topology
+from lading.selection.topology import FIELDS, Topology
 
 DEFAULT_DEST = "/tmp/data-rank{rank}"
 PLACEHOLDERS = ("rank", "local_rank", "node_rank", "world_size")
@@ -87,36 +88,6 @@ Examples:
 
 \b
 Exit codes: 0 ok, 2 usage (a value that is not an integer, rank >= world size)."""
-
-
-def _topology_options_with(local_world_size_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """--rank, --world-size, --local-rank, --local-world-size, --node-rank; the help of
-    --local-world-size says what it does in the command (sync: the node cache)."""
-    helps = {
-        "rank": "This process's global rank (default: from the launcher, else 0).",
-        "world_size": "Number of ranks in the job (default: from the launcher, else 1).",
-        "local_rank": "Rank on this node.",
-        "local_world_size": local_world_size_help,
-        "node_rank": "Index of this node.",
-    }
-
-    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
-        for name in reversed(FIELDS):
-            lowest = 1 if name.endswith("world_size") else 0
-            func = click.option(
-                "--" + name.replace("_", "-"), name, type=click.IntRange(min=lowest), default=None, help=helps[name]
-            )(func)
-        return func
-
-    return decorate
-
-
-#: The topology flags of commands without a node cache (cat, topology).
-_topology_options = _topology_options_with("Ranks on this node (default: from the launcher, else 1).")
-
-
-def _resolve_topology(values: Mapping[str, int | None], env: Mapping[str, str] = os.environ) -> Topology:
-    return detect_topology(env, {name: values.get(name) for name in FIELDS})
 
 
 def default_dest(dest: str | None, channel: str | None, env: Mapping[str, str] = os.environ) -> str:
@@ -337,7 +308,7 @@ def _report_failures(summary: Any) -> int:
 @click.command(help=SYNC_HELP, short_help="Copy a bucket into per-rank directories, incrementally.")
 @click.argument("source")
 @click.argument("dest", required=False, default=None)
-@_topology_options_with("Ranks on this node (more than 1 turns the node cache on).")
+@topology_options_with("Ranks on this node (more than 1 turns the node cache on).")
 @click.option(
     "--channel",
     metavar="NAME",
@@ -431,7 +402,7 @@ def sync(
     conflicts("no_cache", "cache_dir", "--no-cache never uses the node cache")
     needs("balance", "distribution", "sharded")
     config = pop_store_config(options)
-    topology = _resolve_topology(options)  # what is left: the topology flags
+    topology = resolve_topology(options)  # what is left: the topology flags
     uri = parse_uri(source)
     dest = default_dest(dest, options.pop("channel", None))
     target = render_dest(dest, topology)
@@ -474,11 +445,11 @@ def sync(
 
 
 @click.command(help=TOPOLOGY_HELP, short_help="Show the rank/world size detected from the launcher.")
-@_topology_options
+@topology_options
 @click.option("--json", "json_out", is_flag=True, help="Print JSON.")
 def topology(json_out: bool, **topology_values: int | None) -> None:
     """``lading topology``: see TOPOLOGY_HELP."""
-    detected = _resolve_topology(topology_values)
+    detected = resolve_topology(topology_values)
     if json_out:
         click.echo(json.dumps(detected.to_json(), indent=2))
         return

@@ -15,7 +15,6 @@ not sit silent for minutes.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -42,6 +41,8 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait before retry number ``attempt`` (1-based), with full jitter."""
+        import random  # only when a retry happens: it costs start-up otherwise
+
         return random.uniform(0, min(self.max_delay, self.base_delay * (2 ** (attempt - 1))))
 
 

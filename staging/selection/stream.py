@@ -25,7 +25,6 @@ import itertools
 import logging
 import os
 import queue
-import random
 import re
 import stat as stat_mode
 import threading
@@ -215,6 +214,8 @@ def select_stream(
         _refuse_empty(request, len(listed))
     mine = _share(kept, request)
     if request.shuffle:
+        import random  # only for --shuffle: it costs start-up otherwise
+
         random.Random(request.seed).shuffle(mine)
     if any(not info.version for info in mine):  # some servers list no ETag: pin to a stat's
         mine = [info if info.version else store.stat(info.key) for info in mine]
