@@ -490,3 +490,22 @@ def test_servers_that_ignore_range_still_give_the_right_bytes(s3, endpoint, tmp_
     # from then on the store asks for whole objects (pinned) and keeps the range asked for
     assert len(gets) == 2 and [seen.headers.get("Range") for seen in gets] == [None, None]
     assert [seen.headers.get("If-Match") for seen in gets] == [None, f'"{version}"']
+
+
+def test_the_blocking_ranged_read_slices_whole_objects_from_servers_that_ignore_range(s3, endpoint):
+    """The mount's path (``range_reader``: obstore's blocking GET) on a server that answers a
+    range with the whole object: the bytes asked for, and later ranges asked as whole objects."""
+    from lading.stores.ranged import RangeRequest, range_reader
+
+    data = os.urandom(300_000)
+    _put(s3, "data/g.bin", data)
+    with FaultProxy(endpoint) as proxy:
+        store = _store(proxy.url)
+        version = store.stat("g.bin").version
+        proxy.add_fault("norange", first=1)
+        read = range_reader(store)
+        assert bytes(read(RangeRequest("g.bin", 1000, 5000, version))) == data[1000:5000]
+        assert bytes(read(RangeRequest("g.bin", 299_000, 400_000, version))) == data[299_000:]
+        ranges = [seen.headers.get("Range") for seen in proxy.requests if seen.method == "GET"]
+    # the refused range, its whole object, then the whole object again for the second read
+    assert ranges == ["bytes=1000-4999", None, None]

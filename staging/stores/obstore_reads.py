@@ -64,6 +64,11 @@ _MIN_PIECE, _MAX_PIECE = 64 << 10, 4 << 20
 DOWNLOAD_PIECE = 1 << 20
 
 
+#: What :meth:`ObstoreReader._refused` says of a failed GET: the range is past the end; the
+#: server ignores ranges (read the whole object and slice it).
+_EMPTY, _WHOLE = object(), object()
+
+
 def piece_size(length: int) -> int:
     """The streaming piece size for a body of ``length`` bytes."""
     return max(_MIN_PIECE, min(_MAX_PIECE, length // 8))
@@ -136,37 +141,25 @@ class ObstoreReader:
         left open to stream."""
         import obstore
 
-        target = self.target
-        path = self._path(request.key)
         ranged = bool(request.start) or request.end is not None
         if ranged and self._ranges_ignored:
             return await self._attempt_sliced(request)
-        options = self._get_options(request, ranged)
         try:
-            result = await obstore.get_async(self.client, path, options=options)  # type: ignore[arg-type]
+            result = await obstore.get_async(
+                self.client,
+                self._path(request.key),
+                options=self._get_options(request, ranged),  # type: ignore[arg-type]
+            )
         except Exception as err:
-            where = self._where(request.key)
-            mapped = await self._mapped(err, where)
-            if _status(err):
-                note_answer(target.retry.endpoint)
-            if _status(err) == 416:
+            refused = self._refused(err, ranged)
+            if refused is _EMPTY:
                 return _Answer(request.version or "", request.start, empty=True)
-            if ranged and "non-partial response" in str(err):
-                log.warning(
-                    "%s answers range requests with whole objects; reading whole objects and "
-                    "keeping the ranges asked for (slower)",
-                    target.url,
-                )
-                self._ranges_ignored = True
+            if refused is _WHOLE:
                 return await self._attempt_sliced(request)
-            raise mapped from err
-        note_answer(target.retry.endpoint)
-        meta = result.meta
-        got = self._check_version(meta, request.version, request.key)
-        first, last = result.range
-        answer = _Answer(got, int(meta["size"]), length=last - first)
-        if collect or (collect is None and last - first <= WHOLE_LIMIT):
-            answer.data = await self._collect(result, request.key, last - first)
+            raise await self._mapped(err, self._where(request.key)) from err
+        answer = self._opened(result, request)
+        if collect or (collect is None and answer.length <= WHOLE_LIMIT):
+            answer.data = await self._collect(result, request.key, answer.length)
         else:
             answer.result = result
         return answer
@@ -178,14 +171,46 @@ class ObstoreReader:
             options["range"] = (request.start, request.end) if request.end is not None else {"offset": request.start}
         return options
 
+    def _refused(self, err: BaseException, ranged: bool) -> object:
+        """What a GET that raised ``err`` means, before translation: :data:`_EMPTY` for a range
+        at or past the end (416), :data:`_WHOLE` for a server that answers ranges with whole
+        objects (from then on, every ranged read of this reader is sliced), else None."""
+        status = _status(err)
+        if status:
+            note_answer(self.target.retry.endpoint)
+        if status == 416:
+            return _EMPTY
+        if ranged and "non-partial response" in str(err):
+            if not self._ranges_ignored:
+                log.warning(
+                    "%s answers range requests with whole objects; reading whole objects and "
+                    "keeping the ranges asked for (slower)",
+                    self.target.url,
+                )
+            self._ranges_ignored = True
+            return _WHOLE
+        return None
+
+    def _opened(self, result: Any, request: RangeRequest) -> _Answer:
+        """The answer of an open GET (its body not read yet), its version checked."""
+        note_answer(self.target.retry.endpoint)
+        meta = result.meta
+        got = self._check_version(meta, request.version, request.key)
+        first, last = result.range
+        return _Answer(got, int(meta["size"]), length=last - first)
+
+    def _whole(self, data: Any, key: str, length: int) -> Any:
+        """``data``, a collected body, unless it is shorter than its answer said."""
+        if len(data) != length:
+            raise TransientError(f"{self._where(key)}: the body ended after {len(data)} of {length} bytes")
+        return data
+
     async def _collect(self, result: Any, key: str, length: int) -> Any:
         try:
             data = await result.bytes_async()
         except Exception as err:
             raise await self._mapped(err, self._where(key)) from err
-        if len(data) != length:
-            raise TransientError(f"{self._where(key)}: the body ended after {len(data)} of {length} bytes")
-        return data
+        return self._whole(data, key, length)
 
     async def _attempt_sliced(self, request: RangeRequest) -> _Answer:
         """For a server that ignores Range: the whole (pinned, checked) object, sliced."""
@@ -264,31 +289,25 @@ class ObstoreReader:
         return with_retries(lambda: self._attempt_here(request), self.target.retry)
 
     def _attempt_here(self, request: RangeRequest) -> memoryview:
+        """:meth:`_attempt` (collected) with obstore's blocking calls; what :meth:`_attempt` would
+        do on the loop (slice whole objects, move to the bucket's region) goes to :meth:`read`."""
         import obstore
 
         target = self.target
-        options = self._get_options(request, ranged=True)
         try:
-            result = obstore.get(self.client, self._path(request.key), options=options)  # type: ignore[arg-type]
-            self._check_version(result.meta, request.version, request.key)
-            first, last = result.range
+            result = obstore.get(self.client, self._path(request.key), options=self._get_options(request, True))  # type: ignore[arg-type]
+            answer = self._opened(result, request)
             data = result.bytes()
         except LadingError:
             raise
         except Exception as err:
-            if _status(err):
-                note_answer(target.retry.endpoint)
-            if _status(err) == 416:
+            refused = self._refused(err, ranged=True)
+            if refused is _EMPTY:
                 return memoryview(b"")
-            if "non-partial response" in str(err) or (target.moved is not None and target.moved(err)):
+            if refused is _WHOLE or (target.moved is not None and target.moved(err)):
                 return io_core().run(self.read(request))
             raise translate(err, self._where(request.key), target.from_response) from err
-        note_answer(target.retry.endpoint)
-        if len(data) != last - first:
-            raise TransientError(
-                f"{self._where(request.key)}: the body ended after {len(data)} of {last - first} bytes"
-            )
-        return memoryview(data)
+        return memoryview(self._whole(data, request.key, answer.length))
 
     def read_many(self, requests: Sequence[RangeRequest]) -> list[memoryview]:
         """Each request's bytes (zero-copy views), fetched concurrently in one hop; retried per
