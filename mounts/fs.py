@@ -49,9 +49,19 @@ def make_operations(
     reader: Reader,
     on_init: Callable[[], None] | None = None,
     on_destroy: Callable[[], None] | None = None,
+    on_first_request: Callable[[], object] | None = None,
 ) -> Any:
-    """Build the mfusepy ``Operations`` instance (mfusepy is imported lazily by the caller)."""
+    """Build the mfusepy ``Operations`` instance (mfusepy is imported lazily by the caller).
+    ``on_first_request`` runs once, in the first stat or open, before it is answered."""
     fuse_error = mfusepy.FuseOSError
+    first_request = threading.Lock()
+    pending: list[Callable[[], object] | None] = [on_first_request]
+
+    def first() -> None:
+        with first_request:
+            if pending[0] is not None:
+                hook, pending[0] = pending[0], None
+                hook()
 
     def boundary(describe: Callable[..., str], is_read: bool = False) -> Callable[[F], F]:
         """Turn every error of the method into an errno, logged in the user's terms
@@ -132,6 +142,8 @@ def make_operations(
         @boundary(verb("stat"))
         def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
             """Attributes from the tree: read-only files and directories."""
+            if pending[0] is not None:
+                first()
             key = path[1:]
             index = tree.file_index(key)
             if index is None:
@@ -174,6 +186,8 @@ def make_operations(
             """A read handle (write modes: EROFS)."""
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
                 raise fuse_error(errno.EROFS)
+            if pending[0] is not None:
+                first()
             index = tree.file_index(path[1:])
             if index is None:
                 raise fuse_error(errno.EISDIR if tree.is_dir(path[1:]) else errno.ENOENT)

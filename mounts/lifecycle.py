@@ -40,6 +40,7 @@ __all__ = ["DEFAULT_MAX_MEMORY", "MountOptions", "MountReady", "check_mountpoint
 
 ATTR_TIMEOUT = 3600.0  # the tree is immutable: the kernel may cache names and attributes
 READAHEAD_KIB = 4096  # the kernel then keeps several 1 MiB requests (256 pages) in flight
+READAHEAD_WAIT = 2.0  # seconds to find the mount's device in /proc/self/mountinfo (there once mounted)
 SWITCH_INTERVAL = 0.0005
 # glibc mallopt parameters and the daemon's values (see _steady_allocator).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
@@ -221,10 +222,20 @@ def _serve(options: MountOptions, on_init: Callable[[], None]) -> None:
 
     def initialised() -> None:
         served.set()
-        threading.Thread(target=tune_readahead, args=(options.mountpoint,), daemon=True).start()
         on_init()
 
-    operations = make_operations(mfusepy, tree, reader, on_init=initialised)
+    # On the first request, not at init: the kernel lowers the readahead to libfuse's answer to
+    # INIT after init returns, and the first request (the waiting command's stat) comes after that
+    # and before any file is opened (each file keeps the readahead it was opened with). Set on a
+    # thread after init, it lost the race to the first open in one of two cold 1 GiB reads at load
+    # 15: 8,192 FUSE reads of 128 KiB (bench/RESULTS.md, issue 28, session 7).
+    operations = make_operations(
+        mfusepy,
+        tree,
+        reader,
+        on_init=initialised,
+        on_first_request=lambda: tune_readahead(options.mountpoint, timeout=READAHEAD_WAIT),
+    )
     fuse_options = _fuse_options(options, mfusepy)
     log.info(
         "mounting %s on %s (libfuse %d, options %s)",
