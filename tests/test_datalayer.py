@@ -3,6 +3,7 @@ cache's copy, topology, refused samples. Against moto, fake-gcs-server and local
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import pickle
@@ -11,6 +12,7 @@ from pathlib import Path
 import lading.datalayer as dl
 import numpy as np
 import bucket_fixtures
+import google_crc32c
 import pytest
 import torch
 from lading.core.errors import ProblemFound, UsageError
@@ -339,6 +341,8 @@ def test_the_index_records_the_build(tmp_path):
     assert block["function"].endswith("make") and block["built_by"]["pid"] > 0 and block["built_at"]
     assert index["lading"]["version"] == "v1"
     assert all(shard["url"].startswith(block["build"] + "/") for shard in index["shardlist"])
+    crc32c = google_crc32c.value((Path(make.uri) / index["shardlist"][0]["url"]).read_bytes())
+    assert index["shardlist"][0]["crc32c"] == base64.b64encode(crc32c.to_bytes(4, "big")).decode()
 
 
 def test_the_readme_example_with_a_dataloader_and_elastic_resume(s3_env, tmp_path):

@@ -188,21 +188,28 @@ def test_an_index_keeps_its_shards_as_arrays_and_makes_refs_on_demand(tmp_path):
     from lading.stores.config import StoreConfig
 
     shardlist = [
-        {"url": "a-0.tar", "nsamples": 3, "filesize": 30, "etag": '"e0"'},
+        {"url": "a-0.tar", "nsamples": 3, "filesize": 30, "etag": '"e0"', "crc32c": "mnG7TA=="},
         {"url": "sub/a-1.tar", "nsamples": 4},
-        {"url": f"{tmp_path}/elsewhere/a-2.tar", "nsamples": 5, "filesize": 50},
-        {"url": "s3://bucket/a-3.tar", "nsamples": 6, "filesize": 60, "etag": None},
+        {"url": f"{tmp_path}/elsewhere/a-2.tar", "nsamples": 5, "filesize": 50, "crc32c": 7},
+        {"url": "s3://bucket/a-3.tar", "nsamples": 6, "filesize": 60, "etag": None, "crc32c": "AAAAAA=="},
     ]
     path = tmp_path / "ds.index.json"
-    path.write_text(json.dumps({"wids_version": 1, "shardlist": shardlist}))
+    offsets = {"url": "ds.offsets.safetensors", "filesize": 9, "etag": "e9", "crc32c": "AAAAAA=="}
+    path.write_text(json.dumps({"wids_version": 1, "shardlist": shardlist, "lading": {"offsets": offsets}}))
     index = load_index(str(path), StoreConfig())
     assert isinstance(index.shards, ShardList) and len(index.shards) == 4
     assert list(index.shards) == [
-        ShardRef(f"{tmp_path}/a-0.tar", 3, '"e0"', 30),
+        ShardRef(f"{tmp_path}/a-0.tar", 3, '"e0"', 30, "mnG7TA=="),
         ShardRef(f"{tmp_path}/sub/a-1.tar", 4, None, None),
-        ShardRef(f"{tmp_path}/elsewhere/a-2.tar", 5, None, 50),
-        ShardRef("s3://bucket/a-3.tar", 6, None, 60),
+        ShardRef(f"{tmp_path}/elsewhere/a-2.tar", 5, None, 50),  # not a CRC32C: none
+        ShardRef("s3://bucket/a-3.tar", 6, None, 60, "AAAAAA=="),
     ]
+    assert index.offsets == ShardRef(f"{tmp_path}/ds.offsets.safetensors", None, "e9", 9, "AAAAAA==")
+    for entry in shardlist:
+        entry.pop("crc32c", None)
+    path.write_text(json.dumps({"wids_version": 1, "shardlist": shardlist}))
+    older = load_index(str(path), StoreConfig()).shards  # packed before lading recorded CRC32Cs
+    assert older.crc32cs is None and [ref.crc32c for ref in older] == [None] * 4
     assert index.shards[1:3] == list(index.shards)[1:3] and index.counts.tolist() == [3, 4, 5, 6]
     assert index.shards.sizes() is None, "a shard without a size: no sizes"
     assert not index.shards.all_local(), "s3://bucket/a-3.tar is remote"

@@ -7,6 +7,7 @@ real (SIGKILL of the task's process); Ray itself is never patched.
 from __future__ import annotations
 
 import ast
+import base64
 import re
 import json
 import os
@@ -18,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import boto3
+import google_crc32c
 import pytest
 from lading.core.errors import AccessDenied, UsageError
 from lading.core.retry import RetryPolicy
@@ -64,6 +66,17 @@ def listing(s3, prefix: str) -> dict[str, bytes]:
     return {key[len(prefix) :]: s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() for key in keys}
 
 
+def crc32c_of(data: bytes) -> str:
+    """The CRC32C as an index records it (base64, big-endian), computed here independently."""
+    return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
+
+
+def assert_crc32cs(index: dict, objects: dict[str, bytes]) -> None:
+    """Every shard and the offsets file carry the CRC32C of their bytes."""
+    entries = [*index["shardlist"], index["lading"]["offsets"]]
+    assert [entry["crc32c"] for entry in entries] == [crc32c_of(objects[entry["url"]]) for entry in entries]
+
+
 def without_timing(index: bytes) -> dict:
     return json.loads(index)
 
@@ -81,6 +94,7 @@ def test_ray_and_local_engines_write_identical_shards_and_indexes(ray_cluster, s
     assert len([key for key in local if key.endswith(".tar")]) >= 4
     assert all(local[key] == on_ray[key] for key in local if key != "ds.manifest.json")
     assert json.loads(local["ds.index.json"]) == json.loads(on_ray["ds.index.json"])
+    assert_crc32cs(json.loads(on_ray["ds.index.json"]), on_ray)
 
 
 def test_bucket_source_on_ray_reads_back_exactly(ray_cluster, s3, s3_env, tmp_path):
@@ -201,6 +215,8 @@ def test_failed_pack_leaves_no_index_and_a_rerun_reuses_the_shards_written(ray_c
     again, local = listing(s3, "again/"), listing(s3, "local/")
     assert sorted(again) == sorted(local)
     assert all(again[key] == local[key] for key in local if key.endswith(".tar"))
+    assert json.loads(again["ds.index.json"]) == json.loads(local["ds.index.json"]), "reused shards keep their CRC32C"
+    assert_crc32cs(json.loads(again["ds.index.json"]), again)
 
 
 def rows(count: int) -> list[dict]:
@@ -220,6 +236,7 @@ def test_shard_sink_output_read_once_by_shard_dataset_packed_dataset_and_wids(ra
         [s["url"] for s in index["shardlist"]] + ["imgs.index.json", "imgs.manifest.json", "imgs.offsets.safetensors"]
     )
     assert len(index["shardlist"]) >= 4 and sum(s["nsamples"] for s in index["shardlist"]) == 400
+    assert_crc32cs(index, objects)
 
     seen = Counter()
     for sample in ShardDataset(f"s3://{BUCKET}/sink/imgs.index.json"):

@@ -3,15 +3,18 @@ bucket, a server failing mid-pack, and the datasets reading back from the bucket
 
 from __future__ import annotations
 
+import base64
 import json
 import tarfile
 from collections import Counter
 from pathlib import Path
 
 import boto3
+import google_crc32c
 import pytest
 from lading.core.errors import TransientError
 from lading.core.retry import RetryPolicy
+from lading.transfer.verify import IntegrityError
 from lading.datasets import ShardDataset, StoreDataset
 from lading.pack import PackOptions, plan_pack, run_pack
 from lading.stores import StoreConfig
@@ -19,6 +22,11 @@ from proxies import FaultProxy
 
 BUCKET = "lading-pack"
 FAST_RETRY = RetryPolicy(attempts=2, base_delay=0.005, max_delay=0.01)
+
+
+def crc32c_of(data: bytes) -> str:
+    """The CRC32C as an index records it (base64, big-endian), computed here independently."""
+    return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
 
 
 @pytest.fixture
@@ -72,6 +80,7 @@ def test_pack_into_bucket_uploads_shards_then_manifest_then_index(s3, s3_env, tm
     for entry, shard_key in zip(index["shardlist"], shards):
         head = s3.head_object(Bucket=BUCKET, Key=shard_key)
         assert entry["etag"] == head["ETag"].strip('"') and entry["filesize"] == head["ContentLength"]
+        assert entry["crc32c"] == crc32c_of(s3.get_object(Bucket=BUCKET, Key=shard_key)["Body"].read())
     manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=prefix + "ds.manifest.json")["Body"].read())
     assert manifest[0] == {"prefix": f"s3://{BUCKET}/{prefix}"}
     assert summary["index"] == f"s3://{BUCKET}/{prefix}ds.index.json"
@@ -81,6 +90,14 @@ def test_pack_into_bucket_uploads_shards_then_manifest_then_index(s3, s3_env, tm
     got = {sample["__key__"]: sample for sample in loaded}
     assert sorted(got) == sorted({key.rsplit(".", 1)[0] for key in files})
     assert all(got[f"part/s{i:02d}"]["bin"] == files[f"part/s{i:02d}.bin"] for i in range(24))
+
+    # A body corrupted on its way is caught by the index's CRC32C, and nothing of it is cached.
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        proxy.add_fault("corrupt", first=1, method="GET", path_prefix=f"/{BUCKET}/{shards[0]}")
+        reader = ShardDataset(summary["index"], config=config(proxy.url), cache_dir=tmp_path / "fresh")
+        with pytest.raises(IntegrityError, match="CRC32C mismatch"):
+            list(reader)
+        assert proxy.injected["corrupt"] == 1
 
 
 def test_server_failing_mid_pack_leaves_no_index(s3, s3_env, tmp_path):

@@ -3,18 +3,25 @@ together, output is deterministic, the index/manifest are right, bad names are r
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
 import tarfile
 from pathlib import Path
 
+import google_crc32c
 import pytest
 from lading.core.errors import ProblemFound, UnsafeKey, UsageError
 from lading.pack import PackOptions, plan_pack, run_pack
 from lading.pack.grouping import group_samples, split_name
 from lading.pack.plan import cut_balanced
 from lading.stores.base import ObjectInfo
+
+
+def crc32c_of(data: bytes) -> str:
+    """The CRC32C as an index records it (base64, big-endian), computed here independently."""
+    return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode()
 
 
 def make_tree(root: Path) -> dict[str, bytes]:
@@ -109,6 +116,7 @@ def test_index_and_manifest(tree, tmp_path):
     for shard in index["shardlist"]:
         path = folder / shard["url"]
         assert shard["filesize"] == path.stat().st_size
+        assert shard["crc32c"] == crc32c_of(path.read_bytes())
         with tarfile.open(path) as archive:
             keys = {split_name(member.name)[0] for member in archive.getmembers()}
         assert shard["nsamples"] == len(keys)
@@ -116,6 +124,8 @@ def test_index_and_manifest(tree, tmp_path):
     assert summary["files"] == len(files)
     manifest = json.loads((folder / "ds.manifest.json").read_text())
     assert manifest[0] == {"prefix": str(folder) + "/"}
+    offsets = index["lading"]["offsets"]
+    assert offsets["crc32c"] == crc32c_of((folder / offsets["url"]).read_bytes())
     assert manifest[1:] == urls
     assert not list(folder.glob(".*")), "staging directory left behind"
 

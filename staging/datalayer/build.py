@@ -23,6 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from lading.core.checksums import crc32c_of_file
 from lading.core.errors import ProblemFound, UsageError, local_error
 from lading.datalayer.claim import Claim
 from lading.datalayer.encoding import Encoder
@@ -116,17 +117,19 @@ class VersionPublisher:
         self.build = claim.record.build
         self._tmp = tempfile.TemporaryDirectory(prefix="lading-datalayer-shards-", dir=spool_dir)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lading-datalayer-upload")
-        self._uploads: list[tuple[ShardPlan, Future[ObjectInfo]]] = []
+        self._uploads: list[tuple[ShardPlan, Future[tuple[ObjectInfo, str]]]] = []
         self.index: dict[str, Any] | None = None
 
     def shard_path(self, shard: ShardPlan) -> Path:
         """The shard's local temporary file."""
         return Path(self._tmp.name) / shard.name
 
-    def _upload(self, path: Path, key: str) -> ObjectInfo:
+    def _upload(self, path: Path, key: str) -> tuple[ObjectInfo, str]:
+        """The uploaded object and the CRC32C of the file (read while it is still in the page cache)."""
         try:
             self.claim.check()
-            return self.store.upload(path, key)
+            crc32c = crc32c_of_file(path)
+            return self.store.upload(path, key), crc32c
         finally:
             path.unlink(missing_ok=True)
 
@@ -142,15 +145,16 @@ class VersionPublisher:
         """Every shard, then the documents, then the index (conditional create)."""
         published = []
         for shard, future in self._uploads:
-            info = future.result()
-            published.append(PublishedShard(f"{self.build}/{shard.name}", len(shard.samples), info.size, info.version))
+            info, crc32c = future.result()
+            name = f"{self.build}/{shard.name}"
+            published.append(PublishedShard(name, len(shard.samples), info.size, info.version, crc32c))
         extras = []
         for key, data in documents:
             name = f"{self.build}/{Path(key).name}"
             path = Path(self._tmp.name) / Path(key).name
             path.write_bytes(data)
-            info = self._upload(path, name)
-            extras.append(PublishedShard(name, 0, info.size, info.version))
+            info, crc32c = self._upload(path, name)
+            extras.append(PublishedShard(name, 0, info.size, info.version, crc32c))
         index = self.finalize(json.loads(make_index(published, extras)))
         self.claim.beat()  # still ours, for another TTL: nobody else is publishing
         version = claims.create(self.store, self.location.index_key, dump(index))

@@ -57,12 +57,13 @@ def read_object(uri: str, config: StoreConfig) -> bytes:
 @dataclass(frozen=True)
 class ShardRef:
     """A shard to read: its URI and, when an index gave them, its sample count, the version the
-    index recorded (ETag / generation) and its size."""
+    index recorded (ETag / generation), its size and its CRC32C (base64, big-endian)."""
 
     uri: str
     nsamples: int | None = None
     etag: str | None = None
     filesize: int | None = None
+    crc32c: str | None = None
 
     @property
     def local(self) -> bool:
@@ -108,8 +109,10 @@ class PackedStrings(Sequence[str]):
 
 
 class ShardList(Sequence[ShardRef]):
-    """An index's shards in index order, kept as the index's URLs (packed) and arrays of counts
-    and sizes: an index of 10^5 shards makes no object per shard until one is asked for."""
+    """An index's shards in index order, kept as the index's URLs, ETags and CRC32Cs (packed) and
+    arrays of counts and sizes: an index of 10^5 shards makes no object per shard until one is
+    asked for. ``etags`` or ``crc32cs`` is None when the index has none (CRC32Cs: packed before
+    lading recorded them)."""
 
     def __init__(
         self,
@@ -118,10 +121,12 @@ class ShardList(Sequence[ShardRef]):
         nsamples: Sequence[int],
         filesizes: Sequence[int],
         etags: Sequence[str | None] | None,
+        crc32cs: Sequence[str | None] | None = None,
     ) -> None:
         self.parent = parent
         self.urls = urls if isinstance(urls, PackedStrings) else PackedStrings(urls)
-        self.etags = etags if etags is None or isinstance(etags, PackedStrings) else PackedStrings(etags)
+        self.etags = _packed(etags)
+        self.crc32cs = _packed(crc32cs)
         self.nsamples = array("q", nsamples)  # samples per shard
         self.filesizes = array("q", filesizes)  # bytes per shard, -1 where the index gave none
 
@@ -138,12 +143,14 @@ class ShardList(Sequence[ShardRef]):
         if isinstance(number, slice):
             return [self[i] for i in range(*number.indices(len(self)))]
         etag = self.etags[number] if self.etags is not None else None  # a str or None
+        crc32c = self.crc32cs[number] if self.crc32cs is not None else None
         size = int(self.filesizes[number])
         return ShardRef(
             _resolve(self.parent, self.urls[number]),
             int(self.nsamples[number]),
             etag if isinstance(etag, str) else None,
             size if size >= 0 else None,
+            crc32c if isinstance(crc32c, str) else None,
         )
 
     def __iter__(self) -> Iterator[ShardRef]:
@@ -169,6 +176,10 @@ class ShardList(Sequence[ShardRef]):
             elif not parent_local and not url.startswith("/"):
                 return False
         return True
+
+
+def _packed(strings: Sequence[str | None] | None) -> PackedStrings | None:
+    return strings if strings is None or isinstance(strings, PackedStrings) else PackedStrings(strings)
 
 
 def _identity(names: list[str], counts: list[int]) -> str:
@@ -233,30 +244,33 @@ def load_index(index_uri: str, config: StoreConfig) -> DatasetIndex:
     urls = [shard["url"] for shard in listed]
     counts = [shard["nsamples"] for shard in listed]
     sizes = _sizes([shard.get("filesize") for shard in listed])
-    etags = [etag if isinstance(etag := shard.get("etag"), str) else None for shard in listed]
+    etags = _strings(listed, "etag")
+    crc32cs = _strings(listed, "crc32c")
     del listed
-    shards = ShardList(
-        parent,
-        urls,
-        counts,
-        sizes,
-        etags if any(etag is not None for etag in etags) else None,
-    )
+    shards = ShardList(parent, urls, counts, sizes, etags, crc32cs)
     identity = _identity([url.rpartition("/")[2] for url in urls], counts)
-    del urls, etags, counts
+    del urls, etags, crc32cs, counts
     block = document.get("lading") if isinstance(document.get("lading"), dict) else {}
     entry = block.get("offsets") if isinstance(block, dict) else None
     offsets = None
     if isinstance(entry, dict) and isinstance(entry.get("url"), str):
-        etag, size = entry.get("etag"), entry.get("filesize")
+        etag, size, crc32c = entry.get("etag"), entry.get("filesize"), entry.get("crc32c")
         offsets = ShardRef(
             _resolve(parent, entry["url"]),
             None,
             etag if isinstance(etag, str) else None,
             size if isinstance(size, int) else None,
+            crc32c if isinstance(crc32c, str) else None,
         )
     # The order of an epoch depends on the sample counts only: a copy (other versions) resumes too.
     return DatasetIndex(index_uri, shards, offsets, identity)
+
+
+def _strings(listed: list[dict[str, Any]], field: str) -> list[str | None] | None:
+    """A string field of every shard (None where one is missing or not a string), or None when
+    no shard has it."""
+    values = [value if isinstance(value := shard.get(field), str) else None for shard in listed]
+    return values if any(value is not None for value in values) else None
 
 
 def _sizes(values: list[Any]) -> list[int]:

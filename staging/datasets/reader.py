@@ -188,7 +188,7 @@ class ShardReader:
                 with self._lock:
                     self._stated[ref.uri] = known
             version, size = known
-        return ShardSource(ref.uri, store, key, version, size)
+        return ShardSource(ref.uri, store, key, version, size, ref.crc32c)
 
     def table(self) -> OffsetsTable | None:
         """The dataset's offsets table (read through the node cache), if the pack wrote one."""

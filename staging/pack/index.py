@@ -18,27 +18,35 @@ INDEX_KIND = "wids-shard-index-v1"
 
 @dataclass(frozen=True)
 class PublishedShard:
-    """A shard as stored: its file name, sample count, size and the store's version (ETag)."""
+    """A shard as stored: its file name, sample count, size, the store's version (ETag) and the
+    CRC32C of its bytes (base64, big-endian; what the node cache checks each download against)."""
 
     name: str
     nsamples: int
     filesize: int
     etag: str
+    crc32c: str | None = None
+
+    def entry(self, without: tuple[str, ...] = ()) -> dict[str, Any]:
+        """Its entry in the index: ``url``, ``nsamples``, ``filesize``, ``etag`` and ``crc32c``
+        (when known), less the fields named in ``without``."""
+        entry = {"url": self.name, "nsamples": self.nsamples, "filesize": self.filesize, "etag": self.etag}
+        if self.crc32c is not None:
+            entry["crc32c"] = self.crc32c
+        return {name: value for name, value in entry.items() if name not in without}
 
 
 def build_index(plan: PackPlan, shards: list[PublishedShard], offsets: PublishedShard | None = None) -> dict[str, Any]:
     """The wids index: ``__kind__``, ``wids_version``, ``name``, ``shardlist`` (url, nsamples,
-    filesize, plus the stored ``etag``), and lading's own ``lading`` block (version, order, and
-    the offsets file as ``{url, filesize, etag}``: see :mod:`lading.pack.offsets`)."""
+    filesize, plus the stored ``etag`` and the ``crc32c``), and lading's own ``lading`` block
+    (version, order, and the offsets file as ``{url, filesize, etag, crc32c}``: see
+    :mod:`lading.pack.offsets`)."""
     options = plan.options
     index: dict[str, Any] = {
         "__kind__": INDEX_KIND,
         "wids_version": 1,
         "name": options.name,
-        "shardlist": [
-            {"url": shard.name, "nsamples": shard.nsamples, "filesize": shard.filesize, "etag": shard.etag}
-            for shard in shards
-        ],
+        "shardlist": [shard.entry() for shard in shards],
         "lading": {
             "format": 1,
             "version": options.version,
@@ -51,7 +59,7 @@ def build_index(plan: PackPlan, shards: list[PublishedShard], offsets: Published
         },
     }
     if offsets is not None:
-        index["lading"]["offsets"] = {"url": offsets.name, "filesize": offsets.filesize, "etag": offsets.etag}
+        index["lading"]["offsets"] = offsets.entry(without=("nsamples",))
     return index
 
 

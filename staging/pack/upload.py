@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Protocol
 
+from lading.core.checksums import crc32c_of_file
 from lading.core.errors import LadingError, UsageError, local_error
 from lading.core.locks import process_alive
 from lading.pack.index import PublishedShard
@@ -124,7 +125,7 @@ def _local_version(name: str, nsamples: int, path: Path) -> PublishedShard:
     """A local file as published: its version is the LocalStore's (``<mtime_ns>-<size>``), which
     a rename keeps."""
     st = path.stat()
-    return PublishedShard(name, nsamples, st.st_size, f"{st.st_mtime_ns}-{st.st_size}")
+    return PublishedShard(name, nsamples, st.st_size, f"{st.st_mtime_ns}-{st.st_size}", crc32c_of_file(path))
 
 
 def _remove_stale_staging(directory: Path, name: str) -> None:
@@ -146,15 +147,17 @@ class StorePublisher:
             raise _already_packed(f"{store.url}/{plan.index_key}")
         self._tmp = tempfile.TemporaryDirectory(prefix="lading-pack-")
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lading-pack-upload")
-        self._uploads: list[tuple[ShardPlan, Future[ObjectInfo]]] = []
+        self._uploads: list[tuple[ShardPlan, Future[tuple[ObjectInfo, str]]]] = []
 
     def shard_path(self, shard: ShardPlan) -> Path:
         """The shard's local temporary file."""
         return Path(self._tmp.name) / shard.name
 
-    def _upload(self, path: Path, key: str, remove: bool) -> ObjectInfo:
+    def _upload(self, path: Path, key: str, remove: bool) -> tuple[ObjectInfo, str]:
+        """The uploaded object and the CRC32C of the file (read while it is still in the page cache)."""
         try:
-            return self.store.upload(path, key)  # stores retry transient errors themselves
+            crc32c = crc32c_of_file(path)
+            return self.store.upload(path, key), crc32c  # stores retry transient errors themselves
         finally:
             if remove:
                 path.unlink(missing_ok=True)
@@ -171,17 +174,17 @@ class StorePublisher:
         (manifest, offsets) in order, then the index."""
         published = []
         for shard, future in self._uploads:
-            info = future.result()
-            published.append(PublishedShard(shard.name, len(shard.samples), info.size, info.version))
+            info, crc32c = future.result()
+            published.append(PublishedShard(shard.name, len(shard.samples), info.size, info.version, crc32c))
         extras = []
         for key, data in documents:
-            info = self._put_document(key, data)
-            extras.append(PublishedShard(Path(key).name, 0, info.size, info.version))
+            info, crc32c = self._put_document(key, data)
+            extras.append(PublishedShard(Path(key).name, 0, info.size, info.version, crc32c))
         self._put_document(self.plan.index_key, make_index(published, extras))
         self.abort()
         return published
 
-    def _put_document(self, key: str, data: bytes) -> ObjectInfo:
+    def _put_document(self, key: str, data: bytes) -> tuple[ObjectInfo, str]:
         path = Path(self._tmp.name) / Path(key).name
         path.write_bytes(data)
         return self._upload(path, key, remove=True)

@@ -24,6 +24,9 @@ from lading.stores.config import StoreConfig
 ProgressCallback = Callable[[int], None]
 #: Receives each piece of a body, in order.
 Sink = Callable[[memoryview], None]
+#: Sees each piece of a download as it is written, with the offset of its first byte (a ranged
+#: download's parts interleave: in order within a part only). A checksum computed inline.
+OnPiece = Callable[[memoryview, int], None]
 #: What a batch of reads returns (named out here: inside a store, ``list`` is the listing method).
 Views = list[memoryview]
 #: What a batch of independent reads returns: each request's bytes or its failure.
@@ -141,9 +144,11 @@ class Store(ABC):
         version: str | None = None,
         progress: ProgressCallback | None = None,
         size: int | None = None,
+        on_piece: OnPiece | None = None,
     ) -> None:
         """Write the whole object to ``dest`` (the caller picks a temporary name); a ``size``
-        known from a listing lets large objects come in parallel ranged parts."""
+        known from a listing lets large objects come in parallel ranged parts. ``on_piece`` sees
+        every piece as it is written (each byte once)."""
 
     def coroutine_reads(self, key: str) -> CoroutineReads | None:
         """The reads of ``key`` as coroutines for the I/O core's loop (the transfer engine drives

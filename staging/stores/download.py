@@ -25,7 +25,7 @@ from typing import Awaitable, Callable, Iterable, Protocol
 
 from lading.core.errors import LadingError, TransientError
 from lading.core.retry import Attempts, RetryPolicy
-from lading.stores.base import Fetched, ProgressCallback
+from lading.stores.base import Fetched, OnPiece, ProgressCallback
 
 #: The largest ``pwrite`` call.
 SLICE = 256 << 10
@@ -148,6 +148,7 @@ async def download_parts(
     on_part: Callable[[int], Awaitable[None] | None] | None = None,
     concurrency: int = PART_CONCURRENCY,
     slots: asyncio.Semaphore | None = None,
+    on_piece: OnPiece | None = None,
 ) -> str:
     """Fetch ``parts`` of the object into ``fd`` (already ``layout.size`` bytes long) at their
     offsets, each resumed and retried on its own; returns the version they are of.
@@ -155,12 +156,15 @@ async def download_parts(
     With no ``version`` known, the first part runs alone and pins the rest to its answer's version.
     ``on_part(index)`` runs on the loop once a part is on disk (a coroutine is awaited). The first
     failure cancels the parts still running and is raised. ``slots`` (shared by several downloads)
-    bounds the parts in flight instead of ``concurrency``."""
+    bounds the parts in flight instead of ``concurrency``. ``on_piece`` sees each piece once it
+    is written (a checksum computed inline)."""
     todo = list(parts)
     pinned = version or None
 
     def write(piece: memoryview, offset: int) -> None:
         pwrite_all(fd, piece, offset)
+        if on_piece is not None:
+            on_piece(piece, offset)
         if progress is not None:
             progress(len(piece))
 
@@ -212,21 +216,25 @@ async def download_file(
     size: int | None,
     progress: ProgressCallback | None = None,
     part_size: int = PART_SIZE,
+    on_piece: OnPiece | None = None,
 ) -> Fetched:
     """The object into ``dest`` (created or truncated): in ranged parts when ``size`` is known and
-    larger than ``part_size``, else as one resumed stream. Returns what arrived."""
+    larger than ``part_size``, else as one resumed stream. Returns what arrived. ``on_piece``
+    sees each piece once it is written."""
     fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         if size is not None and size > part_size:
             layout = Layout(size, part_size)
             preallocate(fd, size)
             pinned = await download_parts(
-                attempt, policy, where, key, fd, layout, version, range(layout.count), progress
+                attempt, policy, where, key, fd, layout, version, range(layout.count), progress, on_piece=on_piece
             )
             return Fetched(size, size, pinned)
 
         def write(piece: memoryview, offset: int) -> None:
             pwrite_all(fd, piece, offset)
+            if on_piece is not None:
+                on_piece(piece, offset)
             if progress is not None:
                 progress(len(piece))
 

@@ -23,7 +23,17 @@ from typing import Callable, Iterator, Sequence
 from lading.core.errors import AccessDenied, LadingError, NotFound, ObjectChanged, TransientError, UsageError
 from lading.core.keys import safe_join
 from lading.core.names import hidden_sibling
-from lading.stores.base import Fetched, ObjectInfo, Outcomes, ProgressCallback, RangeRequest, Sink, Store, Views
+from lading.stores.base import (
+    Fetched,
+    ObjectInfo,
+    Outcomes,
+    OnPiece,
+    ProgressCallback,
+    RangeRequest,
+    Sink,
+    Store,
+    Views,
+)
 from lading.stores.config import StoreConfig
 
 _CHUNK = 1 << 20
@@ -213,6 +223,7 @@ class LocalStore(Store):
         version: str | None = None,
         progress: ProgressCallback | None = None,
         size: int | None = None,
+        on_piece: OnPiece | None = None,
     ) -> None:
         """Copy the file to ``dest``."""
         path = self._path(key)
@@ -220,8 +231,12 @@ class LocalStore(Store):
             with open(path, "rb") as src, open(dest, "wb") as out:
                 if version is not None and _version(os.fstat(src.fileno())) != version:
                     raise ObjectChanged(f"{path} changed since it was listed")
+                offset = 0
                 while chunk := src.read(_CHUNK):
                     out.write(chunk)
+                    if on_piece is not None:
+                        on_piece(memoryview(chunk), offset)
+                    offset += len(chunk)
                     if progress is not None:
                         progress(len(chunk))
         except OSError as err:

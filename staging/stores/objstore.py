@@ -37,7 +37,17 @@ from typing import Any, Callable, Mapping, Sequence
 from lading.core.errors import LadingError, NotFound, ObjectChanged, UsageError
 from lading.core.keys import key_parts
 from lading.core.retry import with_retries
-from lading.stores.base import Fetched, ObjectInfo, Outcomes, ProgressCallback, RangeRequest, Sink, Store, Views
+from lading.stores.base import (
+    Fetched,
+    ObjectInfo,
+    Outcomes,
+    OnPiece,
+    ProgressCallback,
+    RangeRequest,
+    Sink,
+    Store,
+    Views,
+)
 from lading.stores.config import StoreConfig
 from lading.stores.listing import ListingMixin
 from lading.stores.obstore_errors import FromResponse, status_and_code, translate
@@ -255,15 +265,16 @@ class ObstoreReads(ListingMixin, Store):
         version: str | None = None,
         progress: ProgressCallback | None = None,
         size: int | None = None,
+        on_piece: OnPiece | None = None,
     ) -> None:
         """The object into ``dest``, never mixing two versions, a cut body resumed from the bytes
         already written. Through obstore, an object of known ``size`` larger than a part comes in
         parallel ranged parts pinned to one version."""
         reads = self._reads(key)
         if isinstance(reads, ObstoreReader):
-            reads.download(key, dest, version, progress, size)
+            reads.download(key, dest, version, progress, size, on_piece)
         else:
-            reads.download(key, dest, version, progress)
+            reads.download(key, dest, version, progress, on_piece)
 
     # -- conditional writes (the claims protocol) -------------------------------------------------
 

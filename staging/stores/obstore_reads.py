@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 from lading.core.errors import LadingError, ObjectChanged, TransientError
 from lading.core.keys import key_parts
 from lading.core.retry import RetryPolicy, note_answer, with_retries, with_retries_async
-from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, RangeRequest
+from lading.stores.base import Fetched, ObjectInfo, OnPiece, ProgressCallback, RangeRequest
 from lading.stores.download import PART_SIZE, download_file
 from lading.stores.iocore import io_core
 from lading.stores.obstore_errors import FromResponse, status_and_code, translate
@@ -389,12 +389,22 @@ class ObstoreReader:
         version: str | None = None,
         progress: ProgressCallback | None = None,
         size: int | None = None,
+        on_piece: OnPiece | None = None,
     ) -> None:
         """The object into ``dest`` through the one downloader: ranged parts when its ``size`` is
         known and larger than a part, else one stream; a cut body resumes from the bytes received."""
         io_core().run(
             download_file(
-                self.attempt, self.target.retry, self._where(key), key, dest, version, size, progress, PART_SIZE
+                self.attempt,
+                self.target.retry,
+                self._where(key),
+                key,
+                dest,
+                version,
+                size,
+                progress,
+                PART_SIZE,
+                on_piece,
             )
         )
 

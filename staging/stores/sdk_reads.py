@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from lading.core.retry import RetryPolicy
-from lading.stores.base import Fetched, ObjectInfo, ProgressCallback, RangeRequest
+from lading.stores.base import Fetched, ObjectInfo, OnPiece, ProgressCallback, RangeRequest
 from lading.stores.download import download_file, fetch_range
 from lading.stores.iocore import io_core
 from lading.stores.obstore_reads import _outcome
@@ -107,11 +107,26 @@ class SdkReader:
         return [outcome[0] for outcome in io_core().run_all([_outcome(self.read(request)) for request in requests])]
 
     def download(
-        self, key: str, dest: Path, version: str | None = None, progress: ProgressCallback | None = None
+        self,
+        key: str,
+        dest: Path,
+        version: str | None = None,
+        progress: ProgressCallback | None = None,
+        on_piece: OnPiece | None = None,
     ) -> None:
         """The whole object into ``dest`` as one stream, resumed from the bytes written."""
         io_core().run(
-            download_file(self.attempt, self.target.retry, self.target.where + key, key, dest, version, None, progress)
+            download_file(
+                self.attempt,
+                self.target.retry,
+                self.target.where + key,
+                key,
+                dest,
+                version,
+                None,
+                progress,
+                on_piece=on_piece,
+            )
         )
 
 

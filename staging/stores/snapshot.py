@@ -42,6 +42,7 @@ from lading.stores.base import (
     CoroutineReads,
     Fetched,
     ObjectInfo,
+    OnPiece,
     Outcomes,
     ProgressCallback,
     RangeRequest,
@@ -266,9 +267,10 @@ class SnapshotStore(ReadOnlyStore):
         version: str | None = None,
         progress: ProgressCallback | None = None,
         size: int | None = None,
+        on_piece: OnPiece | None = None,
     ) -> None:
         """The recorded version into ``dest``."""
-        self._pinned(key, lambda pinned: self.inner.download(key, dest, pinned, progress, size), version)
+        self._pinned(key, lambda pinned: self.inner.download(key, dest, pinned, progress, size, on_piece), version)
 
     def read_object(self, key: str) -> tuple[bytes, str] | None:
         """The recorded version's bytes, or None when the snapshot lacks the key."""

@@ -56,7 +56,7 @@ from lading.core.atomic import write_atomically
 from lading.core.cacheroot import CACHE_ROOT_RULE, default_cache_root  # noqa: F401 - used here, re-exported
 from lading.core.errors import AccessDenied, NotFound, ObjectChanged, ProblemFound, UsageError, local_error
 from lading.stores.base import ObjectInfo, Store
-from lading.transfer.verify import Verifier
+from lading.transfer.verify import InlineCrc32c, Verifier
 
 log = logging.getLogger(__name__)
 
@@ -82,12 +82,21 @@ _UNITS = {
 }
 
 
-def _download_shard(store: Store, key: str, version: str | None, dest: Path, size: int | None = None) -> None:
+def _download_shard(
+    store: Store, key: str, version: str | None, dest: Path, size: int | None = None, crc32c: str | None = None
+) -> None:
     """Download one object at ``version`` to ``dest`` (the one place the cache moves bytes): on
-    the I/O core in parallel ranged parts when the store can (its ``size`` known), then checked
-    against the MD5 an S3 ETag stands for, as ``lading sync`` checks it."""
-    store.download(key, dest, version=version, size=size)
-    _verify_md5(store, key, version, dest)
+    the I/O core in parallel ranged parts when the store can (its ``size`` known). Checked against
+    the CRC32C the index recorded as the bytes are written; an index without one (packed before
+    lading recorded it) is checked against the MD5 an S3 ETag stands for, read back from the
+    file, as ``lading sync`` checks it."""
+    if crc32c is None:
+        store.download(key, dest, version=version, size=size)
+        _verify_md5(store, key, version, dest)
+        return
+    check = InlineCrc32c(key, crc32c)
+    store.download(key, dest, version=version, size=size, on_piece=check)
+    check.check(os.path.getsize(dest))
 
 
 def _verify_md5(store: Store, key: str, version: str | None, dest: Path) -> None:
@@ -211,13 +220,15 @@ def _lock(path: Path, mode: int, wait: bool = True) -> int | None:
 @dataclass(frozen=True)
 class ShardSource:
     """Where a shard comes from: its URI, the store and key to download it, and the version
-    (ETag / generation) and size the index recorded (None: unknown, take the store's)."""
+    (ETag / generation), size and CRC32C the index recorded (None: unknown, take the store's;
+    no CRC32C: check the MD5 an ETag stands for)."""
 
     uri: str
     store: Callable[[], Store]
     key: str
     version: str | None
     size: int | None
+    crc32c: str | None = None
 
 
 class CachedShard:
@@ -361,7 +372,7 @@ class NodeCache:
         tmp = path.with_name(f"{path.name}{_TMP}{os.getpid()}-{threading.get_ident()}")
         started = time.monotonic()
         try:
-            _download_shard(store, source.key, version, tmp, size)
+            _download_shard(store, source.key, version, tmp, size, source.crc32c)
             got = os.path.getsize(tmp)
             if got != size:
                 raise ObjectChanged(

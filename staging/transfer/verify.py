@@ -12,6 +12,7 @@ import hashlib
 import os
 from typing import Protocol
 
+from lading.core.checksums import crc32c_combine, crc32c_extend, crc32c_text
 from lading.core.errors import ProblemFound
 from lading.stores.base import ObjectInfo
 
@@ -95,3 +96,36 @@ class Verifier:
         actual = base64.b64encode(digest).decode() if self._kind == "CRC32C" else digest.hex()
         if actual != self._expected:
             raise IntegrityError(f"{self.info.key}: {self._kind} mismatch (got {actual}, store says {self._expected})")
+
+
+class InlineCrc32c:
+    """Checks a download against a recorded CRC32C as its pieces are written, with no read-back
+    of the file: pass it as ``Store.download``'s ``on_piece``, then call :meth:`check`.
+
+    A ranged download's pieces arrive in order within each part but with the parts interleaved,
+    so it keeps one running CRC per contiguous run of bytes (a piece that starts where a run
+    ends extends it) and combines the runs in offset order at the end. Called from one thread at
+    a time (the I/O core's loop, or the thread that copies a local file)."""
+
+    def __init__(self, key: str, expected: str) -> None:
+        self.key, self.expected = key, expected
+        self._runs: dict[int, tuple[int, int]] = {}  # end offset -> (start offset, CRC of the run)
+
+    def __call__(self, piece: memoryview, offset: int) -> None:
+        """Feed the piece of the content that starts at ``offset``."""
+        start, crc = self._runs.pop(offset, (offset, 0))
+        self._runs[offset + piece.nbytes] = (start, crc32c_extend(crc, piece))
+
+    def check(self, size: int) -> None:
+        """Raise :class:`IntegrityError` unless exactly bytes ``[0, size)`` arrived, once, with
+        the recorded CRC32C."""
+        crc, position = 0, 0
+        for start, end, run in sorted((start, end, run) for end, (start, run) in self._runs.items()):
+            if start != position:
+                raise IntegrityError(f"{self.key}: the download's pieces do not tile the object (at byte {position})")
+            crc, position = crc32c_combine(crc, run, end - start), end
+        if position != size:
+            raise IntegrityError(f"{self.key}: got {position} bytes, expected {size}")
+        actual = crc32c_text(crc)
+        if actual != self.expected:
+            raise IntegrityError(f"{self.key}: CRC32C mismatch (got {actual}, the index says {self.expected})")

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from lading.core.checksums import crc32c_of_bytes, crc32c_of_file
 from lading.core.errors import LadingError, ProblemFound, TransientError, UsageError, local_error
 from lading.pack import PackEvents, PackResult, index_maker, open_source, pack_documents
 from lading.pack.execute import write_shard
@@ -81,9 +82,9 @@ def _publish_local(store: Store, root: Path, path: Path, key: str) -> ObjectInfo
     return store.stat(key)
 
 
-def write_shard_job(job: ShardJob, source: str, dest: str, config: StoreConfig) -> tuple[str, int, int]:
+def write_shard_job(job: ShardJob, source: str, dest: str, config: StoreConfig) -> tuple[str, int, int, str]:
     """Run in a Ray task: write the shard, publish it under DEST, then its receipt.
-    Returns ``(etag, size, payload bytes)``."""
+    Returns ``(etag, size, payload bytes, CRC32C)``."""
     dest_uri = parse_uri(dest)
     store = open_store(dest_uri, config)
     member_source = open_source(parse_uri(source), config)
@@ -94,6 +95,7 @@ def write_shard_job(job: ShardJob, source: str, dest: str, config: StoreConfig) 
             path = (root / job.key).with_name(f".{job.shard.name}.{uuid.uuid4().hex[:12]}.part")
             try:
                 payload = write_shard(job.shard, member_source, path)
+                crc32c = crc32c_of_file(path)
                 info = _publish_local(store, root, path, job.key)
             finally:
                 path.unlink(missing_ok=True)
@@ -101,14 +103,15 @@ def write_shard_job(job: ShardJob, source: str, dest: str, config: StoreConfig) 
             with tempfile.TemporaryDirectory(prefix="lading-pack-ray-") as folder:
                 path = Path(folder) / job.shard.name
                 payload = write_shard(job.shard, member_source, path)
+                crc32c = crc32c_of_file(path)
                 info = store.upload(path, job.key)
     finally:
         member_source.close()
     if info.size != job.shard.nbytes:
         raise ProblemFound(f"{dest}/{job.key} holds {info.size} bytes once published, planned {job.shard.nbytes}")
-    receipt = json.dumps({"fingerprint": job.fingerprint, "etag": info.version, "size": info.size}).encode()
-    _put_small(store, job.receipt_key, receipt)
-    return info.version, info.size, payload
+    receipt = {"fingerprint": job.fingerprint, "etag": info.version, "size": info.size, "crc32c": crc32c}
+    _put_small(store, job.receipt_key, json.dumps(receipt).encode())
+    return info.version, info.size, payload, crc32c
 
 
 def _put_small(store: Store, key: str, data: bytes) -> ObjectInfo:
@@ -138,7 +141,14 @@ def reusable_shards(store: Store, plan: PackPlan, jobs: list[ShardJob]) -> dict[
             and receipt.get("etag") == info.version
             and receipt.get("size") == info.size == job.shard.nbytes
         ):
-            found[number] = PublishedShard(job.shard.name, len(job.shard.samples), info.size, info.version)
+            crc32c = receipt.get("crc32c")  # absent from a receipt an older lading wrote
+            found[number] = PublishedShard(
+                job.shard.name,
+                len(job.shard.samples),
+                info.size,
+                info.version,
+                crc32c if isinstance(crc32c, str) else None,
+            )
     return found
 
 
@@ -202,8 +212,8 @@ def run_pack_ray(
     _check_published(store, plan, shards)
     documents = pack_documents(plan, str(dest_uri))
     extras = [
-        PublishedShard(Path(key).name, 0, info.size, info.version)
-        for key, info in ((key, _put_small(store, key, data)) for key, data in documents)
+        PublishedShard(Path(key).name, 0, info.size, info.version, crc32c_of_bytes(data))
+        for key, data, info in ((key, data, _put_small(store, key, data)) for key, data in documents)
     ]
     _put_small(store, plan.index_key, index_maker(plan)(shards, extras))
     try:
@@ -247,10 +257,10 @@ def _run_tasks(
                 number = waiting.pop(ref)
                 shard = plan.shards[number]
                 try:
-                    etag, size, payload = ray.get(ref)
+                    etag, size, payload, crc32c = ray.get(ref)
                 except Exception as err:  # noqa: BLE001 - turned into a project error
                     raise task_error(ray, err, f"writing {shard.name}") from None
-                published[number] = PublishedShard(shard.name, len(shard.samples), size, etag)
+                published[number] = PublishedShard(shard.name, len(shard.samples), size, etag, crc32c)
                 events.on_bytes(payload)
                 events.on_shard(shard.name, shard.nbytes)
     except BaseException:

@@ -33,6 +33,7 @@ from typing import Any, Iterable
 from ray.data import Datasink
 from ray.data.block import BlockAccessor
 
+from lading.core.checksums import crc32c_of_bytes, crc32c_of_file
 from lading.core.errors import LadingError, ProblemFound, UsageError
 from lading.core.sizes import parse_size
 from lading.core.values import encode_value
@@ -106,12 +107,17 @@ class TaskShard:
     nsamples: int
     filesize: int
     etag: str
+    crc32c: str | None = None
     keys: list[str] = field(default_factory=list)
     members_per_sample: list[int] = field(default_factory=list)
     member_offset: list[int] = field(default_factory=list)
     member_size: list[int] = field(default_factory=list)
     member_ext: list[str] = field(default_factory=list)
     payload: int = 0
+
+    def published(self) -> PublishedShard:
+        """The shard as the index lists it."""
+        return PublishedShard(self.key, self.nsamples, self.filesize, self.etag, self.crc32c)
 
 
 @dataclass
@@ -267,6 +273,7 @@ class ShardSink(Datasink):
 
     def _publish(self, store: Store, shard: _ShardFile) -> TaskShard:
         size = shard.finish()
+        shard.meta.crc32c = crc32c_of_file(shard.path)
         info = store.upload(shard.path, shard.meta.key)
         shard.close()
         if info.size != size:
@@ -288,12 +295,14 @@ class ShardSink(Datasink):
             f"{self.folder}{self.name}{OFFSETS_SUFFIX}",
             f"{self.folder}{self.name}.manifest.json",
         )
-        offsets_info = _put(store, offsets_key, offsets.encode(table))
+        encoded = offsets.encode(table)
+        offsets_info = _put(store, offsets_key, encoded)
         manifest = [{"prefix": f"{store.url.rstrip('/')}/{self.folder}"}, *(Path(s.key).name for s in shards)]
         _put(store, manifest_key, dump(manifest))
         self._remove_unlisted(store, {shard.key for shard in shards})
-        self.shards = [PublishedShard(s.key, s.nsamples, s.filesize, s.etag) for s in shards]
-        index = self._index(shards, table, PublishedShard(offsets_key, 0, offsets_info.size, offsets_info.version))
+        self.shards = [shard.published() for shard in shards]
+        offsets_file = PublishedShard(offsets_key, 0, offsets_info.size, offsets_info.version, crc32c_of_bytes(encoded))
+        index = self._index(shards, table, offsets_file)
         index.update(extra)
         self.index = self.publish_index(store, self.index_key, index)
 
@@ -304,9 +313,7 @@ class ShardSink(Datasink):
             "__kind__": INDEX_KIND,
             "wids_version": 1,
             "name": self.name,
-            "shardlist": [
-                {"url": s.key, "nsamples": s.nsamples, "filesize": s.filesize, "etag": s.etag} for s in shards
-            ],
+            "shardlist": [shard.published().entry() for shard in shards],
             "lading": {
                 "format": 1,
                 "version": None,
@@ -317,7 +324,7 @@ class ShardSink(Datasink):
                 "nfiles": len(table.member_size),
                 "input_bytes": sum(s.payload for s in shards),
                 "writer": "ray.ShardSink",
-                "offsets": {"url": offsets_file.name, "filesize": offsets_file.filesize, "etag": offsets_file.etag},
+                "offsets": offsets_file.entry(without=("nsamples",)),
             },
         }
 

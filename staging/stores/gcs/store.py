@@ -41,7 +41,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from lading.core.errors import LadingError, NotFound, ObjectChanged, TransientError
 from lading.core.retry import with_retries
-from lading.stores.base import ObjectInfo, Outcomes, ProgressCallback, RangeRequest, Views
+from lading.stores.base import ObjectInfo, Outcomes, OnPiece, ProgressCallback, RangeRequest, Views
 from lading.stores.config import StoreConfig
 from lading.stores.gcs.errors import from_response, status_of, translate
 from lading.stores.gcs.upload import ResumableUpload
@@ -217,12 +217,13 @@ class GCSStore(ObstoreReads):
         version: str | None = None,
         progress: ProgressCallback | None = None,
         size: int | None = None,
+        on_piece: OnPiece | None = None,
     ) -> None:
         """As :meth:`ObstoreReads.download`; a 404 while it runs is explained: pinned, by
         :meth:`_pinned_not_found`; unpinned (the download pinned the first answer's generation),
         an object that exists again is one that was replaced."""
         try:
-            super().download(key, dest, version, progress, size)
+            super().download(key, dest, version, progress, size, on_piece)
         except NotFound:
             if version is not None:
                 raise self._pinned_not_found(key, version) from None

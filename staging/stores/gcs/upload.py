@@ -11,11 +11,11 @@ file, so GCS refuses to finalise a corrupted upload.
 
 from __future__ import annotations
 
-import base64
 import os
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from lading.core.checksums import crc32c_of_file
 from lading.stores.base import ProgressCallback
 
 
@@ -32,9 +32,6 @@ class UploadTarget(Protocol):
     def _timeout(self) -> Any: ...
 
 
-_HASH_CHUNK = 1 << 20
-
-
 class ResumableUpload:
     """One upload of ``src`` to ``key``; :meth:`run` drives it through the store's retries."""
 
@@ -48,7 +45,7 @@ class ResumableUpload:
 
     def run(self) -> None:
         """Create the session, then send chunks until GCS reports the object complete."""
-        crc = _crc32c_base64(self.src)
+        crc = crc32c_of_file(self.src)
         self.session_url = self.store._gcs_call(
             self.where,
             lambda bucket: bucket.blob(self.store.root + self.key).create_resumable_upload_session(
@@ -102,13 +99,3 @@ class ResumableUpload:
             self.progress(committed - self.reported)
         self.reported = max(self.reported, committed)
         self.committed = committed
-
-
-def _crc32c_base64(path: Path) -> str:
-    import google_crc32c
-
-    checksum = google_crc32c.Checksum()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK):
-            checksum.update(chunk)
-    return base64.b64encode(checksum.digest()).decode()

@@ -1,0 +1,88 @@
+"""CRC32C (Castagnoli), the cheap whole-object checksum lading records and checks.
+
+Written as GCS and S3 write it: base64 of the four big-endian bytes (``"AAAAAA=="`` for no
+bytes). google-crc32c computes it in C (about 0.1 ms of CPU per MiB here, against 1.8 ms for an
+MD5). :func:`crc32c_combine` joins the CRCs of two adjacent runs of bytes, so a download whose
+parts arrive interleaved is checked without reading the file back.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import google_crc32c
+
+_CHUNK = 1 << 20
+_POLY = 0x82F63B78  # the Castagnoli polynomial, bit-reversed (x^0 is the top bit)
+
+
+def crc32c_extend(crc: int, data: bytes | memoryview) -> int:
+    """``crc`` (0 for no bytes yet) extended over ``data``."""
+    # The C extension takes bytes only, not a memoryview (not even a read-only one): a view of a
+    # whole bytes object is hashed through that object, anything else is copied.
+    if isinstance(data, memoryview):
+        whole = data.obj
+        data = whole if isinstance(whole, bytes) and len(whole) == data.nbytes else bytes(data)
+    return int(google_crc32c.extend(crc, data))
+
+
+def crc32c_text(crc: int) -> str:
+    """The recorded form of a CRC32C: base64 of its big-endian bytes."""
+    return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+
+def crc32c_of_file(path: Path) -> str:
+    """The recorded form of a file's CRC32C."""
+    crc = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            crc = crc32c_extend(crc, chunk)
+    return crc32c_text(crc)
+
+
+def crc32c_of_bytes(data: bytes) -> str:
+    """The recorded form of ``data``'s CRC32C."""
+    return crc32c_text(crc32c_extend(0, data))
+
+
+def _multiply(a: int, b: int) -> int:
+    """``a * b`` modulo the polynomial, both in bit-reversed order."""
+    top = 1 << 31
+    product = 0
+    while top:
+        if a & top:
+            product ^= b
+            if not a & (top - 1):
+                break
+        top >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+    return product
+
+
+def _square_powers() -> list[int]:
+    """``x^(2^k)`` modulo the polynomial for k = 0..31."""
+    powers = [1 << 30]  # x^1
+    for _ in range(31):
+        powers.append(_multiply(powers[-1], powers[-1]))
+    return powers
+
+
+_X_2K = _square_powers()
+
+
+def _shift(length: int) -> int:
+    """``x^(8 * length)`` modulo the polynomial: appending ``length`` bytes, as a multiplier."""
+    power, k = 1 << 31, 3  # x^0; 8 * length = length << 3
+    while length:
+        if length & 1:
+            power = _multiply(_X_2K[k & 31], power)
+        length >>= 1
+        k += 1
+    return power
+
+
+def crc32c_combine(first: int, second: int, second_length: int) -> int:
+    """The CRC32C of ``A + B`` from ``A``'s CRC, ``B``'s CRC and ``B``'s length (the initial and
+    final inversions cancel out, as in zlib's ``crc32_combine``)."""
+    return _multiply(_shift(second_length), first) ^ second
