@@ -153,12 +153,40 @@ def test_listing_matches_boto3_key_for_key(s3, endpoint):
         listed = [(i.key, i.size, i.version, i.md5, int(i.mtime)) for i in store.list()]
         assert listed == reference() and len(listed) == len(keys)
         assert [i.key for i in store.list("q/")] == sorted(key for key in keys if key.startswith("q/"))
-        _put(s3, "data/folder/", b"")  # a folder marker: the rest of the listing goes through boto3
+        _put(s3, "data/folder/", b"")  # a folder marker: told apart by its folder's delimiter listing
         proxy.reset_counts()
         exact = [(i.key, i.size, i.version, i.md5, int(i.mtime)) for i in store.list()]
         assert exact == listed
-        assert sum("continuation-token" in query for query in proxy.listings()) >= 3  # boto3's pages too
+        assert sum("continuation-token" in query for query in proxy.listings()) >= 3
         assert store.stat("q/x y+z").size == len("q/x y+z")
+
+
+def test_empty_objects_and_folder_markers_are_told_apart_without_boto3(s3, endpoint):
+    """obstore renders a marker ``dir/`` as ``dir``, like an empty object ``dir``: the folder's
+    delimiter listing (obstore's too) tells them apart, so a tree of empty objects never falls back
+    to boto3's listing, and every key is what boto3 lists."""
+    empty = ["a", "c", "e", "g/h", "g/k/l", "x", "z/0", "z/1", "z/2"]
+    markers = ["b/", "c/", "d/", "g/i/", "g/k/", "z/"]
+    full = {"c-1": b"1", "d/e": b"2", "f": b"3", "g/j": b"4", "x/y": b"5"}
+    for key in [*empty, *markers]:
+        _put(s3, f"data/{key}", b"")
+    for key, body in full.items():
+        _put(s3, f"data/{key}", body)
+    _put(s3, "data/", b"")  # the prefix's own marker
+    reference = [
+        (item["Key"][5:], item["Size"])
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="data/")
+        for item in page.get("Contents", ())
+        if not item["Key"].endswith("/")
+    ]
+    assert len(reference) == len(empty) + len(full)
+    with SmallPages(endpoint, page_size=3) as proxy:
+        store = _store(proxy.url)
+        assert [(info.key, info.size) for info in store.list()] == reference
+        assert [info.key for info in store.list("g/")] == ["g/h", "g/j", "g/k/l"]
+        assert not store._boto.built
+        folders = [q for q in proxy.listings() if "delimiter=" in q and "continuation-token" not in q]
+        assert 0 < len(folders) <= 4 + 2  # each folder once a listing: data/, g/, g/k/, z/; then g/, g/k/
 
 
 def test_prefix_with_or_without_slash_and_sub_prefix(s3, endpoint):

@@ -46,46 +46,47 @@ class ListingMixin:
         """Yield objects under ``root + prefix`` in key order, a page at a time.
 
         obstore normalises keys (it drops a trailing ``/`` and refuses empty, ``.`` and ``..``
-        segments). Where that could matter (an empty object that is not a ``dir/`` marker with
-        keys under it, or a key obstore cannot represent) one page is listed through the backend's
-        SDK, after the last key already yielded, and obstore takes over again after that page: every
-        key comes out exactly as stored. A page that fails transiently is asked for again from the
-        last key yielded (a listing ``offset``), within the retry policy. obstore follows
-        continuation tokens but cannot tell a last page from one a server marked truncated without
-        a token; so when the listing ends, one more request starting after the last key must find
-        nothing, or the listing is an error (never a short listing)."""
+        segments). An entry that may be a folder marker ``dir/`` rendered as ``dir`` (on S3: any
+        empty entry) is looked up in its folder's listing with a delimiter, also through obstore
+        (once per folder, kept for the next few folders): there a marker is a common prefix and an
+        empty object an object. Where obstore cannot represent a key, one page is listed through
+        the backend's SDK, after the last key already yielded, and obstore takes over again after
+        that page: every key comes out exactly as stored. A page that fails transiently is asked for
+        again from the last key yielded (a listing ``offset``), within the retry policy. obstore
+        follows continuation tokens but cannot tell a last page from one a server marked truncated
+        without a token; so when the listing ends, one more request starting after the last key
+        must find nothing, or the listing is an error (never a short listing)."""
         if (not use_obstore() or prefix and not prefix.endswith("/")) and self.has_exact_listing:
             yield from self._exact_listing(prefix, None)  # obstore lists directories, not name prefixes
             return
         after: str | None = None
+        folders = _Folders(self, prefix)
         while True:
-            ambiguous, after = yield from self._fast_run(prefix, after)
-            if not ambiguous:
+            unrepresentable, after = yield from self._fast_run(prefix, after, folders)
+            if not unrepresentable:
                 return
             infos, after, more = self._exact_page(prefix, after)
             yield from infos
             if not more:
                 return
 
-    def _fast_run(self, prefix: str, after: str | None) -> Generator[ObjectInfo, None, tuple[bool, str | None]]:
+    def _fast_run(
+        self, prefix: str, after: str | None, folders: _Folders
+    ) -> Generator[ObjectInfo, None, tuple[bool, str | None]]:
         """obstore's listing after key ``after``: yields what it renders exactly; returns (False, _)
-        at the end, or (True, the last key yielded) when the next entry needs the SDK's listing."""
+        at the end, or (True, the last key yielded) when obstore cannot represent the next key."""
         where = self._where(prefix)
         last = after
-        held: dict[str, Any] | None = None  # an empty entry that may be a folder marker, until the next one
+        own_marker = (self.root + prefix).rstrip("/")  # "data/" itself, rendered "data"
         try:
             for page in self._pages(prefix, lambda: last):
                 for meta in page:
-                    if last is not None and meta["path"] <= last:
-                        continue  # a resumed page may repeat its first key (GCS offsets include it)
-                    if held is not None:
-                        if not meta["path"].startswith(held["path"] + "/"):
-                            return True, last  # an empty object, or a lone marker: ask the SDK
-                        held = None  # "dir/" followed by "dir/...": a folder marker, skipped
-                    if self._needs_exact_keys(meta):
-                        held = meta
-                        continue
-                    last = meta["path"]
+                    path = meta["path"]
+                    if last is not None and path <= last:
+                        continue  # a resumed page's first key, or a marker "x/" rendered "x" after "x-1"
+                    if self._may_be_marker(meta) and (path == own_marker or not folders.has_empty_object(path)):
+                        continue  # a folder marker
+                    last = path
                     info = self._listed(meta)
                     if info is not None:
                         yield info
@@ -93,8 +94,6 @@ class ListingMixin:
             if not self.has_exact_listing:
                 raise
             return True, last  # obstore cannot represent a key here
-        if held is not None:
-            return True, last
         if (
             last is not None
             and last != after
@@ -110,10 +109,9 @@ class ListingMixin:
     #: Whether :meth:`_exact_listing` exists (a listing through the SDK, with keys exactly as stored).
     has_exact_listing = False
 
-    def _needs_exact_keys(self, meta: dict[str, Any]) -> bool:
-        """Whether obstore's rendering of this entry may not be the stored key (obstore drops a
-        trailing ``/``, so a folder marker ``dir/`` looks like an empty object ``dir``). Such an
-        entry followed by keys under it is a marker; otherwise the SDK listing decides."""
+    def _may_be_marker(self, meta: dict[str, Any]) -> bool:
+        """Whether this entry may be a folder marker ``dir/`` (obstore drops the trailing ``/``,
+        so it looks like an object ``dir``); its folder's delimiter listing decides."""
         return False
 
     def _exact_listing(self, prefix: str, after: str | None) -> Iterator[ObjectInfo]:
@@ -164,3 +162,35 @@ class ListingMixin:
         if not key or (key.endswith("/") and int(meta["size"]) == 0):
             return None  # the prefix itself, or a folder marker
         return self._info(key, meta)
+
+
+class _Folders:
+    """The empty objects of the folders a listing asked about, by obstore's listing with a
+    delimiter (a marker ``dir/`` is a common prefix there, an empty object ``dir`` an object).
+    Each folder is listed once while it is among the last :data:`KEPT` asked about (a listing
+    visits a folder's own entries between its subfolders' runs)."""
+
+    KEPT = 8
+
+    def __init__(self, lister: ListingMixin, prefix: str) -> None:
+        self._lister = lister
+        self._where = lister._where(prefix)
+        self._empty: dict[str, frozenset[str]] = {}
+
+    def has_empty_object(self, path: str) -> bool:
+        """Whether an empty object (not a marker) is stored at exactly ``path``."""
+        folder = path.rpartition("/")[0]
+        empty = self._empty.pop(folder, None)
+        if empty is None:
+            empty = self._lister._call(self._where, lambda store: _empty_objects(store, folder))
+            if len(self._empty) >= self.KEPT:
+                del self._empty[next(iter(self._empty))]
+        self._empty[folder] = empty  # most recent last
+        return path in empty
+
+
+def _empty_objects(store: Any, folder: str) -> frozenset[str]:
+    import obstore
+
+    listed = obstore.list_with_delimiter(store, folder or None)
+    return frozenset(meta["path"] for meta in listed["objects"] if meta["size"] == 0 and meta["path"] != folder)

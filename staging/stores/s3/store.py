@@ -159,7 +159,7 @@ class S3Store(ObstoreReads):
 
     has_exact_listing = True
 
-    def _needs_exact_keys(self, meta: dict[str, Any]) -> bool:
+    def _may_be_marker(self, meta: dict[str, Any]) -> bool:
         return int(meta["size"]) == 0
 
     def _exact_listing(self, prefix: str, after: str | None) -> Iterator[ObjectInfo]:
