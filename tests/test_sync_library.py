@@ -112,7 +112,12 @@ def test_delete_never_follows_symlinks_or_tampered_records(tmp_path):
     (outside / "victim").write_bytes(b"precious")
     store = LocalStore(src)
     run_sync(store, SyncRequest(str(src), dest))
-    # a tampered record naming a file outside DEST, and a directory swapped for a symlink
+    # a tampered record naming files outside DEST (in the index and in the journal), and a
+    # directory swapped for a symlink
+    header, *rows = (dest / STATE_NAME).read_text().splitlines(keepends=True)
+    (outside / "indexed").write_bytes(b"precious")
+    tampered = '["../outside/indexed",1,"v",1,1]\n'  # sorts before "a/x": a row --delete walks past
+    (dest / STATE_NAME).write_text(header + tampered + "".join(rows))
     with open(dest / JOURNAL_NAME, "a") as handle:
         handle.write('{"key": "../outside/victim", "size": 1, "version": "v", "mtime_ns": 1, "local_size": 1}\n')
     import shutil
@@ -123,6 +128,7 @@ def test_delete_never_follows_symlinks_or_tampered_records(tmp_path):
     summary = run_sync(store, SyncRequest(str(src), dest, delete=True))
     assert (outside / "x").read_bytes() == b"precious"
     assert (outside / "victim").read_bytes() == b"precious"
+    assert (outside / "indexed").read_bytes() == b"precious"
     assert summary.failed == [] and (dest / "b").read_bytes() == b"2"
     assert "a/x" not in SyncState.load(dest).entry_map()
 

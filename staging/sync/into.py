@@ -37,7 +37,7 @@ def sync_into(
         interrupted = (dest / JOURNAL_NAME).exists()
         state = SyncState.load(dest)
         state.source = request.source
-        with plan_sync(selection, request, state, options.workers) as plan:
+        with plan_sync(selection, request, state, options.workers, list_current=False) as plan:
             if plan.fetch_files:
                 state.begin()
             try:

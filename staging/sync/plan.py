@@ -133,6 +133,7 @@ class SyncPlan:
     fetching: SortedRuns = field(default_factory=SortedRuns)  # ObjectInfo fields + reason
     current: SortedRuns = field(default_factory=SortedRuns)  # (key,)
     deleting: SortedRuns = field(default_factory=SortedRuns)  # (key,)
+    counted_current: int | None = None  # up to date, when not listed in ``current`` (a sync's plan)
 
     @property
     def fetch_files(self) -> int:
@@ -142,7 +143,7 @@ class SyncPlan:
     @property
     def up_to_date_files(self) -> int:
         """Files already current in DEST."""
-        return self.current.count
+        return self.current.count if self.counted_current is None else self.counted_current
 
     @property
     def delete_files(self) -> int:
@@ -156,7 +157,8 @@ class SyncPlan:
                 yield PlannedFetch(ObjectInfo(*row[:-1]), row[-1])
 
     def up_to_date(self) -> Iterator[str]:
-        """Keys already current in DEST, in key order."""
+        """Keys already current in DEST, in key order (a plan made with ``list_current=False``
+        has none)."""
         return (row[0] for row in self.current)
 
     def to_delete(self) -> Iterator[str]:
@@ -517,9 +519,15 @@ def _with_stats(rows: Iterable[tuple], root: str, workers: int) -> Iterator[tupl
             yield from zip(batch, stats)
 
 
-def plan_sync(selection: Selection, request: SyncRequest, state: SyncState, workers: int = 8) -> SyncPlan:
+def plan_sync(
+    selection: Selection, request: SyncRequest, state: SyncState, workers: int = 8, list_current: bool = True
+) -> SyncPlan:
     """Compare this rank's objects with DEST's index and files, both in key order. Writes
-    nothing in DEST."""
+    nothing in DEST. ``list_current=False`` only counts the files already up to date (a sync
+    needs their number, ``--dry-run --json`` their keys).
+
+    The index's rows are read unchecked: a row is used only when its key equals a selected key
+    (checked by the selection) or, for ``--delete``, after its own key check."""
     root = str(Path(request.dest))
     plan = SyncPlan(
         request.source,
@@ -532,12 +540,14 @@ def plan_sync(selection: Selection, request: SyncRequest, state: SyncState, work
         matched=selection.matched,
     )
     try:
-        entries = state.rows()
+        entries = state.rows(checked=False)
         entry = next(entries, None)
+        delete = request.delete
+        current, up_to_date_bytes = 0, 0
         for row, st in _with_stats(selection.runs, root, workers):
             key = row[0]
             while entry is not None and entry.key < key:  # tracked, no longer selected
-                if request.delete:
+                if delete and is_safe_key(entry.key):
                     plan.deleting.add((entry.key,))
                 entry = next(entries, None)
             mine = None
@@ -545,17 +555,21 @@ def plan_sync(selection: Selection, request: SyncRequest, state: SyncState, work
                 mine, entry = entry, next(entries, None)
             reason = _classify(row, mine, st)
             if reason is None:
-                plan.current.add((key,))
-                plan.up_to_date_bytes += row[1]
+                if list_current:
+                    plan.current.add((key,))
+                current += 1
+                up_to_date_bytes += row[1]
             else:
                 plan.fetching.add(row + (reason,))
                 plan.fetch_bytes += row[1]
-        while entry is not None and request.delete:
-            plan.deleting.add((entry.key,))
+        while entry is not None and delete:
+            if is_safe_key(entry.key):
+                plan.deleting.add((entry.key,))
             entry = next(entries, None)
         entries.close()
         for runs in (plan.fetching, plan.current, plan.deleting):
             runs.finish()
+        plan.counted_current, plan.up_to_date_bytes = current, up_to_date_bytes
     except BaseException:
         plan.close()
         raise

@@ -89,15 +89,19 @@ class SyncState:
         state.source = str(header.get("source", "")) if header else ""
         return state
 
-    def rows(self) -> Generator[Entry, None, None]:
-        """Every entry in ascending key order: the index with the journal replayed over it."""
+    def rows(self, checked: bool = True) -> Generator[Entry, None, None]:
+        """Every entry in ascending key order: the index with the journal replayed over it.
+
+        ``checked=False`` leaves the index rows' keys unchecked (the journal's are always
+        checked): for a caller that uses a row only when its key equals a key it checked itself,
+        or checks the key before acting on it (:func:`lading.sync.plan.plan_sync`)."""
         journal = _journal_runs(self.dest / JOURNAL_NAME)
         if journal is None:
-            yield from _index_rows(self.dest / STATE_NAME)
+            yield from _index_rows(self.dest / STATE_NAME, checked)
             return
         with journal:
             tagged = heapq.merge(
-                ((entry.key, 0, entry) for entry in _index_rows(self.dest / STATE_NAME)),
+                ((entry.key, 0, entry) for entry in _index_rows(self.dest / STATE_NAME, checked)),
                 ((row[0], 1, row) for row in journal),
                 key=lambda item: item[0],
             )
@@ -208,8 +212,9 @@ def _read_header(path: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) and data.get("format") in (1, FORMAT) else None
 
 
-def _index_rows(path: Path) -> Iterator[Entry]:
-    """The index's entries in strictly ascending key order (rows out of order are dropped)."""
+def _index_rows(path: Path, checked: bool = True) -> Iterator[Entry]:
+    """The index's entries in strictly ascending key order (rows out of order are dropped; and
+    rows with unsafe keys, when ``checked``)."""
     try:
         handle = open(path, encoding="utf-8")
     except OSError:
@@ -224,7 +229,7 @@ def _index_rows(path: Path) -> Iterator[Entry]:
         if header.get("format") == 1:  # the whole legacy document was that one line
             rows: Iterable[Entry | None] = sorted(filter(None, map(_entry, header.get("files") or [])))
         elif header.get("format") == FORMAT:
-            rows = _entries(_parsed_lines(handle))
+            rows = _entries(_parsed_lines(handle), checked)
         else:
             return
         last: str | None = None
@@ -257,8 +262,9 @@ def _parsed_lines(handle: IO[str]) -> Iterator[object]:
         yield from values
 
 
-def _entries(rows: Iterable[object]) -> Iterator[Entry | None]:
-    """:func:`_entry` of each row, with a fast path for well-formed array rows."""
+def _entries(rows: Iterable[object], checked: bool = True) -> Iterator[Entry | None]:
+    """:func:`_entry` of each row, with a fast path for well-formed array rows (whose key is
+    checked only when ``checked``)."""
     make = Entry._make
     for row in rows:
         if (
@@ -270,7 +276,7 @@ def _entries(rows: Iterable[object]) -> Iterator[Entry | None]:
             and type(row[3]) is int
             and type(row[4]) is int
         ):
-            yield make(row) if is_safe_key(row[0]) else None
+            yield make(row) if not checked or is_safe_key(row[0]) else None
         else:
             yield _entry(row)
 
