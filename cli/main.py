@@ -143,16 +143,16 @@ _DATA_COMMANDS = {"sync", "cat", "hook", "mount"}
 
 
 def keep_freed_memory() -> None:
-    """glibc: serve allocations up to 4 MiB from the heap and keep up to 128 MiB of freed memory
-    for reuse. A download's body pieces (64-256 KiB each, allocated by obstore's runtime) then reuse
-    the same pages instead of each being mapped, faulted in page by page and unmapped: 115,000 ->
-    30,000 page faults and about 0.4 CPU-s less per GiB, measured (bench/RESULTS.md). A process-wide
-    setting, so it lives here in the CLI, never in the library."""
+    """glibc: serve allocations up to 16 MiB from the heap and keep up to 128 MiB of freed memory
+    for reuse. A download's part buffers (one per part in flight, 8 MiB each, allocated by obstore's
+    runtime) and body pieces then reuse the same pages instead of each being mapped, faulted in page
+    by page and unmapped: 115,000 -> 30,000 page faults and about 0.4 CPU-s less per GiB, measured
+    (bench/RESULTS.md). A process-wide setting, so it lives here in the CLI, never in the library."""
     import ctypes
 
     try:
         libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 4 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-3, 16 << 20)  # M_MMAP_THRESHOLD: above a part (lading.stores.download.PART_SIZE)
         libc.mallopt(-1, 128 << 20)  # M_TRIM_THRESHOLD
     except (OSError, AttributeError):  # not glibc: its defaults stay
         pass

@@ -45,7 +45,9 @@ def test_a_cut_small_body_resumes_with_one_range_request(s3_env, proxy, tmp_path
     assert second.headers.get("If-Match") == f'"{info.version}"'
 
 
-def test_a_cut_part_resumes_from_its_bytes_on_disk(s3_env, proxy, tmp_path):
+def test_a_cut_part_is_asked_for_again_alone_and_pinned(s3_env, proxy, tmp_path):
+    # A part's body is collected whole (one buffer, no copy: bench/RESULTS.md session 7), so a cut
+    # part costs that part again, nothing more: the parts already on disk are not refetched.
     body = os.urandom(3 * 256 * 1024)
     put_objects(s3_client(s3_env), {"big.bin": body})
     store = open_store(SOURCE, StoreConfig(endpoint_url=proxy.url, region="us-east-1"))
@@ -56,13 +58,12 @@ def test_a_cut_part_resumes_from_its_bytes_on_disk(s3_env, proxy, tmp_path):
     assert result.ok, result.error
     assert (tmp_path / "big.bin").read_bytes() == body
     requests = gets_of(proxy, "big.bin")
-    assert len(requests) == 4  # three parts, one of them resumed once
+    assert len(requests) == 4  # three parts, the cut one asked for again once
     cut = next(seen for seen in requests if seen.fault == "truncate")
-    start, end = (int(x) for x in cut.headers.get("Range").removeprefix("bytes=").split("-"))
-    resumed = [seen.headers.get("Range") for seen in requests if seen.fault is None]
-    assert len(resumed) == 3 and f"bytes={start}-{end}" not in resumed  # the cut part was not refetched whole
-    again = [r for r in resumed if r.endswith(f"-{end}")]
-    assert again and start < int(again[0].removeprefix("bytes=").split("-")[0]) <= start + (end + 1 - start) // 2
+    ranges = sorted(seen.headers.get("Range") for seen in requests)
+    assert ranges == sorted(
+        [cut.headers.get("Range")] + [f"bytes={s}-{s + 256 * 1024 - 1}" for s in (0, 262144, 524288)]
+    )
     assert all(seen.headers.get("If-Match") == f'"{info.version}"' for seen in requests)
 
 

@@ -102,3 +102,13 @@ def test_the_library_sets_no_environment_variable_but_tokio_worker_threads():
                 writes.append((path.name, ast.unparse(node.func)))
     assert writes == [("process.py", "'TOKIO_WORKER_THREADS'")], writes
     assert "sets one variable, `TOKIO_WORKER_THREADS`" in words((REPO / "docs" / "architecture.md").read_text())
+
+
+def test_the_architecture_page_states_the_downloaders_part_size_and_concurrency():
+    from lading.stores.download import PART_CONCURRENCY, PART_SIZE, SLICE
+
+    text = words((REPO / "docs" / "architecture.md").read_text())
+    assert (
+        f"parts of {PART_SIZE >> 20} MiB, at most {PART_CONCURRENCY} at once" in text
+        and f"slices of at most {SLICE >> 10} KiB" in text
+    )

@@ -11,12 +11,14 @@ import threading
 import time
 
 from conftest import REPO
+from lading.stores.download import PART_SIZE
+from lading.transfer import TransferOptions
 from lading.transfer.files import ResumeRecord, sidecar_path
 from proxies import FaultProxy
 from sync_fixtures import BUCKET, put_objects, s3_client
 
-PART = 16 << 20  # the engine's default part size
-PARTS = 6
+PART = PART_SIZE  # the engine's default part size
+PARTS = TransferOptions().multipart_threshold // PART + 1  # a ranged download at the CLI's defaults
 
 
 def _part_range(index: int, size: int) -> str:

@@ -8,9 +8,12 @@
   ``concurrency`` at once, each written with ``pwrite`` as it arrives, in slices of at most
   :data:`SLICE` bytes (large ``pwrite`` calls into one file from many streams cost several times
   the kernel time of sub-MiB ones), into a file preallocated with ``fallocate`` where the file
-  system has it. No part is held in memory: obstore's pieces are written and dropped, so
-  nothing multi-MiB is allocated per part. The caller learns of each part on disk
-  (``on_part``), to record it for a resume after a kill, and can feed a checksum in part order.
+  system has it. obstore's attempt collects a part in one buffer of its own and hands it over
+  without a copy (streamed pieces each cost a zeroed Python ``bytes`` and a copy under the GIL):
+  at most ``concurrency`` part buffers live at once, freed as soon as written, so the allocator
+  reuses them (the CLI keeps freed memory below its mmap threshold). The caller learns of each
+  part on disk (``on_part``), to record it for a resume after a kill, and can feed a checksum in
+  part order.
 - :func:`download_file` is a whole object into a path: ranged parts when its size is known and
   larger than a part, else one resumed stream.
 """
@@ -29,10 +32,12 @@ from lading.stores.base import Fetched, OnPiece, ProgressCallback
 
 #: The largest ``pwrite`` call.
 SLICE = 256 << 10
-#: Part size of a ranged download; objects larger than one part are fetched in parts.
-PART_SIZE = 16 << 20
-#: Parts in flight at once per download (beyond ~16 streams a server's per-object rate drops).
-PART_CONCURRENCY = 16
+#: Part size of a ranged download; objects larger than one part are fetched in parts. Each part is
+#: one GET whose body is one buffer: 8 MiB parts took less CPU than 2-4 MiB ones (more requests)
+#: and touched fewer fresh pages than 16 MiB ones (bench/RESULTS.md, session 7).
+PART_SIZE = 8 << 20
+#: Parts in flight at once per download.
+PART_CONCURRENCY = 8
 
 #: Receives one piece of the body and the offset (in the object) of its first byte.
 Write = Callable[[memoryview, int], None]

@@ -62,6 +62,10 @@ _MIN_PIECE, _MAX_PIECE = 64 << 10, 4 << 20
 #: Each piece is one hop from obstore's runtime to the loop (tens of us of CPU): 1 MiB pieces make
 #: a 16 MiB part 16 hops instead of 64 (bench/RESULTS.md, session 6).
 DOWNLOAD_PIECE = 1 << 20
+#: A download's bounded range up to this size (a part) is collected whole: obstore fills one buffer
+#: off the GIL and hands it over without a copy, where each streamed piece costs a zeroed Python
+#: ``bytes`` and a copy into it under the GIL (0.3-0.5 CPU-s per GiB more, bench/RESULTS.md session 7).
+DOWNLOAD_WHOLE = PART_SIZE
 
 
 #: What :meth:`ObstoreReader._refused` says of a failed GET: the range is past the end; the
@@ -237,11 +241,14 @@ class ObstoreReader:
         on_version: Callable[[str], None],
     ) -> Fetched:
         """One GET of bytes ``[start, end)``, no retry (a :class:`lading.stores.download.RangeAttempt`):
-        the body in pieces of about :data:`DOWNLOAD_PIECE` bytes as they arrive (what arrived before a break
-        is delivered, so the caller resumes after it)."""
+        a range of at most :data:`DOWNLOAD_WHOLE` bytes (a part) in one piece, collected whole (a cut
+        body delivers nothing: the range is asked for again); a longer or open-ended one in pieces of
+        about :data:`DOWNLOAD_PIECE` bytes as they arrive (what arrived before a break is delivered,
+        so the caller resumes after it)."""
         if end is not None and end <= start:
             return Fetched(0, start, version or "")
-        answer = await self._attempt(RangeRequest(key, start, end, version), False)
+        whole = end is not None and end - start <= DOWNLOAD_WHOLE
+        answer = await self._attempt(RangeRequest(key, start, end, version), whole)
         if answer.empty:
             return Fetched(0, start, version or "")
         on_version(answer.version)

@@ -9,6 +9,7 @@ from typing import Protocol
 from lading.core.errors import LadingError
 from lading.core.retry import RetryPolicy
 from lading.stores.base import ObjectInfo
+from lading.stores.download import PART_CONCURRENCY, PART_SIZE
 
 
 @dataclass(frozen=True)
@@ -38,17 +39,18 @@ class TransferOptions:
     its directory before and after the rename (survives power loss, costs a disk flush per
     file; an interrupted or killed process is safe either way). ``retry`` overrides the
     store's retry policy.
-    ``part_concurrency`` caps ranged reads in flight (beyond ~16 streams a server's per-object
-    throughput drops; measured in bench/RESULTS.md), idle workers take small objects meanwhile.
+    ``part_size`` and ``part_concurrency`` (ranged reads in flight, across all downloads; idle
+    workers take small objects meanwhile) default to the one downloader's
+    (:mod:`lading.stores.download`).
     """
 
     workers: int = 64
-    part_size: int = 16 << 20
+    part_size: int = PART_SIZE
     multipart_threshold: int = 64 << 20
     verify: bool = True
     durable: bool = False
     retry: RetryPolicy | None = None
-    part_concurrency: int = 16
+    part_concurrency: int = PART_CONCURRENCY
 
 
 class TransferEvents(Protocol):
