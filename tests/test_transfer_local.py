@@ -297,6 +297,46 @@ def test_keyboard_interrupt_stops_promptly_and_a_rerun_resumes(tmp_path):
     assert _stray_temporaries(dest) == []
 
 
+def test_an_interrupt_lets_the_local_copy_in_progress_finish_and_starts_no_other(tmp_path):
+    """Small local files are copied in chunks on pool threads: at Ctrl-C the copy in progress
+    ends (published, no temporary left) before fetch_all returns, and no further copy starts."""
+    files = {f"d{i // 50}/f{i:03d}": os.urandom(10 + i) for i in range(200)}
+    store = _make_source(tmp_path / "src", files)
+    dest = tmp_path / "dest"
+    started: list[str] = []
+    stall = threading.Event()  # never set: the copy in progress stalls for a second
+
+    def interrupt_on_fortieth(key, start, count):
+        started.append(key)
+        if len(started) == 40:
+            _thread.interrupt_main()
+            stall.wait(1)
+
+    with pytest.raises(KeyboardInterrupt):
+        fetch_all(Wrapped(store, on_read=interrupt_on_fortieth), _items(store, dest), TransferOptions(workers=1))
+
+    assert len(started) == 40
+    finals = sorted(str(p.relative_to(dest)) for p in dest.rglob("f*"))
+    assert finals == sorted(started) and all((dest / key).read_bytes() == files[key] for key in finals)
+    assert _stray_temporaries(dest) == []
+    results = fetch_all(store, _items(store, dest), TransferOptions(workers=1))
+    assert all(r.ok for r in results) and all((dest / key).read_bytes() == data for key, data in files.items())
+
+
+def test_local_results_carry_the_published_files_stat(tmp_path):
+    files = {"a": b"alpha", "d/b": b"", "big": os.urandom(5000)}
+    store = _make_source(tmp_path / "src", files)
+    dest = tmp_path / "dest"
+
+    results = fetch_all(store, _items(store, dest), TINY)
+
+    assert all(r.ok for r in results)
+    for result in results:
+        st = os.lstat(result.dest)
+        assert result.local in (None, (st.st_mtime_ns, st.st_size)), result.key
+    assert {r.key for r in results if r.local is not None} == {"a", "d/b"}  # the ranged one: stat'ed by the journal
+
+
 def test_temporary_names_are_recognised():
     assert is_temporary(temporary_path(Path("/d/a.bin")).name)
     assert is_temporary(sidecar_path(Path("/d/a.bin")).name)

@@ -93,12 +93,18 @@ def test_small_and_ranged_downloads_are_byte_identical(s3, s3_env, tmp_path):
 
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     _assert_tree(tmp_path, files)
-    ranged = [seen for seen in gets if seen.headers.get("Range")]
-    assert len(ranged) == 8 and all(seen.path == f"/{BUCKET}/data/large.bin" for seen in ranged)  # one per part
     assert len(gets) == len(files) - 1 + 8  # one GET per other object, the empty one too
-    for seen in gets:  # every GET, whole or ranged, is pinned to the listed ETag
+    pinned = [seen for seen in gets if seen.headers.get("If-Match")]
+    for seen in pinned:  # the large object's 8 parts and the empty object: pinned to the listed ETag
         key = seen.path.removeprefix(f"/{BUCKET}/data/")
         assert seen.headers.get("If-Match") == f'"{infos[key].version}"', key
+    assert sorted(seen.path.rsplit("/", 1)[1] for seen in pinned) == ["empty"] + ["large.bin"] * 8
+    # Every other object is small with a single-part ETag (its MD5): one GET of its listed size,
+    # no precondition; its MD5 is checked before it is published (see the replaced-object tests).
+    by_content = {seen.path.removeprefix(f"/{BUCKET}/data/"): seen for seen in gets if not seen.headers.get("If-Match")}
+    assert sorted(by_content) == sorted(key for key in files if key not in ("empty", "large.bin"))
+    for key, seen in by_content.items():
+        assert infos[key].md5 == infos[key].version and seen.headers.get("Range") == f"bytes=0-{infos[key].size - 1}"
 
 
 def test_faults_503_resets_and_truncation_still_give_identical_files(s3, s3_env, tmp_path):
@@ -180,15 +186,44 @@ def test_object_replaced_mid_download_gives_object_changed(s3, s3_env, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_small_object_replaced_after_listing_gives_object_changed(s3, s3_env, tmp_path):
+@pytest.mark.parametrize(
+    "replacement", [b"version two", b"version 2", b"version two, longer"], ids=["same", "shorter", "longer"]
+)
+def test_small_object_replaced_after_listing_gives_object_changed(s3, s3_env, tmp_path, replacement):
+    """The guarantee of a small object read without If-Match (its ETag is its MD5): the new
+    bytes are never published; the pinned GET that follows the MD5 mismatch says what happened."""
     _seed(s3, {"f": b"version one"})
-    store = _store(s3_env["AWS_ENDPOINT_URL"])
-    infos = list(store.list())
-    _seed(s3, {"f": b"version two"})
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        store = _store(proxy.url)
+        infos = list(store.list())
+        _seed(s3, {"f": replacement})
+        proxy.reset_counts()
 
-    [result] = fetch_all(store, [TransferItem(i, tmp_path / i.key) for i in infos], SMALL_PARTS)
+        [result] = fetch_all(store, [TransferItem(i, tmp_path / i.key) for i in infos], SMALL_PARTS)
+        gets = _object_gets(proxy)
 
     assert isinstance(result.error, ObjectChanged) and not (tmp_path / "f").exists()
+    assert [seen.headers.get("If-Match") for seen in gets] == [None, f'"{infos[0].version}"']
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_corrupted_small_body_read_by_content_is_fetched_again_pinned(s3, s3_env, tmp_path):
+    data = os.urandom(3000)
+    _seed(s3, {"f": data})
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        store = _store(proxy.url)
+        infos = list(store.list())
+        proxy.add_fault("corrupt", first=1, method="GET", path_prefix=f"/{BUCKET}/data/f")
+
+        [result] = fetch_all(store, [TransferItem(i, tmp_path / i.key) for i in infos], SMALL_PARTS)
+        gets = _object_gets(proxy)
+
+    assert result.ok, result.error
+    assert (tmp_path / "f").read_bytes() == data
+    assert [(seen.fault, seen.headers.get("If-Match")) for seen in gets] == [
+        ("corrupt", None),
+        (None, f'"{infos[0].version}"'),
+    ]
 
 
 @pytest.mark.parametrize("size", [100, 20_000], ids=["whole", "ranged"])

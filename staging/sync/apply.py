@@ -267,11 +267,14 @@ class _Recorder:
 
     def _record(self, result: TransferResult) -> TransferResult:
         info = self.infos[result.key]
-        try:
-            st = os.lstat(result.dest)
-        except OSError as err:
-            return TransferResult(result.key, result.dest, False, error=LadingError(f"{result.dest}: {err}"))
-        self.state.record(Entry(info.key, info.size, info.version, st.st_mtime_ns, st.st_size))
+        local = result.local
+        if local is None:
+            try:
+                st = os.lstat(result.dest)
+            except OSError as err:
+                return TransferResult(result.key, result.dest, False, error=LadingError(f"{result.dest}: {err}"))
+            local = st.st_mtime_ns, st.st_size
+        self.state.record(Entry(info.key, info.size, info.version, *local))
         return result
 
 

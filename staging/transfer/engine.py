@@ -3,11 +3,14 @@
 Every object is one coroutine on the I/O core (:mod:`lading.stores.iocore`): at most ``workers``
 at once, GET, write, verify, publish and the caller's ``on_done`` (sync journals it there) in a
 row on the loop, with no thread hop per object. A small object is collected whole and written
-in one call; a larger one is streamed to its temporary, hashed as it arrives; a large one is
+in one call (one whose listed ETag is its MD5 is read without a precondition, in one obstore call,
+and published only when its bytes have that MD5: the listed version's bytes; else it is fetched
+again pinned); a larger one is streamed to its temporary, hashed as it arrives; a large one is
 fetched as ranged parts by the one downloader (:mod:`lading.stores.download`), at most
 ``part_concurrency`` parts at once across all downloads, each part recorded in a sidecar as it
-lands so a killed run resumes with the parts still missing. Blocking store calls of a plain Store
-(local directories) and checksums of parts already on disk run in the loop's thread pool.
+lands so a killed run resumes with the parts still missing. A plain Store's (local directories)
+small objects are copied, verified and published in the loop's thread pool, :data:`CHUNK` per
+hop; its other blocking calls and checksums of parts already on disk run there too.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from typing import Iterable
+from pathlib import Path
+from functools import partial
+from typing import Awaitable, Callable, Iterable
 
 from lading.core.errors import LadingError, ObjectChanged
-from lading.stores.base import Store
+from lading.stores.base import ObjectInfo, Store
 from lading.stores.download import Layout, download_parts, preallocate
 from lading.stores.iocore import io_core
 from lading.transfer.files import (
@@ -38,6 +43,8 @@ from lading.transfer.verify import IntegrityError, Verifier
 
 #: How long an interrupted transfer waits for its coroutines to end.
 _CANCEL_GRACE = 2.0
+#: Objects of a blocking source (a local directory) copied per pool-thread hop.
+CHUNK = 32
 #: Objects up to this size are collected whole (one piece) and written in one call; a body cut
 #: short costs at most this much again (larger ones stream and resume from the bytes received).
 SMALL_OBJECT = 256 << 10
@@ -81,6 +88,7 @@ class _Engine:
         self._dirs = DirectoryMaker()
         self._parts: asyncio.Semaphore | None = None
         self.stopped = threading.Event()  # set once :meth:`run` ended, however
+        self._halt = threading.Event()
 
     async def run(self, items: Iterable[TransferItem]) -> list[TransferResult]:
         """Start a coroutine per item as slots free up; return the results once all ended. An
@@ -96,17 +104,34 @@ class _Engine:
             if not task.cancelled() and task.exception() is not None and not failure:
                 failure.append(task.exception())  # type: ignore[arg-type]
 
+        async def launch(work: Callable[[], Awaitable[None]]) -> bool:
+            await slots.acquire()
+            if failure:
+                return False
+            task = asyncio.ensure_future(work())
+            running.add(task)
+            task.add_done_callback(ended)
+            return True
+
         try:
+            chunk: list[TransferItem] = []
             for item in items:
-                await slots.acquire()
-                if failure:
-                    break
-                task = asyncio.ensure_future(self._one(item))
-                running.add(task)
-                task.add_done_callback(ended)
+                if not self.source.blocking or self._is_large(item):
+                    if not await launch(partial(self._one, item)):
+                        break
+                    continue
+                chunk.append(item)
+                if len(chunk) >= CHUNK:
+                    if not await launch(partial(self._chunk, chunk)):
+                        break
+                    chunk = []
+            else:
+                if chunk:
+                    await launch(partial(self._chunk, chunk))
             while running and not failure:
                 await asyncio.wait(set(running), return_when=asyncio.FIRST_EXCEPTION)
         finally:
+            self._halt.set()  # chunks in pool threads start no further object
             for task in list(running):
                 task.cancel()
             if running:
@@ -123,7 +148,7 @@ class _Engine:
             if large:
                 await self._large(item)
                 return
-            nbytes = await self._whole(item)
+            nbytes, local = await self._whole(item)
         except asyncio.CancelledError:
             if not large:
                 remove_temporaries(item.dest)
@@ -133,7 +158,53 @@ class _Engine:
                 remove_temporaries(item.dest)
             self._finish(TransferResult(item.info.key, item.dest, False, 0, as_lading_error(err, item.dest)))
             return
-        self._finish(TransferResult(item.info.key, item.dest, True, nbytes))
+        self._finish(TransferResult(item.info.key, item.dest, True, nbytes, local=local))
+
+    async def _chunk(self, items: list[TransferItem]) -> None:
+        """Objects of a blocking source, copied, verified and published one after another in a
+        pool thread (one hop for the chunk); their results reported here, on the loop. Cancelled,
+        it waits for the object in progress (the thread starts no other)."""
+        work = asyncio.get_running_loop().run_in_executor(None, self._copy_all, items)
+        try:
+            results = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            self._halt.set()
+            await asyncio.wait([work])
+            raise
+        for result in results:
+            self._finish(result)
+
+    def _copy_all(self, items: list[TransferItem]) -> list[TransferResult]:
+        results = []
+        for item in items:
+            if self._halt.is_set():
+                break
+            results.append(self._copy_here(item))
+        return results
+
+    def _copy_here(self, item: TransferItem) -> TransferResult:
+        """One object of a blocking source into its temporary, verified, published (in a pool
+        thread); a checksum mismatch is copied once more, then reported."""
+        info, tmp = item.info, temporary_path(item.dest)
+        try:
+            self._dirs.ensure_parent(item.dest)
+            for attempt in (1, 2):
+                verifier = Verifier(info, checksums=self.options.verify)
+                st = self.source.fetch_here(info, tmp, verifier, self.events.on_bytes)
+                if verifier.md5_mismatch(st.st_size) and not self.source.etag_is_md5(info.key):
+                    verifier.skip_md5()
+                try:
+                    verifier.check(st.st_size)
+                    break
+                except IntegrityError:
+                    self.events.on_bytes(-st.st_size)
+                    if attempt == 2:
+                        raise
+            publish(tmp, item.dest, durable=self.options.durable)
+        except (LadingError, OSError) as err:
+            remove_temporaries(item.dest)
+            return TransferResult(info.key, item.dest, False, 0, as_lading_error(err, item.dest))
+        return TransferResult(info.key, item.dest, True, st.st_size, local=(st.st_mtime_ns, st.st_size))
 
     def _is_large(self, item: TransferItem) -> bool:
         size = item.info.size
@@ -143,19 +214,26 @@ class _Engine:
         self.results.append(result)
         self.events.on_done(result)
 
-    async def _whole(self, item: TransferItem) -> int:
+    async def _whole(self, item: TransferItem) -> tuple[int, tuple[int, int] | None]:
         """One object into its temporary, verified, then published; a checksum mismatch is fetched
-        once more, then reported."""
+        once more, then reported. Returns its size and, when known, the file's (mtime_ns, size)."""
         tmp = temporary_path(item.dest)
+        if self._by_content(item.info):
+            published = await self._small_by_content(item, tmp)
+            if published is not None:
+                return published
+        local = None
         for attempt in (1, 2):
             verifier = Verifier(item.info, checksums=self.options.verify)
             data = await self.source.read_small(item.info) if item.info.size <= SMALL_OBJECT else None
             if data is not None:
-                write_file(tmp, data)
+                st = write_file(tmp, data)
+                local = st.st_mtime_ns, st.st_size
                 verifier.update(data)
                 nbytes = len(data)
                 self.events.on_bytes(nbytes)
             else:
+                local = None
                 nbytes = await self.source.fetch_whole(item.info, tmp, verifier, self.events.on_bytes)
             try:
                 await self._check(verifier, item, nbytes)
@@ -165,7 +243,29 @@ class _Engine:
                 if attempt == 2:
                     raise
         publish(tmp, item.dest, durable=self.options.durable)
-        return nbytes
+        return nbytes, local
+
+    def _by_content(self, info: ObjectInfo) -> bool:
+        """Whether a small object is read unpinned, its version proven by its content's MD5."""
+        return self.options.verify and info.size <= SMALL_OBJECT and self.source.pins_by_content(info)
+
+    async def _small_by_content(self, item: TransferItem, tmp: Path) -> tuple[int, tuple[int, int]] | None:
+        """The object read without a precondition, published only when its bytes have the listed
+        size and MD5, i.e. are the listed version's (its ETag is that MD5); else None: the caller
+        fetches it again pinned, which tells a replaced object (ObjectChanged) from a bad body."""
+        data = await self.source.read_small(item.info, by_content=True)
+        if data is None:
+            return None
+        verifier = Verifier(item.info)
+        verifier.update(data)
+        try:
+            verifier.check(len(data))
+        except IntegrityError:
+            return None
+        st = write_file(tmp, data)
+        self.events.on_bytes(len(data))
+        publish(tmp, item.dest, durable=self.options.durable)
+        return len(data), (st.st_mtime_ns, st.st_size)
 
     async def _check(self, verifier: Verifier, item: TransferItem, size: int) -> None:
         """Size and checksum; an MD5 the server says is not the content's (SSE-KMS, SSE-C) is skipped."""

@@ -53,13 +53,14 @@ def remove_temporaries(dest: Path) -> None:
             pass
 
 
-def write_file(path: Path, data: memoryview) -> None:
-    """Create (or truncate) ``path`` holding ``data``."""
+def write_file(path: Path, data: memoryview) -> os.stat_result:
+    """Create (or truncate) ``path`` holding ``data``; return its ``fstat`` once written."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = data
         while view:
             view = view[os.write(fd, view) :]
+        return os.fstat(fd)
     finally:
         os.close(fd)
 

@@ -25,21 +25,35 @@ Progress = Callable[[int], None]
 
 
 class Source(Protocol):
-    """What the engine needs from a store (all on the I/O core's loop)."""
+    """What the engine needs from a store (on the I/O core's loop, but :meth:`fetch_here`)."""
 
     policy: RetryPolicy
+    #: Its reads are blocking calls (a local directory): the engine copies its small objects in
+    #: pool threads with :meth:`fetch_here`, many per hop, and publishes them there.
+    blocking: bool
 
     async def attempt_for(self, key: str) -> RangeAttempt:
         """One ranged GET of ``key``, no retry (for :func:`lading.stores.download.fetch_range`)."""
         ...
 
-    async def read_small(self, info: ObjectInfo) -> memoryview | None:
+    def pins_by_content(self, info: ObjectInfo) -> bool:
+        """Whether the listed version of ``info`` is the MD5 of its content (a single-part S3
+        ETag), so that the content's MD5 proves which version a read got."""
+        ...
+
+    async def read_small(self, info: ObjectInfo, by_content: bool = False) -> memoryview | None:
         """The whole (small) object at its listed version, retried; None when this source has no
-        cheaper way than :meth:`fetch_whole`."""
+        cheaper way than :meth:`fetch_whole`. ``by_content``: not pinned (one request with no
+        precondition); the caller checks the content against the listed MD5 instead."""
         ...
 
     async def fetch_whole(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> int:
         """The whole object into ``tmp`` (created or truncated), fed to ``verifier``; returns its size."""
+        ...
+
+    def fetch_here(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> os.stat_result:
+        """The whole object into ``tmp`` with the store's blocking calls, on the calling thread (a
+        pool thread), fed to ``verifier``; returns the temporary's ``fstat``."""
         ...
 
     def etag_is_md5(self, key: str) -> bool:
@@ -58,6 +72,8 @@ class NativeSource:
     with a blocking request) is read with its blocking ``stream`` in a pool thread. Until the store
     has handed out its coroutine reads once, it is asked in a pool thread: its first answer may
     build the client, its credentials and (S3) find the bucket's region, never on the loop."""
+
+    blocking = False
 
     def __init__(self, store: Store, policy: RetryPolicy) -> None:
         self.store = store
@@ -90,12 +106,19 @@ class NativeSource:
 
         return blocking
 
-    async def read_small(self, info: ObjectInfo) -> memoryview | None:
+    def pins_by_content(self, info: ObjectInfo) -> bool:
+        """A non-empty object whose listed version the store says is its content's MD5."""
+        return info.size > 0 and info.md5 is not None and self.store.md5_of_version(info.version) == info.md5.lower()
+
+    async def read_small(self, info: ObjectInfo, by_content: bool = False) -> memoryview | None:
         """One GET collected whole (zero-copy), retried; None when the store has no coroutine read
-        for this key yet (then :meth:`fetch_whole` streams it)."""
+        for this key yet (then :meth:`fetch_whole` streams it). ``by_content``: the listed size,
+        unpinned (obstore: one call instead of two)."""
         reads = await self._reads(info.key)
         if reads is None:
             return None
+        if by_content:
+            return await reads.read(RangeRequest(info.key, 0, info.size, None), self.policy)
         return await reads.read(RangeRequest(info.key, 0, None, version_of(info)), self.policy)
 
     async def fetch_whole(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> int:
@@ -128,6 +151,10 @@ class NativeSource:
             os.close(fd)
         return fetched.nbytes
 
+    def fetch_here(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> os.stat_result:
+        """The store's blocking ``download``, on the calling thread."""
+        return download_here(self.store, info, tmp, verifier, progress)
+
     def etag_is_md5(self, key: str) -> bool:
         """Ask the store (S3 answers with a HEAD through boto3)."""
         return self.store.etag_is_md5(key)
@@ -135,6 +162,8 @@ class NativeSource:
 
 class StoreSource:
     """Any other Store (local directories): ``download`` and ``read_range`` in pool threads."""
+
+    blocking = True
 
     def __init__(self, store: Store, policy: RetryPolicy) -> None:
         self.store = store
@@ -161,41 +190,54 @@ class StoreSource:
 
         return attempt
 
-    async def read_small(self, info: ObjectInfo) -> None:
+    def pins_by_content(self, info: ObjectInfo) -> bool:
+        """Never: a local file's version is its mtime and size."""
+        return False
+
+    async def read_small(self, info: ObjectInfo, by_content: bool = False) -> None:
         """Local files are copied by :meth:`fetch_whole`."""
         return None
 
     async def fetch_whole(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> int:
-        """``store.download`` to ``tmp`` in a pool thread, then hash the file if a checksum is known."""
-        return await asyncio.to_thread(self._download, info, tmp, verifier, progress)
+        """:meth:`fetch_here` in a pool thread."""
+        return (await asyncio.to_thread(self.fetch_here, info, tmp, verifier, progress)).st_size
 
-    def _download(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> int:
-        received = 0
-
-        def counted(nbytes: int) -> None:
-            nonlocal received
-            received += nbytes
-            progress(nbytes)
-
-        try:
-            self.store.download(info.key, tmp, version_of(info), counted)
-        except BaseException:
-            progress(-received)
-            raise
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            if received < size:  # a backend that reports no progress
-                progress(size - received)
-            if verifier.needs_content:
-                verifier.update_from_file(fd, 0, size)
-        finally:
-            os.close(fd)
-        return size
+    def fetch_here(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> os.stat_result:
+        """``store.download`` to ``tmp``, then the file hashed if a checksum is known."""
+        return download_here(self.store, info, tmp, verifier, progress)
 
     def etag_is_md5(self, key: str) -> bool:
         """As the store says."""
         return self.store.etag_is_md5(key)
+
+
+def download_here(store: Store, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> os.stat_result:
+    """``store.download`` of ``info`` to ``tmp`` on this thread, then the file hashed if a
+    checksum is known; returns the temporary's ``fstat``."""
+    received = 0
+
+    def counted(nbytes: int) -> None:
+        nonlocal received
+        received += nbytes
+        progress(nbytes)
+
+    try:
+        store.download(info.key, tmp, version_of(info), counted)
+    except BaseException:
+        progress(-received)
+        raise
+    if not verifier.needs_content:
+        st = os.stat(tmp)
+    else:
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+            verifier.update_from_file(fd, 0, st.st_size)
+        finally:
+            os.close(fd)
+    if received < st.st_size:  # a backend that reports no progress
+        progress(st.st_size - received)
+    return st
 
 
 def open_source(store: Store, policy: RetryPolicy) -> Source:

@@ -29,6 +29,9 @@ class TransferResult:
     ok: bool
     nbytes: int = 0
     error: LadingError | None = None
+    #: ``(st_mtime_ns, st_size)`` of the published file, when the fetcher stat'ed it anyway (a
+    #: rename keeps both), so that a journal needs no ``lstat`` of its own.
+    local: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
