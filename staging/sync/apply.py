@@ -17,9 +17,10 @@ import os
 import stat as stat_mode
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Iterator, Protocol
 
 from lading.core.errors import LadingError, UnsafeKey
 from lading.core.keys import key_parts
@@ -294,26 +295,43 @@ def apply_plan(
     summary = SyncSummary(plan.source, plan.dest, skipped=plan.up_to_date_files)
     summary.deleted = delete_tracked(dest, plan.to_delete(), state) if plan.delete_files else 0
     events.on_phase(phase, plan)
-    made: dict[str, Path] = {}
+    batches = _batches(plan, dest, skip_keys, summary.failed)
+    ahead = ThreadPoolExecutor(1, thread_name_prefix="lading-prepare")
     try:
-        batch: list[TransferItem] = []
-        for planned in plan.to_fetch(skip_keys):
-            existed = planned.reason not in NO_FILE_REASONS
-            try:
-                batch.append(TransferItem(planned.info, prepare_parent(dest, planned.info.key, made, existed)))
-            except (UnsafeKey, OSError) as err:
-                message = err.message if isinstance(err, LadingError) else f"{planned.info.key}: {err}"
-                summary.failed.append(FailedKey(planned.info.key, message, 1))
-            if len(batch) >= FETCH_BATCH:
-                _fetch_batch(batch, state, fetcher, options, events, summary)
-                batch = []
-        if batch:
+        # The next batch (read from the plan, its folders made) is prepared in a thread while
+        # this one is fetched: on a tree of small files that is a fifth of the wall time.
+        pending = ahead.submit(next, batches, None)
+        while (batch := pending.result()) is not None:
+            pending = ahead.submit(next, batches, None)
             _fetch_batch(batch, state, fetcher, options, events, summary)
     finally:
+        pending.cancel()
+        ahead.shutdown(wait=True)  # a batch being prepared ends before anything else is written
         state.save()
     summary.failed.sort(key=lambda f: f.key)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _batches(
+    plan: SyncPlan, dest: Path, skip_keys: frozenset[str], failed: list[FailedKey]
+) -> Iterator[list[TransferItem]]:
+    """The plan's fetches, :data:`FETCH_BATCH` at a time, each key's folders made under ``dest``
+    (a key that cannot be placed safely goes to ``failed``)."""
+    made: dict[str, Path] = {}
+    batch: list[TransferItem] = []
+    for planned in plan.to_fetch(skip_keys):
+        existed = planned.reason not in NO_FILE_REASONS
+        try:
+            batch.append(TransferItem(planned.info, prepare_parent(dest, planned.info.key, made, existed)))
+        except (UnsafeKey, OSError) as err:
+            message = err.message if isinstance(err, LadingError) else f"{planned.info.key}: {err}"
+            failed.append(FailedKey(planned.info.key, message, 1))
+        if len(batch) >= FETCH_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 def _fetch_batch(
