@@ -18,6 +18,7 @@ import heapq
 import marshal
 import os
 import tempfile
+from operator import itemgetter
 from typing import IO, Iterable, Iterator
 
 #: Rows held in memory before a chunk is sorted and written out.
@@ -108,8 +109,8 @@ class SortedRuns:
         self.close()
 
 
-def _first(row: tuple) -> str:
-    return row[0]
+#: A row's key (C's itemgetter: the sort key of every row, so no Python call per row).
+_first = itemgetter(0)
 
 
 __all__ = ["CHUNK_ROWS", "SortedRuns"]
