@@ -175,14 +175,17 @@ def test_folder_markers_empty_objects_and_odd_keys_are_listed_as_stored(s3_env, 
     assert "odd//name" in [info.key for info in store.list()]  # listed exactly: sync then refuses it by name
 
 
-def test_only_markers_with_children_stay_on_the_fast_listing(s3_env, proxy):
+def test_a_marker_costs_one_folder_listing_and_no_sdk_page(s3_env, proxy):
     client = s3_client(s3_env)
     put_objects(client, {"dir/": b"", "dir/a.bin": b"a", "dir/b.bin": b"b"})
     store = open_store(SOURCE, StoreConfig(endpoint_url=proxy.url, region="us-east-1"))
     proxy.reset_counts()
     assert [info.key for info in store.list()] == ["dir/a.bin", "dir/b.bin"]
-    starts = [seen.query for seen in proxy.requests if "list-type=2" in seen.query]
-    assert len(starts) == 2 and "start-after" in starts[1]  # the listing, then the end-of-listing check
+    listings = [seen for seen in proxy.requests if "list-type=2" in seen.query]
+    assert all("object_store" in (seen.headers.get("User-Agent") or "") for seen in listings)
+    queries = [seen.query for seen in listings]
+    assert len(queries) == 3  # the listing, the marker's folder listing, the end-of-listing check
+    assert "delimiter=" in queries[1] and "start-after" in queries[2]
 
 
 def _read_in_child(store, key, queue) -> None:
@@ -219,8 +222,8 @@ def test_a_process_forked_after_obstore_started_still_reads(scheme, request, tmp
     assert queue.get(timeout=5) == (["a.bin"], b"0123", 10)
 
 
-def test_one_sdk_page_after_an_empty_object_then_obstore_again(s3_env, proxy):
-    """An empty object costs one exact (boto3) page of 1,000 keys, not the rest of the listing."""
+def test_an_empty_object_costs_one_folder_listing_not_an_sdk_page(s3_env, proxy):
+    """An empty object costs its folder's delimiter listing (obstore's), not a boto3 page."""
     from concurrent.futures import ThreadPoolExecutor
 
     client = s3_client(s3_env)
@@ -236,6 +239,6 @@ def test_one_sdk_page_after_an_empty_object_then_obstore_again(s3_env, proxy):
     proxy.reset_counts()
     assert [info.key for info in store.list()] == sorted(objects)
     listings = [seen for seen in proxy.requests if "list-type=2" in seen.query]
-    by_sdk = [seen for seen in listings if "object_store" not in (seen.headers.get("User-Agent") or "")]
-    assert len(by_sdk) == 1  # one exact page (keys a-empty .. k0998)
-    assert any("start-after=data%2Fk0998" in seen.query for seen in listings if seen not in by_sdk)
+    assert all("object_store" in (seen.headers.get("User-Agent") or "") for seen in listings)
+    folders = [seen.query for seen in listings if "delimiter=" in seen.query]
+    assert sum("continuation-token" not in query for query in folders) == 1  # data/'s, for a-empty
