@@ -34,6 +34,7 @@ from lading.transfer.files import (
     publish,
     remove_temporaries,
     sidecar_path,
+    temporary_name,
     temporary_path,
     write_file,
 )
@@ -217,7 +218,7 @@ class _Engine:
     async def _whole(self, item: TransferItem) -> tuple[int, tuple[int, int] | None]:
         """One object into its temporary, verified, then published; a checksum mismatch is fetched
         once more, then reported. Returns its size and, when known, the file's (mtime_ns, size)."""
-        tmp = temporary_path(item.dest)
+        tmp = temporary_name(item.dest)
         if self._by_content(item.info):
             published = await self._small_by_content(item, tmp)
             if published is not None:
@@ -234,7 +235,7 @@ class _Engine:
                 self.events.on_bytes(nbytes)
             else:
                 local = None
-                nbytes = await self.source.fetch_whole(item.info, tmp, verifier, self.events.on_bytes)
+                nbytes = await self.source.fetch_whole(item.info, Path(tmp), verifier, self.events.on_bytes)
             try:
                 await self._check(verifier, item, nbytes)
                 break
@@ -249,7 +250,7 @@ class _Engine:
         """Whether a small object is read unpinned, its version proven by its content's MD5."""
         return self.options.verify and info.size <= SMALL_OBJECT and self.source.pins_by_content(info)
 
-    async def _small_by_content(self, item: TransferItem, tmp: Path) -> tuple[int, tuple[int, int]] | None:
+    async def _small_by_content(self, item: TransferItem, tmp: str) -> tuple[int, tuple[int, int]] | None:
         """The object read without a precondition, published only when its bytes have the listed
         size and MD5, i.e. are the listed version's (its ETag is that MD5); else None: the caller
         fetches it again pinned, which tells a replaced object (ObjectChanged) from a bad body."""

@@ -25,7 +25,14 @@ SIDECAR_SUFFIX = ".lading-part.json"
 
 def temporary_path(dest: Path) -> Path:
     """Where ``dest`` is written before it is complete (a name within NAME_MAX, however long ``dest``'s)."""
-    return dest.with_name(hidden_sibling(dest.name, PART_SUFFIX))
+    return Path(temporary_name(dest))
+
+
+def temporary_name(dest: str | Path) -> str:
+    """:func:`temporary_path` as a string: no ``Path`` made and formatted per object (pathlib
+    costs tens of us per object on the loop thread)."""
+    head, name = os.path.split(dest)
+    return os.path.join(head, hidden_sibling(name, PART_SUFFIX))
 
 
 def sidecar_path(dest: Path) -> Path:
@@ -53,7 +60,7 @@ def remove_temporaries(dest: Path) -> None:
             pass
 
 
-def write_file(path: Path, data: memoryview) -> os.stat_result:
+def write_file(path: str | Path, data: memoryview) -> os.stat_result:
     """Create (or truncate) ``path`` holding ``data``; return its ``fstat`` once written."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
@@ -65,7 +72,7 @@ def write_file(path: Path, data: memoryview) -> os.stat_result:
         os.close(fd)
 
 
-def publish(tmp: Path, dest: Path, fd: int | None = None, durable: bool = False) -> None:
+def publish(tmp: str | Path, dest: Path, fd: int | None = None, durable: bool = False) -> None:
     """Rename a complete, verified temporary into place (fsync'ing first when ``durable``)."""
     if durable:
         if fd is None:
