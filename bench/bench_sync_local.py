@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""A local -> local first sync of a tree of (empty or small) files: lading, optionally other lading
-checkouts, and rclone, in alternating rounds (the order rotates), each into a fresh DEST. Wall
+"""A first sync of a tree of (empty or small) files into a fresh local DEST: lading, optionally other
+lading checkouts, and rclone, in alternating rounds (the order rotates). SRC is a local tree, or
+a bucket prefix with --lading-arg=--endpoint-url=... and --rclone-src (rclone's spelling of it,
+with --rclone-arg for its remote's options). Wall
 seconds, CPU seconds (user + system, GNU time) and peak RSS of each command, the 1-minute load
 average beside each row. Run it under the bench lock:
 
@@ -23,20 +25,23 @@ from pathlib import Path
 from benchtools import DEFAULT_PEERS_VENV, peer_path
 
 
-def command(tool: str, python: str | None, src: str, dest: str, workers: int) -> list[str]:
+def command(tool: str, python: str | None, src: str, dest: str, args: argparse.Namespace) -> list[str]:
     """The copy command of one tool."""
     if python is None:
+        rclone = peer_path("rclone", DEFAULT_PEERS_VENV) or "rclone"
+        workers = str(args.workers)
         return [
-            peer_path("rclone", DEFAULT_PEERS_VENV) or "rclone",
+            rclone,
             "copy",
-            src,
+            args.rclone_src or src,
             dest,
             "--transfers",
-            str(workers),
+            workers,
             "--checkers",
-            str(workers),
+            workers,
+            *args.rclone_arg,
         ]
-    return [python, "-m", "lading", "sync", src, dest, "--no-cache", "--json"]
+    return [python, "-m", "lading", "sync", src, dest, "--no-cache", "--json", *args.lading_arg]
 
 
 def main() -> None:
@@ -47,6 +52,9 @@ def main() -> None:
     parser.add_argument("--no-rclone", action="store_true")
     parser.add_argument("--workers", type=int, default=64, help="rclone's --transfers/--checkers")
     parser.add_argument("--work", default="/tmp/bench-sync-local")
+    parser.add_argument("--lading-arg", action="append", default=[], help="extra argument of lading sync")
+    parser.add_argument("--rclone-src", help="rclone's spelling of SRC (default SRC)")
+    parser.add_argument("--rclone-arg", action="append", default=[], help="extra argument of rclone copy")
     args = parser.parse_args()
     tools: dict[str, str | None] = dict(spec.split("=", 1) for spec in args.lading or ["new=.venv/bin/python"])
     if not args.no_rclone:
@@ -67,7 +75,7 @@ def main() -> None:
                         "%M %U %S",
                         "-o",
                         out.name,
-                        *command(name, tools[name], args.src, dest, args.workers),
+                        *command(name, tools[name], args.src, dest, args),
                     ],
                     capture_output=True,
                     cwd=Path(__file__).resolve().parent.parent,

@@ -93,12 +93,12 @@ def test_small_and_ranged_downloads_are_byte_identical(s3, s3_env, tmp_path):
 
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     _assert_tree(tmp_path, files)
-    assert len(gets) == len(files) - 1 + 8  # one GET per other object, the empty one too
+    assert len(gets) == len(files) - 2 + 8  # one GET per other object; none for the empty one
     pinned = [seen for seen in gets if seen.headers.get("If-Match")]
-    for seen in pinned:  # the large object's 8 parts and the empty object: pinned to the listed ETag
+    for seen in pinned:  # the large object's 8 parts: pinned to the listed ETag
         key = seen.path.removeprefix(f"/{BUCKET}/data/")
         assert seen.headers.get("If-Match") == f'"{infos[key].version}"', key
-    assert sorted(seen.path.rsplit("/", 1)[1] for seen in pinned) == ["empty"] + ["large.bin"] * 8
+    assert sorted(seen.path.rsplit("/", 1)[1] for seen in pinned) == ["large.bin"] * 8
     # Every other object is small with a single-part ETag (its MD5): one GET of its listed size,
     # no precondition; its MD5 is checked before it is published (see the replaced-object tests).
     by_content = {seen.path.removeprefix(f"/{BUCKET}/data/"): seen for seen in gets if not seen.headers.get("If-Match")}
@@ -205,6 +205,22 @@ def test_small_object_replaced_after_listing_gives_object_changed(s3, s3_env, tm
     assert isinstance(result.error, ObjectChanged) and not (tmp_path / "f").exists()
     assert [seen.headers.get("If-Match") for seen in gets] == [None, f'"{infos[0].version}"']
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_empty_object_listed_with_the_md5_of_nothing_is_created_without_a_get(s3, s3_env, tmp_path):
+    _seed(s3, {"empty": b"", "d/also-empty": b""})
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        store = _store(proxy.url)
+        infos = list(store.list())
+        assert {info.md5 for info in infos} == {hashlib.md5(b"").hexdigest()}
+        proxy.reset_counts()
+
+        results = fetch_all(store, [TransferItem(i, tmp_path / i.key) for i in infos], SMALL_PARTS)
+        gets = _object_gets(proxy)
+
+    assert all(r.ok for r in results) and gets == []
+    assert (tmp_path / "empty").read_bytes() == b"" and (tmp_path / "d" / "also-empty").read_bytes() == b""
+    assert all(r.local == (os.lstat(r.dest).st_mtime_ns, 0) for r in results)
 
 
 def test_a_corrupted_small_body_read_by_content_is_fetched_again_pinned(s3, s3_env, tmp_path):
