@@ -50,6 +50,13 @@ class Wrapped(LocalStore):
         self.corrupt = corrupt
         self.ranges: list[tuple[int, int]] = []
         self.lock = threading.Lock()
+        self.reading = 0
+        self.idle = threading.Condition(self.lock)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Whether every read that started has returned within ``timeout`` seconds."""
+        with self.idle:
+            return self.idle.wait_for(lambda: self.reading == 0, timeout)
 
     def list(self, prefix: str = ""):
         return self.inner.list(prefix)
@@ -61,9 +68,15 @@ class Wrapped(LocalStore):
         with self.lock:
             self.ranges.append((start, end))
             count = len(self.ranges)
-        if self.on_read is not None:
-            self.on_read(key, start, count)
-        data = self.inner.read_range(key, start, end, version)
+            self.reading += 1
+        try:
+            if self.on_read is not None:
+                self.on_read(key, start, count)
+            data = self.inner.read_range(key, start, end, version)
+        finally:
+            with self.idle:
+                self.reading -= 1
+                self.idle.notify_all()
         return self._maybe_corrupt(data)
 
     def download(self, key: str, dest: Path, version: str | None = None, progress=None, size=None) -> None:
@@ -278,9 +291,11 @@ def test_keyboard_interrupt_stops_promptly_and_a_rerun_resumes(tmp_path):
         if count >= 6:
             release.wait(2)  # stall like a slow network; cancellation must not wait for us
 
+    first = Wrapped(store, on_read=interrupt_on_sixth)
     with pytest.raises(KeyboardInterrupt):
-        fetch_all(Wrapped(store, on_read=interrupt_on_sixth), _items(store, dest), options)
+        fetch_all(first, _items(store, dest), options)
     release.set()
+    assert first.wait_idle(30)  # a rerun is a new process: the reads the first run abandoned end first
 
     assert not (dest / "big").exists()
     record = ResumeRecord.load(sidecar_path(dest / "big"))
@@ -291,7 +306,7 @@ def test_keyboard_interrupt_stops_promptly_and_a_rerun_resumes(tmp_path):
     second = Wrapped(store)
     results = fetch_all(second, _items(store, dest), options)
 
-    assert all(r.ok for r in results)
+    assert all(r.ok for r in results), [(r.key, r.error) for r in results if not r.ok]
     assert (dest / "big").read_bytes() == data
     assert len(second.ranges) == 20 - len(record.done)
     assert _stray_temporaries(dest) == []
