@@ -181,8 +181,7 @@ class ShardDataset(IterableBase):
     with any number of nodes, ranks, workers and batch size.
 
     Remote shards are read from the node cache (``cache_dir``, ``cache_limit``; see
-    :mod:`lading.datasets.cache`), downloaded once per node, the next ``prefetch`` shards of the
-    walk ahead of time (default: one block's; 2 without an index); local shards are read in place. A
+    :mod:`lading.datasets.cache`), downloaded once per node; local shards are read in place. A
     ``cache_limit`` smaller than two blocks' largest shards is refused here, naming the smallest that works.
     ``decode`` turns fields into objects (:mod:`lading.datasets.decode`), then ``transform(sample)``
     runs. ``rank``/``world_size`` default to torch.distributed's when a process group is
@@ -209,7 +208,7 @@ class ShardDataset(IterableBase):
         config: StoreConfig | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
-        prefetch: int | None = None,
+        prefetch: int = 2,
         local_world_size: int | None = None,
         shuffle_block: int | str | None = None,
         lanes: int | None = None,
@@ -239,13 +238,11 @@ class ShardDataset(IterableBase):
         self.transform = transform
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self.cache_limit = parse_limit(cache_limit)
+        self.prefetch = prefetch
         self.epoch = 0
         self.order: EpochOrder | None = None
         if self.index is not None:
             self.order = self._new_order(shuffle_block, lanes)
-        # A block's first samples touch all of its shards at once: fetch the next block's while
-        # this one is read (the default block is half of cache_limit, so both fit).
-        self.prefetch = prefetch if prefetch is not None else 2 if self.order is None else self.order.block
         if self.cache_dir is not None or cache_limit is not None or not self._all_local():
             NodeCache(self.cache_dir, cache_limit)  # refuse a bad root or limit now, not in a worker
 
