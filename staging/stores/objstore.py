@@ -195,7 +195,13 @@ class ObstoreReads(ListingMixin, Store):
             return self._fast.get()
         if not obstore_allowed():
             warn_fallback(self.url)
+        else:  # a dataset's construction: the DataLoader workers forked next will use obstore
+            self._prepare_for_workers()
         return self._sdk
+
+    def _prepare_for_workers(self) -> None:
+        """Settle, in a process about to fork readers, what each of them would otherwise work out
+        again (the state a fork copies: plain attributes, not :class:`ProcessLocal` values)."""
 
     def coroutine_reads(self, key: str) -> ObstoreReader | SdkReader | None:
         """The reader that serves ``key`` in this process (obstore, or the SDK in a pool thread)."""
