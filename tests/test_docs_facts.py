@@ -112,3 +112,10 @@ def test_the_architecture_page_states_the_downloaders_part_size_and_concurrency(
         f"parts of {PART_SIZE >> 20} MiB, at most {PART_CONCURRENCY} at once" in text
         and f"slices of at most {SLICE >> 10} KiB" in text
     )
+
+
+def test_the_ray_guide_states_how_long_ctrl_c_waits_for_the_tasks_in_flight():
+    from lading.pack.ray.engine import CANCEL_GRACE
+
+    text = words((REPO / "docs" / "guides" / "ray.md").read_text())
+    assert f"waits (at most {CANCEL_GRACE:g} s) for the few in flight" in text

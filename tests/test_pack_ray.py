@@ -320,7 +320,7 @@ def test_only_the_ray_modules_import_ray():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=TOP)
 
 
-def test_ctrl_c_cancels_the_tasks_exits_130_and_leaves_no_index(ray_cluster, tmp_path):
+def test_ctrl_c_stops_submitting_exits_130_and_leaves_no_index(ray_cluster, tmp_path):
     make_source(tmp_path / "src", count=400)
     dest = tmp_path / "out"
     env = dict(os.environ, LADING_PROGRESS_SECONDS="0")

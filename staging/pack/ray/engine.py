@@ -41,6 +41,8 @@ from lading.stores.uri import parse_uri
 log = logging.getLogger(__name__)
 #: Attempts of a shard's task when its worker dies (Ray's own retries); transient errors are retried too.
 MAX_RETRIES = 3
+#: Seconds a Ctrl-C or a failure waits for the tasks in flight to end before the driver goes on.
+CANCEL_GRACE = 10.0
 
 
 def make_directory(path: Path) -> None:
@@ -235,7 +237,7 @@ def _run_tasks(
     published: dict[int, PublishedShard],
 ) -> None:
     """Submit a task per shard in ``todo`` (a bounded number in flight), record each as it
-    completes; on any failure or Ctrl-C cancel the rest."""
+    completes; on any failure or Ctrl-C submit no more (the tasks in flight end)."""
     remote = ray.remote(write_shard_job).options(
         name="lading_pack_shard",
         max_retries=MAX_RETRIES,
@@ -264,6 +266,8 @@ def _run_tasks(
                 events.on_bytes(payload)
                 events.on_shard(shard.name, shard.nbytes)
     except BaseException:
-        for ref in waiting:
-            ray.cancel(ref, force=True)
+        # Submit nothing more and let the few tasks in flight end: cancelling them (ray.cancel,
+        # forced or not) trips a fatal check in Ray 2.60's task manager now and then ("Tried to
+        # complete task that was not pending"), which kills this process before it can exit 130.
+        ray.wait(list(waiting), num_returns=len(waiting), timeout=CANCEL_GRACE)
         raise
