@@ -32,6 +32,21 @@ def crc32c_text(crc: int) -> str:
     return base64.b64encode(crc.to_bytes(4, "big")).decode()
 
 
+class Crc32c:
+    """A running CRC32C with hashlib's ``update``/``digest`` (digest: the four big-endian bytes)."""
+
+    def __init__(self) -> None:
+        self.crc = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        """Extend the CRC over ``data``."""
+        self.crc = crc32c_extend(self.crc, data)
+
+    def digest(self) -> bytes:
+        """The CRC's four big-endian bytes."""
+        return self.crc.to_bytes(4, "big")
+
+
 def crc32c_of_file(path: Path) -> str:
     """The recorded form of a file's CRC32C."""
     crc = 0

@@ -12,7 +12,7 @@ import hashlib
 import os
 from typing import Protocol
 
-from lading.core.checksums import crc32c_combine, crc32c_extend, crc32c_text
+from lading.core.checksums import Crc32c, crc32c_combine, crc32c_extend, crc32c_text
 from lading.core.errors import ProblemFound
 from lading.stores.base import ObjectInfo
 
@@ -41,9 +41,7 @@ class Verifier:
         if not checksums:
             return  # size only
         if info.crc32c:
-            import google_crc32c  # installed with google-cloud-storage
-
-            self._hasher = google_crc32c.Checksum()
+            self._hasher = Crc32c()
             self._expected, self._kind = info.crc32c, "CRC32C"
         elif info.md5:
             self._hasher = hashlib.md5(usedforsecurity=False)
@@ -70,8 +68,7 @@ class Verifier:
     def update(self, data: bytes | memoryview) -> None:
         """Feed the next bytes of the content."""
         if self._hasher is not None:
-            # google_crc32c's C extension takes bytes only (not even a read-only memoryview).
-            self._hasher.update(bytes(data) if self._kind == "CRC32C" and isinstance(data, memoryview) else data)
+            self._hasher.update(data)
 
     def update_from_file(self, fd: int, start: int, end: int) -> None:
         """Feed bytes ``[start, end)`` of an open file."""
