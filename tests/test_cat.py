@@ -483,3 +483,34 @@ def test_a_snapshot_pins_the_stream(lading, tmp_path):
     (source / "1.bin").write_bytes(b"edited")
     out = subprocess.run([sys.executable, "-m", "lading", "cat", str(snap)], capture_output=True, cwd=REPO)
     assert out.returncode == 1 and b"1.bin" in out.stderr and out.stdout == body(0, 5000)
+
+
+#: Modules a plain ``lading cat s3://...`` of one object has no use for: loading them is start-up
+#: time paid before the first request (issue 25's 0.15 s budget).
+NOT_FOR_CAT = ("json", "gzip", "lading.stores.snapshot", "lading.stores.s3.upload")
+
+
+def test_cat_of_one_object_imports_only_what_it_reads_with(s3_env: dict[str, str], tmp_path: Path) -> None:
+    s3 = s3_client(s3_env)
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_object(Bucket=BUCKET, Key="data/one.bin", Body=b"payload")
+    script = (
+        "import sys\n"
+        "from lading.cli.main import main\n"
+        "try:\n"
+        "    main(['cat', sys.argv[1]])\n"
+        "finally:\n"
+        "    sys.stderr.write(' '.join(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, f"{SOURCE}/one.bin"],
+        env={**os.environ, **s3_env, "HOME": str(tmp_path), "SM_INPUT_CONFIG_DIR": str(tmp_path / "no-sagemaker")},
+        capture_output=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert done.stdout == b"payload"
+    loaded = set(done.stderr.decode().split())
+    assert "lading.stores.s3.store" in loaded  # the check sees the modules the read used
+    assert loaded.isdisjoint(NOT_FOR_CAT), sorted(loaded.intersection(NOT_FOR_CAT))

@@ -31,7 +31,6 @@ relative to DEST, every other attribute as it was.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypeVar
@@ -88,6 +87,8 @@ def parse_manifest(text: str, origin: str = "manifest") -> Manifest:
     Text starting with ``[`` or ``{`` is JSON: when it does not parse, the error says so,
     instead of reading the broken JSON as a list of keys.
     """
+    import json  # here, not at the top: `lading cat` and `sync` start faster without it
+
     if text.lstrip().startswith("{"):
         first = text.lstrip().split("\n", 1)[0]
         try:
@@ -107,6 +108,8 @@ def parse_manifest(text: str, origin: str = "manifest") -> Manifest:
 
 
 def _parse_json(text: str, origin: str) -> Manifest:
+    import json
+
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -132,6 +135,8 @@ def _parse_json(text: str, origin: str) -> Manifest:
 
 def _parse_json_lines(text: str, origin: str) -> Manifest:
     """An augmented manifest: one JSON object per line, objects named by ``*-ref`` attributes."""
+    import json
+
     records: list[Record] = []
     entries: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -295,6 +300,8 @@ def share_records(
 def local_lines(manifest: Manifest, source: str, lines: Sequence[int], present: set[str]) -> list[str]:
     """The JSON Lines of ``DEST/manifest.jsonl``: the chosen lines, each ref that was fetched
     rewritten to its path relative to DEST (its key), other refs and attributes as they were."""
+    import json
+
     keys_per_line = record_keys(manifest, source)
     records = manifest.records or ()
     out = []

@@ -18,7 +18,6 @@ nothing here reads ``os.environ``.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -59,6 +58,8 @@ def _read_json(path: Path) -> Any | None:
         return None
     except (OSError, UnicodeDecodeError) as err:
         raise UsageError(f"cannot read SageMaker's {path}: {err}") from None
+    import json  # here, not at the top: the CLI starts faster outside SageMaker
+
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -103,6 +104,8 @@ def read_hosts(env: Mapping[str, str], resource_config: str | Path | None = None
     if current:
         origin = "SM_CURRENT_HOST"
         if hosts_text:
+            import json
+
             try:
                 hosts = _host_list(json.loads(hosts_text), "SM_HOSTS")
             except json.JSONDecodeError:
@@ -147,6 +150,8 @@ def channels(
     :func:`config_dir`), each channel in ``<data_dir>/<name>`` (``SM_INPUT_DIR``/data, default
     ``/opt/ml/input/data``).
     """
+    import json
+
     found: dict[str, str] = {}
     listed = env.get("SM_CHANNELS", "").strip()
     names: list[str] = []

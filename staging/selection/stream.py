@@ -157,7 +157,6 @@ def open_source(
     SOURCE is always a prefix.
     """
     from lading.stores import open_store
-    from lading.stores.snapshot import is_snapshot
 
     if snapshot is not None:
         store = open_store(source, config, snapshot=snapshot)
@@ -168,7 +167,7 @@ def open_source(
     uri = parse_uri(source)
     if manifest is None:
         parent, name = uri.split_name()
-        if name and not (uri.scheme == "file" and is_snapshot(uri.prefix)):  # a snapshot: the store it pins
+        if name and not (uri.scheme == "file" and _is_snapshot(uri.prefix)):  # a snapshot: the store it pins
             store = open_store(parent, config)
             try:
                 store.stat(name)
@@ -177,6 +176,12 @@ def open_source(
             else:
                 return store, str(parent), [name]
     return open_store(uri, config), str(uri), None
+
+
+def _is_snapshot(path: str) -> bool:
+    from lading.stores.snapshot import is_snapshot
+
+    return is_snapshot(path)
 
 
 def matches(key: str, include: Sequence[str], exclude: Sequence[str]) -> bool:

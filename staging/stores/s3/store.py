@@ -38,7 +38,6 @@ from lading.stores.process import ProcessLocal
 from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options, status_and_code
 from lading.stores.obstore_reads import ObstoreTarget
 from lading.stores.s3.errors import CREDENTIALS_HINT, client_error_code, from_response, translate
-from lading.stores.s3.upload import MultipartUpload
 from lading.stores.uri import StoreURI
 
 T = TypeVar("T")
@@ -408,6 +407,8 @@ class S3Store(ObstoreReads):
             if progress is not None:
                 progress(size)
         else:
+            from lading.stores.s3.upload import MultipartUpload
+
             MultipartUpload(self, src, key, size, progress).run()
         return self.stat(key)
 
