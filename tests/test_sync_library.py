@@ -13,6 +13,7 @@ from lading.sync import SyncRequest, plan_only, run_sync, use_node_cache
 from lading.sync.nodecache import cache_entry_name
 from lading.sync.plan import matches_filters, select_objects
 from lading.sync.state import JOURNAL_NAME, STATE_NAME, Entry, SyncState
+from lading.transfer import TransferOptions
 from sync_fixtures import ListedStore, read_tree
 
 
@@ -65,6 +66,32 @@ def test_plan_reasons_and_local_source_sync(tmp_path):
     run_sync(store, request)
     assert read_tree(dest) == {"x/1": b"one", "x/2": b"TWO!", "y": b"why"}
     assert list(plan_only(store, request).to_fetch()) == []
+
+
+def test_only_a_durable_sync_fsyncs_its_state_record(tmp_path, monkeypatch):
+    """A kill loses nothing without fsync (the journal, atomic renames), so a default sync calls
+    none: on ext4 an fsync of the index right after a large download waits for the download's
+    data to reach the disk. ``durable`` fsyncs the files, their directory and the index."""
+    src = tmp_path / "src"
+    make_source(src, {"a": b"one", "d/b": b"two"})
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    store = LocalStore(src)
+    summary = run_sync(store, SyncRequest(str(src), tmp_path / "plain"))
+    assert (summary.files, summary.failed, synced) == (2, [], [])
+    assert set(SyncState.load(tmp_path / "plain").entry_map()) == {"a", "d/b"}
+
+    durable = tmp_path / "durable"
+    run_sync(store, SyncRequest(str(src), durable), TransferOptions(durable=True))
+    names = {os.path.basename(path) for path in synced}
+    assert any(name.startswith("." + STATE_NAME) for name in names), synced  # the index's temporary
+    assert {".a.lading-part", ".b.lading-part", "durable", "d"} <= names, synced
 
 
 def test_reserved_names_markers_and_collisions():

@@ -307,7 +307,7 @@ def apply_plan(
     finally:
         pending.cancel()
         ahead.shutdown(wait=True)  # a batch being prepared ends before anything else is written
-        state.save()
+        state.save(durable=options.durable)
     summary.failed.sort(key=lambda f: f.key)
     summary.seconds = time.monotonic() - started
     return summary
