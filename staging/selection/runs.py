@@ -9,7 +9,7 @@ is read back as written.
 
 Runs are anonymous temporary files (removed by the OS when closed, even after a kill) in
 ``tempfile.gettempdir()``; rows are stored with :mod:`marshal` in blocks, since nothing but this
-process reads them.
+process reads them. Fewer rows than a chunk make no file: once finished, they are kept in memory.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import heapq
 import marshal
 import os
-import tempfile
 from operator import itemgetter
 from typing import IO, Iterable, Iterator
 
@@ -32,6 +31,8 @@ class _Run:
     ``pread`` so several readers (and the writer) never share a file position."""
 
     def __init__(self) -> None:
+        import tempfile  # with shutil and random: loaded only by a selection larger than a chunk
+
         self.file: IO[bytes] = tempfile.TemporaryFile(prefix="lading-runs-")
         self.last: object = None
 
@@ -60,6 +61,7 @@ class SortedRuns:
     def __init__(self) -> None:
         self._runs: list[_Run] = []
         self._chunk: list[tuple] = []
+        self._held: list[tuple] | None = None  # finished rows that never filled a chunk
         self.count = 0
 
     def add(self, row: tuple) -> None:
@@ -84,13 +86,19 @@ class SortedRuns:
         self._chunk = []
 
     def finish(self) -> "SortedRuns":
-        """Write out the last chunk; the rows can now be read."""
+        """Write out the last chunk; the rows can now be read. Fewer rows than a chunk stay in
+        memory, sorted, and no file is made."""
+        if not self._runs:
+            self._chunk.sort(key=_first)
+            self._held, self._chunk = self._chunk, []
         self._flush()
         return self
 
     def __iter__(self) -> Iterator[tuple]:
         if self._chunk:
             raise RuntimeError("SortedRuns read before finish()")
+        if self._held is not None:
+            return iter(self._held)
         if len(self._runs) == 1:
             return self._runs[0].rows()
         return heapq.merge(*(run.rows() for run in self._runs), key=_first)
@@ -101,6 +109,7 @@ class SortedRuns:
             run.file.close()
         self._runs = []
         self._chunk = []
+        self._held = None
 
     def __enter__(self) -> "SortedRuns":
         return self
