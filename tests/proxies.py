@@ -59,7 +59,7 @@ The API:
   bench/latproxy.py does for benchmarks). ``proxy.body_bytes`` counts the response body bytes
   relayed, by path; ``proxy.peak_in_flight`` is the most requests forwarded at once (both reset
   by ``reset_counts()``).
-- ``gate = proxy.gather(N, method="GET", timeout=2.0)``: the next N matching requests are held
+- ``gate = proxy.gather(N, method="GET", timeout=10.0)``: the next N matching requests are held
   until all N are in the proxy at once (or ``timeout`` passes), then forwarded together.
   ``gate.together`` is the most requests that were held at the same moment: N when the client
   sent them concurrently, 1 when it sent them one after another.
@@ -456,7 +456,7 @@ class FaultProxy:
             self._rules.append(rule)
         return rule
 
-    def gather(self, count: int, method: str | None = "GET", timeout: float = 2.0) -> Gate:
+    def gather(self, count: int, method: str | None = "GET", timeout: float = 10.0) -> Gate:
         """Hold the next ``count`` matching requests until they are all in (see the module docstring)."""
         self._gate = Gate(count, method, timeout)
         return self._gate
