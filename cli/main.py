@@ -140,20 +140,30 @@ def quiet_dependency_warnings() -> None:
 
 #: Commands that move object data through obstore (its body pieces are malloc'd by the runtime).
 _DATA_COMMANDS = {"sync", "cat", "hook", "mount"}
+#: Of those, the ones whose only busy threads are the runtime's and the I/O core's: one heap for all.
+_ONE_ARENA_COMMANDS = {"sync", "cat", "hook"}
 
 
-def keep_freed_memory() -> None:
+def keep_freed_memory(one_arena: bool = False) -> None:
     """glibc: serve allocations up to 16 MiB from the heap and keep up to 128 MiB of freed memory
     for reuse. A download's part buffers (one per part in flight, 8 MiB each, allocated by obstore's
     runtime) and body pieces then reuse the same pages instead of each being mapped, faulted in page
     by page and unmapped: 115,000 -> 30,000 page faults and about 0.4 CPU-s less per GiB, measured
-    (bench/RESULTS.md). A process-wide setting, so it lives here in the CLI, never in the library."""
+    (bench/RESULTS.md). ``one_arena``: every thread allocates from that one heap (``M_ARENA_MAX``
+    1), so a part buffer freed after one runtime thread collected it is reused by the next part
+    whichever thread collects that; with an arena per thread, each grows heaps of its own that
+    glibc unmaps once empty and the next parts fault in again (25,000-34,000 -> 17,000-21,000
+    page faults and about 0.1 CPU-s less per GiB, session 8). Not for a mount: its many FUSE
+    threads would all take the one heap's lock (its daemon sets its own). A process-wide setting,
+    so it lives here in the CLI, never in the library; set before any thread allocates."""
     import ctypes
 
     try:
         libc = ctypes.CDLL(None)
         libc.mallopt(-3, 16 << 20)  # M_MMAP_THRESHOLD: above a part (lading.stores.download.PART_SIZE)
         libc.mallopt(-1, 128 << 20)  # M_TRIM_THRESHOLD
+        if one_arena:
+            libc.mallopt(-8, 1)  # M_ARENA_MAX
     except (OSError, AttributeError):  # not glibc: its defaults stay
         pass
 
@@ -163,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     quiet_dependency_warnings()
     if _DATA_COMMANDS.intersection(args):
-        keep_freed_memory()
+        keep_freed_memory(one_arena=bool(_ONE_ARENA_COMMANDS.intersection(args)))
 
     def debug() -> bool:
         return "--debug" in args or os.environ.get("LADING_DEBUG", "") not in ("", "0")

@@ -46,3 +46,43 @@ def test_bad_progress_interval_is_one_line_usage_error(lading, tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == "lading: error: LADING_PROGRESS_SECONDS='soon' is not a number"
     assert not dest.exists()
+
+
+_ARENAS = """
+import ctypes, sys, threading
+from lading.cli.main import keep_freed_memory
+keep_freed_memory(one_arena=sys.argv[1] == "one")
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+held, ready = [], threading.Barrier(5)
+def allocate():
+    held.append(libc.malloc(1 << 20))  # a runtime thread collecting a body
+    ready.wait()
+threads = [threading.Thread(target=allocate) for _ in range(4)]
+for thread in threads:
+    thread.start()
+ready.wait()
+libc.fopen.restype = ctypes.c_void_p
+out = libc.fopen(sys.argv[2].encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(out))
+libc.fclose(ctypes.c_void_p(out))
+"""
+
+
+def test_data_commands_keep_one_malloc_arena(tmp_path):
+    """`lading sync`/`cat`/`hook` allocate from one heap (a part buffer freed after one runtime
+    thread collected it is reused whichever thread collects the next), `mount` keeps an arena per
+    thread; glibc's own report (malloc_info) counts the heaps threads allocated from."""
+    import subprocess
+    import sys
+
+    from lading.cli.main import _DATA_COMMANDS, _ONE_ARENA_COMMANDS
+
+    def heaps(mode: str) -> int:
+        report = tmp_path / f"{mode}.xml"
+        subprocess.run([sys.executable, "-c", _ARENAS, mode, str(report)], check=True, timeout=60)
+        return report.read_text().count("<heap nr=")
+
+    assert heaps("one") == 1
+    assert heaps("per-thread") > 1
+    assert _ONE_ARENA_COMMANDS == _DATA_COMMANDS - {"mount"}
