@@ -43,7 +43,7 @@ from lading.mounts.memory import buffer_address
 from lading.mounts.stats import Stats
 from lading.mounts.tree import FileEntry
 from lading.stores import LadingError, Store, TransientError
-from lading.stores.ranged import RangeRequest, range_reader
+from lading.stores.ranged import RangeRequest, attempt_reader, range_reader
 
 log = logging.getLogger("lading.mount")
 
@@ -199,6 +199,7 @@ class Reader:
         self.stats = stats or Stats()
         self.budget = config.max_memory
         self._read_range = range_reader(store)
+        self._try_range = attempt_reader(store)
         self._lock = threading.Lock()
         self._files: dict[int, FileCache] = {}
         self._unread: OrderedDict[Extent, None] = OrderedDict()  # arrived, nothing served yet
@@ -263,6 +264,7 @@ class Reader:
         end = min(offset + size, handle.entry.size)
         if offset >= end or self._closed:
             return 0
+        deadline = time.monotonic() + self.config.timeout
         if self.disk is not None:
             self._load_from_disk(handle.entry, offset, end)
         fetches: list[_Fetch] = []
@@ -280,8 +282,11 @@ class Reader:
             if handle.streaming:
                 self._readahead(handle, files, end, fetches)
             self._coalesce(fetches)
-        self._start(fetches)
-        copied = self._copy(handle, needed, offset, end, dest)
+        here = next((fetch for fetch in fetches if fetch.random and fetch.demand), None)
+        self._start([fetch for fetch in fetches if fetch is not here])
+        if here is not None:
+            self._get_here(here)
+        copied = self._copy(handle, needed, offset, end, dest, deadline)
         self.stats.add(reads=1, bytes_served=copied)
         if not handle.answered:
             handle.answered = True
@@ -477,14 +482,48 @@ class Reader:
         began = time.monotonic()
         try:
             entry = fetch.entry
-            view = self._read_range(RangeRequest(entry.key, fetch.start, fetch.end, entry.version or None))
-            if len(view) != fetch.end - fetch.start:
-                raise TransientError(
-                    f"{entry.key}: short read ({len(view)} of {fetch.end - fetch.start} bytes at {fetch.start})"
-                )
+            view = self._whole(
+                fetch, self._read_range(RangeRequest(entry.key, fetch.start, fetch.end, entry.version or None))
+            )
         except BaseException as err:  # noqa: BLE001 - every failure must reach the waiting reader
             self._failed(fetch, err)
             return
+        self._got(fetch, view, began)
+
+    def _get_here(self, fetch: _Fetch) -> None:
+        """A random reader's miss, fetched on the FUSE thread that waits for it: no hand-off to a
+        GET thread and back, two thread wake-ups per read that cost 0.3-0.9 ms at load
+        (bench/RESULTS.md, session 8). One try, which the store client's connect and read
+        timeouts (the mount's --timeout) bound; a transient failure, or a read the store cannot
+        bound, goes to a GET thread as any other (retried there, waited for until the deadline)."""
+        self.stats.add(requests=1)
+        began = time.monotonic()
+        entry = fetch.entry
+        try:
+            view = self._try_range(RangeRequest(entry.key, fetch.start, fetch.end, entry.version or None))
+            if view is not None:
+                view = self._whole(fetch, view)
+        except TransientError as err:
+            log.debug("GET %s [%d, %d) failed, retrying: %s", entry.key, fetch.start, fetch.end, err)
+            self.stats.add(request_errors=1)
+            view = None
+        except BaseException as err:  # noqa: BLE001 - every failure must reach the waiting reader
+            self._failed(fetch, err)
+            return
+        if view is None:
+            self._start([fetch])
+        else:
+            self._got(fetch, view, began)
+
+    @staticmethod
+    def _whole(fetch: _Fetch, view: memoryview) -> memoryview:
+        if len(view) != fetch.end - fetch.start:
+            raise TransientError(
+                f"{fetch.entry.key}: short read ({len(view)} of {fetch.end - fetch.start} bytes at {fetch.start})"
+            )
+        return view
+
+    def _got(self, fetch: _Fetch, view: memoryview, began: float) -> None:
         self.stats.sample("get_latency", time.monotonic() - began)
         self.stats.add(bytes_fetched=len(view))
         self._arrived(fetch, view)
@@ -513,9 +552,8 @@ class Reader:
             extent.future.set_exception(err)
 
     # -- serving ---------------------------------------------------------------------------------
-    def _copy(self, handle: OpenFile, extents: list[Extent], offset: int, end: int, dest: int) -> int:
-        """Wait for each extent in turn and copy its part of the read into ``dest``."""
-        deadline = time.monotonic() + self.config.timeout
+    def _copy(self, handle: OpenFile, extents: list[Extent], offset: int, end: int, dest: int, deadline: float) -> int:
+        """Wait for each extent in turn (until ``deadline``) and copy its part of the read into ``dest``."""
         waited = 0.0
         copied = 0
         position = offset

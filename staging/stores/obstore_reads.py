@@ -320,9 +320,18 @@ class ObstoreReader:
             return io_core().run(self.read(request))
         return with_retries(lambda: self._attempt_here(request), self.target.retry)
 
-    def _attempt_here(self, request: RangeRequest) -> memoryview:
+    def attempt_here(self, request: RangeRequest) -> memoryview | None:
+        """One try of :meth:`read_here`: no retry and no hop to the loop, so the client's connect
+        and read timeouts bound it. None when the read needs the loop (a server that ignores
+        ranges, a bucket elsewhere): ask :meth:`read_here`."""
+        if self._ranges_ignored or self._relocated:
+            return None
+        return self._attempt_here(request, on_loop=False)
+
+    def _attempt_here(self, request: RangeRequest, on_loop: bool = True) -> Any:
         """:meth:`_attempt` (collected) with obstore's blocking calls; what :meth:`_attempt` would
-        do on the loop (slice whole objects, move to the bucket's region) goes to :meth:`read`."""
+        do on the loop (slice whole objects, move to the bucket's region) goes to :meth:`read`
+        (or, unless ``on_loop``, comes back as None)."""
         import obstore
 
         target = self.target
@@ -337,7 +346,7 @@ class ObstoreReader:
             if refused is _EMPTY:
                 return memoryview(b"")
             if refused is _WHOLE or (target.moved is not None and target.moved(err)):
-                return io_core().run(self.read(request))
+                return io_core().run(self.read(request)) if on_loop else None
             raise translate(err, self._where(request.key), target.from_response) from err
         return memoryview(self._whole(data, request.key, answer.length))
 

@@ -10,7 +10,7 @@ GCS before its route is chosen; a forked child on the SDK) reads through its ``r
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 from lading.core.errors import NotFound, ObjectChanged
 from lading.stores.base import RangeRequest, Store
@@ -18,6 +18,7 @@ from lading.stores.obstore_reads import ObstoreReader
 
 #: ``read(request)``: the bytes of ``[start, end)`` (fewer at the end of the object, none past it).
 RangeRead = Callable[[RangeRequest], memoryview]
+_T = TypeVar("_T")
 
 
 def range_reader(store: Store) -> RangeRead:
@@ -31,21 +32,36 @@ def range_reader(store: Store) -> RangeRead:
         end = request.end if request.end is not None else 1 << 62
         return memoryview(store.read_range(request.key, request.start, end, request.version))
 
-    def read(request: RangeRequest) -> memoryview:
-        try:
-            return attempt(request)
-        except NotFound as err:
-            if not request.version:
-                raise
-            # The version asked for is gone: GCS answers a replaced generation with 404, S3 a
-            # deleted object's If-Match.
-            raise ObjectChanged(
-                f"{store.url.rstrip('/')}/{request.key} was replaced or removed since version "
-                f"{request.version} was listed",
-                "the object changed; list it again",
-            ) from err
-
-    return read
+    return lambda request: _pinned(store, request, attempt)
 
 
-__all__ = ["RangeRead", "RangeRequest", "range_reader"]
+def attempt_reader(store: Store) -> Callable[[RangeRequest], memoryview | None]:
+    """A function that tries one range of ``store`` once on the calling thread, pinned as
+    :func:`range_reader`'s: no retry and no hop to another thread, so that the store client's
+    connect and read timeouts bound it (a caller that must answer within a deadline can wait on
+    its own thread). None when this store's read cannot be bounded so (not through obstore, or a
+    read that needs the I/O core's loop): read it with :func:`range_reader`."""
+
+    def attempt(request: RangeRequest) -> memoryview | None:
+        reads = store.coroutine_reads(request.key)
+        return reads.attempt_here(request) if isinstance(reads, ObstoreReader) else None
+
+    return lambda request: _pinned(store, request, attempt)
+
+
+def _pinned(store: Store, request: RangeRequest, attempt: Callable[[RangeRequest], _T]) -> _T:
+    """``attempt(request)``, a pinned version that is gone said as ObjectChanged."""
+    try:
+        return attempt(request)
+    except NotFound as err:
+        if not request.version:
+            raise
+        # The version asked for is gone: GCS answers a replaced generation with 404, S3 a
+        # deleted object's If-Match.
+        raise ObjectChanged(
+            f"{store.url.rstrip('/')}/{request.key} was replaced or removed since version {request.version} was listed",
+            "the object changed; list it again",
+        ) from err
+
+
+__all__ = ["RangeRead", "RangeRequest", "attempt_reader", "range_reader"]
