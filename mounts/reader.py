@@ -3,7 +3,8 @@
 FUSE's threads plan what to fetch under one lock and wait only for the bytes they need. Each GET
 is the store's blocking ranged read (:mod:`lading.stores.ranged`: obstore's blocking call, the GIL
 released while it waits) on a thread of one of two pools, one for what a reader waits for, one
-for readahead and files ahead of a directory walk. Measured on RGW (2026-11-26), a GET made this
+for readahead and files ahead of a directory walk; a random reader's miss is one try on the FUSE
+thread that asks for it (no hand-off to a pool thread and back). Measured on RGW (2026-11-26), a GET made this
 way costs the daemon a third of the CPU of the same GET as a coroutine on the I/O core (whose
 future, wake-ups and callbacks dominate small GETs), and CPU is what a mount on a busy node lacks.
 A GET's answer is one zero-copy buffer of the store client's, copied once, straight into the

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from proxies import FaultProxy
-from test_mount_support import mounted, put_objects
+from test_mount_support import mounted, put_objects, wait_for
 
 BUCKET = "mount-patterns"
 MiB = 1 << 20
@@ -82,6 +82,39 @@ def test_misses_a_small_gap_apart_are_one_get(proxy, bucket, tmp_path: Path) -> 
         finally:
             os.close(fd)
         assert _gets(proxy, "big.bin") == 1
+
+
+def test_a_random_miss_never_waits_for_a_get_thread(proxy, bucket, tmp_path: Path) -> None:
+    # One GET thread (--workers 1), held by another file's GET at the proxy: a random reader's miss
+    # is fetched on the FUSE thread that asks for it, so it reaches the store meanwhile.
+    body = OBJECTS["big.bin"]
+    with _mount(proxy, tmp_path, bucket, "--workers", "1") as mnt, ThreadPoolExecutor(1) as pool:
+        gate = proxy.gather(2, timeout=10.0)
+        small = pool.submit((mnt.path / "small.bin").read_bytes)
+        wait_for(lambda: gate.waiting == 1, 10, "the small file's GET to be held")
+        fd = os.open(mnt.path / "big.bin", os.O_RDONLY)
+        try:
+            offset = 5 * MiB + 8192
+            assert os.pread(fd, 4096, offset) == body[offset : offset + 4096]
+        finally:
+            os.close(fd)
+        assert small.result() == OBJECTS["small.bin"]
+        assert gate.together == 2  # both GETs were at the store at once
+
+
+def test_a_random_miss_that_fails_once_is_asked_again(proxy, bucket, tmp_path: Path) -> None:
+    body = OBJECTS["big.bin"]
+    with _mount(proxy, tmp_path, bucket) as mnt:
+        fd = os.open(mnt.path / "big.bin", os.O_RDONLY)
+        try:
+            proxy.reset_counts()
+            proxy.add_fault("reset", first=1, method="GET")
+            offset = 3 * MiB + 4096
+            assert os.pread(fd, 4096, offset) == body[offset : offset + 4096]
+        finally:
+            os.close(fd)
+        assert proxy.injected["reset"] == 1
+        assert _gets(proxy, "big.bin") == 2
 
 
 def test_a_sequential_reader_runs_ahead_in_parallel(proxy, bucket, tmp_path: Path) -> None:

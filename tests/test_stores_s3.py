@@ -520,6 +520,30 @@ def test_servers_that_ignore_range_still_give_the_right_bytes(s3, endpoint, tmp_
     assert [seen.headers.get("If-Match") for seen in gets] == [None, f'"{version}"']
 
 
+def test_the_bounded_ranged_read_tries_once_and_leaves_whole_objects_to_the_retried_read(s3, endpoint):
+    """``attempt_reader`` (a random miss on the mount's FUSE thread, which must answer within
+    --timeout): one GET and no retry; a server that answers a range with the whole object makes
+    it return None, and the retried read (``range_reader``) slices it."""
+    from lading.core.errors import TransientError
+    from lading.stores.ranged import RangeRequest, attempt_reader, range_reader
+
+    data = os.urandom(300_000)
+    _put(s3, "data/h.bin", data)
+    with FaultProxy(endpoint) as proxy:
+        store = _store(proxy.url)
+        version = store.stat("h.bin").version
+        attempt = attempt_reader(store)
+        assert bytes(attempt(RangeRequest("h.bin", 1000, 5000, version)) or b"") == data[1000:5000]
+        proxy.reset_counts()
+        proxy.add_fault("slowdown", first=1)
+        with pytest.raises(TransientError):
+            attempt(RangeRequest("h.bin", 0, 10, version))
+        assert proxy.count("GET") == 1  # not retried
+        proxy.add_fault("norange", first=1)
+        assert attempt(RangeRequest("h.bin", 2000, 3000, version)) is None
+        assert bytes(range_reader(store)(RangeRequest("h.bin", 2000, 3000, version))) == data[2000:3000]
+
+
 def test_the_blocking_ranged_read_slices_whole_objects_from_servers_that_ignore_range(s3, endpoint):
     """The mount's path (``range_reader``: obstore's blocking GET) on a server that answers a
     range with the whole object: the bytes asked for, and later ranges asked as whole objects."""

@@ -326,7 +326,8 @@ class ObstoreReader:
         ranges, a bucket elsewhere): ask :meth:`read_here`."""
         if self._ranges_ignored or self._relocated:
             return None
-        return self._attempt_here(request, on_loop=False)
+        data: memoryview | None = self._attempt_here(request, on_loop=False)
+        return data
 
     def _attempt_here(self, request: RangeRequest, on_loop: bool = True) -> Any:
         """:meth:`_attempt` (collected) with obstore's blocking calls; what :meth:`_attempt` would
