@@ -33,6 +33,10 @@ Views = list[memoryview]
 Outcomes = list["memoryview | BaseException"]
 
 
+#: An ObjectInfo's fields in order: ``(key, size, version, mtime, md5, crc32c)``.
+Row = tuple[str, int, str, float, "str | None", "str | None"]
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """One object, as listed or stat'ed.
@@ -105,6 +109,13 @@ class Store(ABC):
     @abstractmethod
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Yield objects under ``prefix`` page by page, in ascending key order."""
+
+    def list_rows(self, prefix: str = "") -> Iterator[Row]:
+        """:meth:`list` as rows of ObjectInfo's fields in order, for a caller that keeps rows
+        (sync's planner): a store listing many small entries yields them without making an
+        :class:`ObjectInfo` each."""
+        for info in self.list(prefix):
+            yield (info.key, info.size, info.version, info.mtime, info.md5, info.crc32c)
 
     @abstractmethod
     def stat(self, key: str) -> ObjectInfo:

@@ -28,6 +28,7 @@ from lading.stores.base import (
     ObjectInfo,
     Outcomes,
     OnPiece,
+    Row,
     ProgressCallback,
     RangeRequest,
     Sink,
@@ -43,51 +44,61 @@ def _version(st: os.stat_result) -> str:
     return f"{st.st_mtime_ns}-{st.st_size}"
 
 
-#: Threads reading directories for :meth:`LocalStore.list`, and how many directories they may
-#: read ahead of the one being yielded.
-_SCAN_THREADS = 4
+#: Threads reading directories for :meth:`LocalStore.list` (few: each ``stat`` is a short system
+#: call between two takes of the GIL, and more threads only queue for it), and how many
+#: directories they may read ahead of the one being yielded.
+_SCAN_THREADS = 2
 _SCAN_AHEAD = 16
 
-#: A directory's entry in key order: ``(key, info, path)``; ``info`` is None for a directory.
-_Item = tuple[str, ObjectInfo | None, str]
+#: A directory's entry in key order: ``(key, row, path)``; for a directory, ``row`` is None and
+#: ``key`` ends in ``/`` (the keys under it start so; a file's ``path`` is not kept).
+_Item = tuple[str, Row | None, str]
 _Items = list[_Item]
 
 
 def _scan(directory: str, rel: str, prefix: str) -> _Items:
     """The entries of ``directory`` (keys under ``rel``) in key order: its regular files (and
-    symlinks to them) stat'ed, its subdirectories that can hold keys under ``prefix``."""
+    symlinks to them) stat'ed relative to the directory's descriptor (no path walk per file),
+    its subdirectories that can hold keys under ``prefix``."""
     try:
-        with os.scandir(directory) as listing:
-            entries = list(listing)
+        fd = os.open(directory, _DIRECTORY_FLAGS)
     except OSError as err:
         raise _translate(err, directory) from err
-    # Key order: "a/b" must sort as the string "a/b", not as a directory visited first.
-    items: list[tuple[str, os.DirEntry[str], bool]] = []
-    for entry in entries:
-        try:
-            is_dir = entry.is_dir(follow_symlinks=False)
-        except OSError:
-            continue
-        key = f"{rel}{entry.name}"
-        items.append((key + "/" if is_dir else key, entry, is_dir))
-    items.sort(key=lambda item: item[0])
+    # Key order: "a/b" must sort as the string "a/b", not as a directory visited first; a
+    # directory's sort key ends in "/" (made unique so, the items sort on their first element).
     found: _Items = []
-    for sort_key, entry, is_dir in items:
-        if is_dir:
-            key = sort_key[:-1]
-            if prefix.startswith(sort_key) or key.startswith(prefix) or not prefix:
-                found.append((key, None, entry.path))
-            continue
-        if not sort_key.startswith(prefix):
-            continue
-        try:
-            st = entry.stat(follow_symlinks=True)
-        except OSError:
-            continue  # broken symlink
-        if not stat_mode.S_ISREG(st.st_mode):  # (st followed the link, as isfile would: no second stat)
-            continue
-        found.append((sort_key, ObjectInfo(sort_key, st.st_size, _version(st), st.st_mtime), entry.path))
+    try:
+        with os.scandir(fd) as listing:
+            for entry in listing:
+                name = entry.name
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                key = rel + name
+                if is_dir:
+                    if not prefix or prefix.startswith(key + "/") or key.startswith(prefix):
+                        found.append((key + "/", None, f"{directory}/{name}"))
+                    continue
+                if prefix and not key.startswith(prefix):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=True)  # fstatat(fd, name)
+                except OSError:
+                    continue  # broken symlink
+                if not stat_mode.S_ISREG(st.st_mode):  # (st followed the link, as isfile would: no second stat)
+                    continue
+                size = st.st_size
+                found.append((key, (key, size, f"{st.st_mtime_ns}-{size}", st.st_mtime, None, None), ""))
+    except OSError as err:
+        raise _translate(err, directory) from err
+    finally:
+        os.close(fd)
+    found.sort()
     return found
+
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def _translate(err: OSError, what: str) -> LadingError:
@@ -113,6 +124,10 @@ class LocalStore(Store):
         return safe_join(self.root, key)
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Walk the tree in key order (:meth:`list_rows`)."""
+        return (ObjectInfo(*row) for row in self.list_rows(prefix))
+
+    def list_rows(self, prefix: str = "") -> Iterator[Row]:
         """Walk the tree in key order; symlinks to files count, directory links are not followed.
 
         Directories are read (``scandir`` and a ``stat`` per file) by a few threads up to
@@ -126,17 +141,17 @@ class LocalStore(Store):
         with ThreadPoolExecutor(max_workers=_SCAN_THREADS, thread_name_prefix="lading-list") as pool:
             yield from self._walk(pool, _scan(str(self.root), "", prefix), prefix)
 
-    def _walk(self, pool: ThreadPoolExecutor, items: _Items, prefix: str) -> Iterator[ObjectInfo]:
+    def _walk(self, pool: ThreadPoolExecutor, items: _Items, prefix: str) -> Iterator[Row]:
         ahead: dict[int, Future[_Items]] = {}
         directories = [index for index, item in enumerate(items) if item[1] is None]
         submitted = 0
-        for index, (key, info, path) in enumerate(items):
-            if info is not None:
-                yield info
+        for index, (key, row, path) in enumerate(items):
+            if row is not None:
+                yield row
                 continue
             while submitted < len(directories) and len(ahead) < _SCAN_AHEAD:
                 target = directories[submitted]
-                ahead[target] = pool.submit(_scan, items[target][2], items[target][0] + "/", prefix)
+                ahead[target] = pool.submit(_scan, items[target][2], items[target][0], prefix)
                 submitted += 1
             yield from self._walk(pool, ahead.pop(index).result(), prefix)
 

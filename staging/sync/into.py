@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from lading.core.errors import AccessDenied, UsageError, local_error
 from lading.core.keys import safe_join
 from lading.core.locks import exclusive_lock
-from lading.sync.apply import Fetcher, NoSyncEvents, SyncEvents, SyncSummary, apply_plan, sweep_temporaries
-from lading.sync.plan import Selection, SyncRequest, plan_sync
+from lading.stores.base import Store
+from lading.sync.apply import (
+    Fetcher,
+    NoSyncEvents,
+    SyncEvents,
+    SyncSummary,
+    apply_plan,
+    store_fetcher,
+    sweep_temporaries,
+)
+from lading.sync.plan import Selection, SyncPlan, SyncRequest, plan_listing, plan_sync
 from lading.sync.state import JOURNAL_NAME, LOCK_NAME, SyncState
 from lading.transfer import TransferOptions
 
@@ -31,13 +41,45 @@ def sync_into(
     their old copies). A previous run killed mid-way left its journal: its stray temporaries are
     swept once this run's fetches are done.
     """
+
+    def plan(state: SyncState) -> SyncPlan:
+        return plan_sync(selection, request, state, options.workers, list_current=False)
+
+    return _plan_and_apply(plan, fetcher, request, options, events, phase, skip_keys)
+
+
+def sync_listing_into(
+    store: Store,
+    request: SyncRequest,
+    options: TransferOptions = TransferOptions(),
+    events: SyncEvents = NoSyncEvents(),
+) -> SyncSummary:
+    """List, plan and apply into an existing ``request.dest`` under DEST's lock, the listing
+    and the plan in one pass (:func:`~lading.sync.plan.plan_listing`): what a re-sync does. The
+    selection's refusals come before anything is written, as with :func:`sync_into`."""
+
+    def plan(state: SyncState) -> SyncPlan:
+        return plan_listing(store, request, state, options.workers, list_current=False)
+
+    return _plan_and_apply(plan, store_fetcher(store), request, options, events)
+
+
+def _plan_and_apply(
+    plan_for: Callable[[SyncState], SyncPlan],
+    fetcher: Fetcher,
+    request: SyncRequest,
+    options: TransferOptions,
+    events: SyncEvents,
+    phase: str = "download",
+    skip_keys: frozenset[str] = frozenset(),
+) -> SyncSummary:
     dest = Path(request.dest)
     make_directory(dest, "DEST")
     with exclusive_lock(dest / LOCK_NAME):
         interrupted = (dest / JOURNAL_NAME).exists()
         state = SyncState.load(dest)
         state.source = request.source
-        with plan_sync(selection, request, state, options.workers, list_current=False) as plan:
+        with plan_for(state) as plan:
             if plan.fetch_files:
                 state.begin()
             try:

@@ -28,7 +28,8 @@ import logging
 import os
 import stat as stat_mode
 from array import array
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from json.encoder import encode_basestring_ascii
@@ -40,14 +41,21 @@ from lading.core.keys import is_safe_key, key_parts
 from lading.selection.manifest import Manifest, keys_under, share_records
 from lading.selection.runs import SortedRuns
 from lading.selection.sharding import BALANCES, DISTRIBUTIONS, owners_by_bytes, select_for_rank
-from lading.stores.base import ObjectInfo, Store
-from lading.sync.state import RESERVED_NAMES, Entry, SyncState
+from lading.stores.base import ObjectInfo, Row, Store
+from lading.sync.state import RESERVED_NAMES, Entry, SyncState, parse_line, row_line
 
 log = logging.getLogger(__name__)
 
 _SHOWN_UNSAFE = 5
-#: Keys stat'ed per task of the planning pool (a task per key would cost more than the stat).
-_STAT_BATCH = 256
+#: What every reserved name starts with (a key that does not is none of them).
+_RESERVED_START = os.path.commonprefix(sorted(RESERVED_NAMES))
+#: Rows whose DEST files are stat'ed per window, and windows in flight ahead of the one being
+#: classified.
+_STAT_WINDOW = 4096
+_STAT_AHEAD = 2
+#: Threads that stat DEST's files, a folder per task: few, since each ``stat`` is a short system
+#: call between two takes of the GIL and more threads only queue for it.
+_STAT_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -235,10 +243,14 @@ def matches_filters(key: str, include: Iterable[str], exclude: Iterable[str]) ->
     return not any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude)
 
 
-def source_objects(store: Store, manifest: Manifest | None, source: str, workers: int = 32) -> Iterator[ObjectInfo]:
-    """The store's listing, or (with a manifest) one ``stat`` per key, done in parallel."""
+def source_rows(store: Store, manifest: Manifest | None, source: str, workers: int = 32) -> Iterator[Row]:
+    """The store's listing as rows of ObjectInfo's fields, or (with a manifest) one ``stat``
+    per key, done in parallel."""
     if manifest is None:
-        yield from store.list()
+        if isinstance(store, Store):
+            yield from store.list_rows()
+        else:  # a duck-typed store (tests)
+            yield from ((i.key, i.size, i.version, i.mtime, i.md5, i.crc32c) for i in store.list())
         return
     keys = keys_under(manifest, source)
     refusals = _Refusals()
@@ -251,12 +263,13 @@ def source_objects(store: Store, manifest: Manifest | None, source: str, workers
             clashes.see(key)
         _refuse(refusals, source)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1))) as pool:
-        yield from pool.map(store.stat, keys)
+        for i in pool.map(store.stat, keys):
+            yield (i.key, i.size, i.version, i.mtime, i.md5, i.crc32c)
 
 
 def unsafe_reason(key: str, raise_it: bool = False) -> str | None:
     """Why ``key`` can't be written under DEST (None if it can)."""
-    if is_safe_key(key) and key.partition("/")[0] not in RESERVED_NAMES:
+    if is_safe_key(key) and not key.startswith(_RESERVED_START):
         return None
     try:
         parts = key_parts(key)
@@ -277,22 +290,18 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
     sorted runs on disk. Raises before anything is written anywhere."""
     kept = SortedRuns()
     try:
-        filtered = _filtered(store, request, workers, kept)
-        listed, markers, unsafe = filtered.listed, filtered.markers, filtered.unsafe
-        if markers:
-            log.debug("%s: skipped %d directory marker(s) (zero-byte keys ending in /)", request.source, markers)
-        if not kept.count and not unsafe.total and not request.allow_empty:
-            _refuse_empty(request, listed - markers)
-        sizes = filtered.sizes
-        if not filtered.ascending:  # the clashes and sizes need the keys in order: read the runs
-            sizes = _clashes_and_sizes(kept, unsafe, request)
-        if unsafe.total:  # unsafe keys and clashes in one report, not one kind per run
-            _refuse(unsafe, request.source)
-        selection = Selection(kept, listed=listed, matched=kept.count, markers=markers)
+        found = _Filtered(_Refusals(), sizes=array("q") if _wants_sizes(request) else None)  # 8 bytes an object
+        kept.extend(_filtered(store, request, workers, found))
+        kept.finish()
+        sizes = found.sizes
+        if not found.ascending:  # the clashes and sizes need the keys in order: read the runs
+            sizes = _clashes_and_sizes(kept, found.unsafe, request)
+        _check(found, request)
+        selection = Selection(kept, listed=found.listed, matched=kept.count, markers=found.markers)
         if request.manifest is not None and request.manifest.augmented:  # a line's objects stay together
             return _share_augmented(selection, request)
         if request.distribution == "replicated" or request.world_size == 1:
-            selection.selected_bytes = filtered.total_bytes
+            selection.selected_bytes = found.total_bytes
             return selection
         mine = _shard(kept, request, sizes)
         selection.runs, selection.selected_bytes = mine, sum(row[1] for row in mine)
@@ -301,6 +310,38 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
         raise
     kept.close()
     return selection
+
+
+def plan_listing(
+    store: Store, request: SyncRequest, state: SyncState, workers: int = 32, list_current: bool = True
+) -> SyncPlan:
+    """:func:`select_objects` then :func:`plan_sync`, in one pass where that gives the same plan:
+    a listing (no manifest) shared by count or not at all comes in key order, so its rows go
+    straight to the comparison with DEST and no selection is written to disk and read back.
+    The selection's refusals (empty, unsafe keys, clashes) are raised once the listing is read,
+    before anything is written anywhere, as :func:`select_objects` raises them. A listing out of
+    key order (no store lists so) is planned in two passes instead."""
+    if request.manifest is not None or _wants_sizes(request):
+        with select_objects(store, request, workers) as selection:
+            return plan_sync(selection, request, state, workers, list_current)
+    found = _Filtered(_Refusals())
+    rows = _filtered(store, request, workers, found, ordered=True)
+    if request.distribution == "sharded" and request.world_size > 1:
+        rank, world = request.rank, request.world_size
+        rows = (row for index, row in enumerate(rows) if index % world == rank)
+    try:
+        plan = _plan_rows(rows, request, state, list_current)
+    except _Unordered:
+        log.debug("%s: listed out of key order; planning in two passes", request.source)
+        with select_objects(store, request, workers) as selection:
+            return plan_sync(selection, request, state, workers, list_current)
+    try:
+        _check(found, request)
+    except BaseException:
+        plan.close()
+        raise
+    plan.listed, plan.matched = found.listed, found.kept
+    return plan
 
 
 @dataclass
@@ -326,55 +367,75 @@ class _Filtered:
     unsafe: _Refusals
     listed: int = 0
     markers: int = 0
+    kept: int = 0
     total_bytes: int = 0
     ascending: bool = True
     sizes: array | None = None
+
+
+class _Unordered(Exception):
+    """A listing came out of key order, where one pass needed it in order."""
 
 
 def _wants_sizes(request: SyncRequest) -> bool:
     return request.distribution == "sharded" and request.world_size > 1 and request.balance == "bytes"
 
 
-def _filtered(store: Store, request: SyncRequest, workers: int, kept: SortedRuns) -> _Filtered:
-    """Listing -> filters -> ``kept`` (rows of ObjectInfo fields), with the clash check and the
-    sizes while the keys come in ascending order."""
-    found = _Filtered(_Refusals(), sizes=array("q") if _wants_sizes(request) else None)  # 8 bytes an object
+def _filtered(
+    store: Store, request: SyncRequest, workers: int, found: _Filtered, ordered: bool = False
+) -> Iterator[tuple]:
+    """Listing -> filters -> the kept rows (ObjectInfo fields), counted in ``found``, with the
+    clash check and the sizes while the keys come in ascending order. ``ordered``: a key out of
+    order raises :class:`_Unordered` (for a caller that needs the rows in order as they come)."""
     include, exclude = request.include, request.exclude
     clash_refusals = _Refusals()
     clashes = _Clashes(clash_refusals)
     last = ""
-    listed = markers = total = 0
+    listed = markers = kept = total = 0
     ascending = True
     sizes = found.sizes
-    add = kept.add
-    for info in source_objects(store, request.manifest, request.source, workers):
-        listed += 1
-        key = info.key
-        if key.endswith("/") and info.size == 0:
-            markers += 1  # a "folder" created by a console: nothing to write
-            continue
-        if (include or exclude) and not matches_filters(key, include, exclude):
-            continue
-        reason = unsafe_reason(key)
-        if reason is not None:
-            found.unsafe.add(found.unsafe.unsafe, reason)
-            continue
-        if ascending:
-            if key > last:
-                clashes.see(key)
-                if sizes is not None:
-                    sizes.append(info.size)
-                last = key
-            else:
-                ascending = False
-        add((key, info.size, info.version, info.mtime, info.md5, info.crc32c))
-        total += info.size
-    kept.finish()
+    try:
+        for row in source_rows(store, request.manifest, request.source, workers):
+            listed += 1
+            key, size = row[0], row[1]
+            if key.endswith("/") and size == 0:
+                markers += 1  # a "folder" created by a console: nothing to write
+                continue
+            if (include or exclude) and not matches_filters(key, include, exclude):
+                continue
+            reason = unsafe_reason(key)
+            if reason is not None:
+                found.unsafe.add(found.unsafe.unsafe, reason)
+                continue
+            if ascending:
+                if key > last:
+                    clashes.see(key)
+                    if sizes is not None:
+                        sizes.append(size)
+                    last = key
+                elif ordered:
+                    raise _Unordered(key)
+                else:
+                    ascending = False
+            kept += 1
+            total += size
+            yield row
+    finally:
+        found.listed, found.markers, found.kept, found.total_bytes = listed, markers, kept, total
     if ascending:  # else the pass over the runs finds them
         found.unsafe.clashes.extend(clash_refusals.clashes)
         found.unsafe.total += clash_refusals.total
-    found.listed, found.markers, found.total_bytes, found.ascending = listed, markers, total, ascending
-    return found
+    found.ascending = ascending
+
+
+def _check(found: _Filtered, request: SyncRequest) -> None:
+    """Refuse an empty selection (unless allowed), then unsafe keys and clashes, all in one report."""
+    if found.markers:
+        log.debug("%s: skipped %d directory marker(s) (zero-byte keys ending in /)", request.source, found.markers)
+    if not found.kept and not found.unsafe.total and not request.allow_empty:
+        _refuse_empty(request, found.listed - found.markers)
+    if found.unsafe.total:  # unsafe keys and clashes in one report, not one kind per run
+        _refuse(found.unsafe, request.source)
 
 
 def _clashes_and_sizes(kept: SortedRuns, refusals: _Refusals, request: SyncRequest) -> array | None:
@@ -491,31 +552,65 @@ def _classify(row: tuple, entry: Entry | None, st: os.stat_result | None) -> str
     return None
 
 
-def _lstat_all(paths: list[str]) -> list[os.stat_result | None]:
+def _stat_folder(root: str, folder: str, names: list[str]) -> list[os.stat_result | None]:
+    """The ``lstat`` of each name in ``root/folder`` (None: no file), relative to the folder's
+    descriptor: one path walk per folder, not one per file."""
+    try:
+        fd = os.open(f"{root}/{folder}" if folder else root, _FOLDER_FLAGS)
+    except OSError:  # no such folder (or a file in its place): no file under it
+        return [None] * len(names)
+    stat = os.stat
     found: list[os.stat_result | None] = []
-    for path in paths:
-        try:
-            found.append(os.lstat(path))
-        except OSError:
-            found.append(None)
+    try:
+        for name in names:
+            try:
+                found.append(stat(name, dir_fd=fd, follow_symlinks=False))
+            except OSError:
+                found.append(None)
+    finally:
+        os.close(fd)
     return found
 
 
-def _batches(rows: Iterator[tuple], size: int) -> Iterator[list[tuple]]:
-    while batch := list(islice(rows, size)):
-        yield batch
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def _with_stats(rows: Iterable[tuple], root: str, workers: int) -> Iterator[tuple[tuple, os.stat_result | None]]:
+def _folder_tasks(pool: ThreadPoolExecutor, root: str, batch: list[tuple]) -> list[Future[list[os.stat_result | None]]]:
+    """One stat task per run of rows in the same folder (keys passed key_parts: plain relative paths)."""
+    tasks = []
+    folder: str | None = None
+    names: list[str] = []
+    for row in batch:
+        parent, _, name = row[0].rpartition("/")
+        if parent != folder:
+            if names:
+                tasks.append(pool.submit(_stat_folder, root, folder or "", names))
+            folder, names = parent, []
+        names.append(name)
+    if names:
+        tasks.append(pool.submit(_stat_folder, root, folder or "", names))
+    return tasks
+
+
+def _with_stats(rows: Iterable[tuple], root: str) -> Iterator[tuple[tuple, os.stat_result | None]]:
     """Each selection row (ObjectInfo fields) with the ``lstat`` of its file under ``root``
-    (None: no file), stat'ed in batches by a thread pool, in order."""
-    workers = max(1, min(workers, 16))
-    window = _STAT_BATCH * workers
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lading-plan-stat") as pool:
-        for batch in _batches(iter(rows), window):
-            paths = [f"{root}/{row[0]}" for row in batch]  # keys passed key_parts: plain relative paths
-            parts = [paths[i : i + _STAT_BATCH] for i in range(0, len(paths), _STAT_BATCH)]
-            stats = [st for part in pool.map(_lstat_all, parts) for st in part]
+    (None: no file), in order. The files of the next windows of :data:`_STAT_WINDOW` rows are
+    stat'ed a folder per task by :data:`_STAT_THREADS` threads while this one is classified."""
+    rows = iter(rows)
+    with ThreadPoolExecutor(max_workers=_STAT_THREADS, thread_name_prefix="lading-plan-stat") as pool:
+        ahead: deque[tuple[list[tuple], list[Future[list[os.stat_result | None]]]]] = deque()
+        more = True
+        while more or ahead:
+            while more and len(ahead) < _STAT_AHEAD:
+                batch = list(islice(rows, _STAT_WINDOW))
+                if not batch:
+                    more = False
+                    break
+                ahead.append((batch, _folder_tasks(pool, root, batch)))
+            if not ahead:
+                return
+            batch, tasks = ahead.popleft()
+            stats = [st for task in tasks for st in task.result()]
             yield from zip(batch, stats)
 
 
@@ -524,7 +619,72 @@ def plan_sync(
 ) -> SyncPlan:
     """Compare this rank's objects with DEST's index and files, both in key order. Writes
     nothing in DEST. ``list_current=False`` only counts the files already up to date (a sync
-    needs their number, ``--dry-run --json`` their keys).
+    needs their number, ``--dry-run --json`` their keys). (``workers`` is kept for callers; the
+    stats run in :data:`_STAT_THREADS` threads.)"""
+    plan = _plan_rows(selection.runs, request, state, list_current)
+    plan.listed, plan.matched = selection.listed, selection.matched
+    return plan
+
+
+def _compare(
+    rows: Iterable[tuple], lines: Iterator[str], plan: SyncPlan, delete: bool, root: str, list_current: bool
+) -> None:
+    """Walk this rank's rows beside DEST's index lines (:meth:`SyncState.lines`), both in key
+    order, filling ``plan``. A file whose index line is exactly the one a fetch of this row
+    would record now (same key, size, version, local mtime and size) is up to date without
+    parsing the line; other lines are parsed, and those malformed or out of key order dropped."""
+    line = next(lines, None)
+    entry: Entry | None = None  # ``line`` parsed, once it had to be
+    last: str | None = None  # the last index key taken: a line at or below it is out of order
+    current = up_to_date_bytes = 0
+    for row, st in _with_stats(rows, root):
+        key = row[0]
+        if (
+            entry is None
+            and st is not None
+            and line == row_line(key, row[1], row[2], st.st_mtime_ns, st.st_size)
+            and stat_mode.S_ISREG(st.st_mode)
+        ):
+            reason = None
+            last, line = key, next(lines, None)
+        else:
+            mine = None
+            while line is not None:
+                if entry is None:
+                    entry = parse_line(line)
+                    if entry is None or (last is not None and entry.key <= last):
+                        if entry is not None:
+                            log.warning("%s: dropping row %r out of key order", root, entry.key)
+                        line, entry = next(lines, None), None
+                        continue
+                if entry.key > key:
+                    break
+                if entry.key == key:
+                    mine = entry
+                elif delete and is_safe_key(entry.key):  # tracked, no longer selected
+                    plan.deleting.add((entry.key,))
+                last, line, entry = entry.key, next(lines, None), None
+            reason = _classify(row, mine, st)
+        if reason is None:
+            if list_current:
+                plan.current.add((key,))
+            current += 1
+            up_to_date_bytes += row[1]
+        else:
+            plan.fetching.add(row + (reason,))
+            plan.fetch_bytes += row[1]
+    while delete and line is not None:
+        entry = parse_line(line) if entry is None else entry
+        if entry is not None and (last is None or entry.key > last):
+            if is_safe_key(entry.key):
+                plan.deleting.add((entry.key,))
+            last = entry.key
+        line, entry = next(lines, None), None
+    plan.counted_current, plan.up_to_date_bytes = current, up_to_date_bytes
+
+
+def _plan_rows(rows: Iterable[tuple], request: SyncRequest, state: SyncState, list_current: bool) -> SyncPlan:
+    """The plan of ``rows`` (this rank's objects as ObjectInfo fields, in key order).
 
     The index's rows are read unchecked: a row is used only when its key equals a selected key
     (checked by the selection) or, for ``--delete``, after its own key check."""
@@ -536,40 +696,11 @@ def plan_sync(
         request.world_size,
         request.distribution,
         request.balance,
-        listed=selection.listed,
-        matched=selection.matched,
     )
     try:
-        entries = state.rows(checked=False)
-        entry = next(entries, None)
-        delete = request.delete
-        current, up_to_date_bytes = 0, 0
-        for row, st in _with_stats(selection.runs, root, workers):
-            key = row[0]
-            while entry is not None and entry.key < key:  # tracked, no longer selected
-                if delete and is_safe_key(entry.key):
-                    plan.deleting.add((entry.key,))
-                entry = next(entries, None)
-            mine = None
-            if entry is not None and entry.key == key:
-                mine, entry = entry, next(entries, None)
-            reason = _classify(row, mine, st)
-            if reason is None:
-                if list_current:
-                    plan.current.add((key,))
-                current += 1
-                up_to_date_bytes += row[1]
-            else:
-                plan.fetching.add(row + (reason,))
-                plan.fetch_bytes += row[1]
-        while entry is not None and delete:
-            if is_safe_key(entry.key):
-                plan.deleting.add((entry.key,))
-            entry = next(entries, None)
-        entries.close()
+        _compare(rows, state.lines(), plan, request.delete, root, list_current)
         for runs in (plan.fetching, plan.current, plan.deleting):
             runs.finish()
-        plan.counted_current, plan.up_to_date_bytes = current, up_to_date_bytes
     except BaseException:
         plan.close()
         raise

@@ -13,8 +13,8 @@ from lading.core.cacheroot import default_cache_root
 from lading.selection.manifest import write_local_manifest
 from lading.stores.base import Store
 from lading.sync.apply import NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
-from lading.sync.into import sync_into
-from lading.sync.plan import SyncPlan, SyncRequest, plan_sync, select_objects
+from lading.sync.into import sync_into, sync_listing_into
+from lading.sync.plan import SyncPlan, SyncRequest, plan_listing, select_objects
 from lading.sync.state import SyncState
 from lading.transfer import TransferOptions
 
@@ -39,8 +39,7 @@ def use_node_cache(local_world_size: int, cache_dir_given: bool, no_cache: bool,
 def plan_only(store: Store, request: SyncRequest, workers: int = 32) -> SyncPlan:
     """The plan ``run_sync`` would execute now, without writing anything (``--dry-run``); close
     it when done (its lists are runs on disk)."""
-    with select_objects(store, request, workers) as selection:
-        return plan_sync(selection, request, SyncState.load(Path(request.dest)), workers)
+    return plan_listing(store, request, SyncState.load(Path(request.dest)), workers)
 
 
 def run_sync(
@@ -50,7 +49,14 @@ def run_sync(
     events: SyncEvents = NoSyncEvents(),
     cache_root: Path | None = None,
 ) -> SyncSummary:
-    """List, plan and apply; through the node cache in ``cache_root`` when given."""
+    """List, plan and apply; through the node cache in ``cache_root`` when given.
+
+    A re-sync of a listing into a DEST that exists plans in one pass (no selection on disk);
+    a first sync selects first, so a refused selection leaves no DEST behind."""
+    if cache_root is None and request.manifest is None and Path(request.dest).is_dir():
+        summary = sync_listing_into(store, request, options, events)
+        summary.downloaded_bytes = summary.bytes
+        return summary
     with select_objects(store, request, options.workers) as selection:
         if cache_root is not None:
             from lading.sync.nodecache import sync_through_cache  # its modules load only when used

@@ -119,6 +119,27 @@ class SyncState:
             if pending is not None:
                 yield pending
 
+    def lines(self) -> Iterator[str]:
+        """Every entry as its index line (:func:`row_line`), in key order as far as the index
+        is: the index's own lines unparsed when there is no journal to replay (the common case),
+        else :meth:`rows` written out. For a caller that compares each line with the one it
+        would write (equal: the entry is that one) and parses only the others
+        (:func:`parse_line`), dropping lines that are malformed or out of key order, as
+        :meth:`rows` does; keys unchecked, as ``rows(checked=False)``."""
+        path = self.dest / STATE_NAME
+        if not (self.dest / JOURNAL_NAME).exists():
+            try:
+                handle = open(path, encoding="utf-8")
+            except OSError:
+                return
+            with handle:
+                header = _read_header_line(handle.readline())
+                if header is not None and header.get("format") == FORMAT:
+                    yield from handle
+                    return
+        for entry in self.rows(checked=False):
+            yield _dumps(entry) + "\n"
+
     def entry_map(self) -> dict[str, Entry]:
         """All entries by key, in memory: for small records and tests only."""
         return {entry.key: entry for entry in self.rows()}
@@ -204,6 +225,28 @@ _string = json.encoder.encode_basestring_ascii
 def _dumps(entry: Entry) -> str:
     """``[key, size, version, mtime_ns, local_size]`` as compact JSON."""
     return f"[{_string(entry.key)},{entry.size:d},{_string(entry.version)},{entry.mtime_ns:d},{entry.local_size:d}]"
+
+
+def row_line(key: str, size: int, version: str, mtime_ns: int, local_size: int) -> str:
+    """The index line of this entry, exactly as the index is written (newline included)."""
+    return f"[{_string(key)},{size},{_string(version)},{mtime_ns},{local_size}]\n"  # ints: as ``:d`` writes them
+
+
+def parse_line(line: str) -> Entry | None:
+    """The entry of an index line, or None when it is malformed (its key unchecked)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return next(_entries((row,), checked=False))
+
+
+def _read_header_line(line: str) -> dict[str, object] | None:
+    try:
+        data = json.loads(line)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _read_header(path: Path) -> dict[str, object] | None:
