@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from lading.core.errors import UnsafeKey
 from lading.stores.base import ObjectInfo
 from lading.stores.local import LocalStore
-from lading.sync import SyncRequest, run_sync
+from lading.sync import SyncRequest, plan_only, run_sync
 from lading.sync.plan import select_objects
 from sync_fixtures import ListedStore
 
@@ -227,3 +228,57 @@ def test_cat_walks_a_listing_without_holding_it():
     assert Counting.listed == 2  # only up to this rank's first object, then as the stream is read
     keys = [info.key for info in objects]
     assert keys == [f"k{i:06d}" for i in range(1, 100_000, 3)] and Counting.listed == 100_000
+
+
+def test_a_resync_plans_in_one_pass_and_refuses_before_writing(tmp_path, monkeypatch):
+    """Into an existing DEST, the listing goes straight to the comparison: no selection is
+    written to disk and read back (no row added to a run for a no-op); the selection's
+    refusals still come before anything is written."""
+    from lading.selection.runs import SortedRuns
+    from lading.sync.state import STATE_NAME
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    keys = _empty_tree(src, 400, folders=4)
+    store = LocalStore(src)
+    assert run_sync(store, SyncRequest(str(src), dest)).files == 400
+    added = []
+    original = SortedRuns.add
+    monkeypatch.setattr(SortedRuns, "add", lambda runs, row: (added.append(row[0]), original(runs, row))[1])
+    assert run_sync(store, SyncRequest(str(src), dest)).skipped == 400 and added == []
+    index = (dest / STATE_NAME).read_bytes()
+    (src / "d000" / "new.jpg").write_bytes(b"n")
+    (src / ".lading-sync.json").write_bytes(b"{}")  # a reserved name: the selection is refused
+    with pytest.raises(UnsafeKey, match="reserved"):
+        run_sync(store, SyncRequest(str(src), dest))
+    assert (dest / STATE_NAME).read_bytes() == index and not (dest / "d000" / "new.jpg").exists()
+    assert sorted(_inodes(dest)) == sorted(keys)
+
+
+def test_index_lines_out_of_order_or_damaged_are_dropped_and_fetched_again(tmp_path):
+    """A re-sync compares each index line with the one it would record, and parses the others:
+    a damaged line or one out of key order is dropped (its file fetched again), as before."""
+    from lading.sync.state import STATE_NAME
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    keys = _empty_tree(src, 6, folders=1)
+    store = LocalStore(src)
+    run_sync(store, SyncRequest(str(src), dest))
+    header, *rows = (dest / STATE_NAME).read_text().splitlines(keepends=True)
+    rows[0], rows[1] = rows[1], rows[0]  # keys[0] now follows keys[1]: out of order
+    rows[3] = rows[3][:-5] + "\n"  # keys[3]: damaged
+    (dest / STATE_NAME).write_text(header + "".join(rows))
+    plan = plan_only(store, SyncRequest(str(src), dest))
+    assert {f.info.key: f.reason for f in plan.to_fetch()} == {keys[0]: "untracked", keys[3]: "untracked"}
+    assert plan.up_to_date_files == 4
+    delete = plan_only(store, SyncRequest(str(src), dest, delete=True))
+    assert list(delete.to_delete()) == []
+
+
+def test_a_listing_out_of_key_order_is_planned_in_two_passes(tmp_path):
+    objects = [ObjectInfo(f"k{i:03d}", 1, "v") for i in range(50)]
+    shuffled = objects[::-1]
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    plan = plan_only(ListedStore(shuffled), SyncRequest("mem://", dest, distribution="sharded", rank=1, world_size=3))
+    assert [f.info.key for f in plan.to_fetch()] == [info.key for info in objects][1::3]
+    assert plan.totals()["listed"] == 50 and plan.totals()["matched"] == 50
