@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import urllib.parse
+from pathlib import Path
 
 import boto3
 import pytest
@@ -561,3 +562,40 @@ def test_the_blocking_ranged_read_slices_whole_objects_from_servers_that_ignore_
         ranges = [seen.headers.get("Range") for seen in proxy.requests if seen.method == "GET"]
     # the refused range, its whole object, then the whole object again for the second read
     assert ranges == ["bytes=1000-4999", None, None]
+
+
+def test_a_large_folder_of_empty_objects_is_read_a_page_at_a_time(s3, endpoint, monkeypatch):
+    """obstore's delimiter listing cannot page: a folder whose entries in the listing are more
+    than the window is looked up a boto3 page at a time (memory: one page), never listed whole;
+    a small folder still takes obstore's one listing."""
+    from lading.stores import listing
+
+    whole = listing._Folders.WHOLE
+    monkeypatch.setattr(listing._Folders, "WHOLE", 6)
+    flat = [f"flat/e{i:03d}" for i in range(40)]
+    for key in [*flat, "small/a", "small/b"]:
+        _put(s3, f"data/{key}", b"")
+    for key in ["flat/m/", "small/c/", "flat/z/"]:
+        _put(s3, f"data/{key}", b"")  # markers, one in the middle of the flat folder's pages
+    _put(s3, "data/flat/m/x", b"x")
+    reference = [
+        (item["Key"][5:], item["Size"])
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="data/")
+        for item in page.get("Contents", ())
+        if not item["Key"].endswith("/")
+    ]
+    with SmallPages(endpoint, page_size=4) as proxy:
+        store = _store(proxy.url)
+        assert [(info.key, info.size) for info in store.list()] == reference
+        folders = [
+            (seen.query, "object_store" in (seen.headers.get("User-Agent") or ""))
+            for seen in proxy.requests
+            if "list-type=2" in seen.query and "delimiter=" in seen.query
+        ]
+    flat_queries = [by_obstore for query, by_obstore in folders if "prefix=data%2Fflat%2F&" in query + "&"]
+    small_queries = [by_obstore for query, by_obstore in folders if "prefix=data%2Fsmall%2F&" in query + "&"]
+    assert flat_queries and not any(flat_queries)  # the SDK's pages, never obstore's whole listing
+    assert len(flat_queries) <= 40 // 4 + 2  # each page asked for once
+    assert small_queries and all(small_queries)
+    guide = (Path(__file__).parent.parent / "docs" / "guides" / "stores.md").read_text()
+    assert f"more than {whole:,} entries around it" in guide  # the documented window is the code's

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
+from collections import deque
+from itertools import islice
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator, NamedTuple
 
 from lading.core.errors import TransientError, UnsafeKey
 from lading.core.retry import Attempts
@@ -76,28 +78,33 @@ class ListingMixin:
         """obstore's listing after key ``after``: yields what it renders exactly; returns (False, _)
         at the end, or (True, the last key yielded) when obstore cannot represent the next key."""
         where = self._where(prefix)
-        last = after
+        last = seen = after  # the last key yielded; the last path listed (a skipped marker's too)
         own_marker = (self.root + prefix).rstrip("/")  # "data/" itself, rendered "data"
+        window = _Window(self._pages(prefix, lambda: last), from_start=after is None)
         try:
-            for page in self._pages(prefix, lambda: last):
-                for meta in page:
-                    path = meta["path"]
-                    if last is not None and path <= last:
-                        continue  # a resumed page's first key, or a marker "x/" rendered "x" after "x-1"
-                    if self._may_be_marker(meta) and (path == own_marker or not folders.has_empty_object(path)):
-                        continue  # a folder marker
-                    last = path
-                    info = self._listed(meta)
-                    if info is not None:
-                        yield info
+            while (meta := window.next()) is not None:
+                path = meta["path"]
+                if seen is None or path > seen:
+                    seen = path
+                if last is not None and path <= last:
+                    continue  # a resumed page's first key, or a marker "x/" rendered "x" after "x-1"
+                if self._may_be_marker(meta) and (
+                    path == own_marker or not folders.has_empty_object(path, window, last)
+                ):
+                    continue  # a folder marker
+                last = path
+                info = self._listed(meta)
+                if info is not None:
+                    yield info
         except UnsafeKey:
             if not self.has_exact_listing:
                 raise
             return True, last  # obstore cannot represent a key here
+        end = seen  # keys after a marker that ends the listing are no sign of a short listing
         if (
-            last is not None
-            and last != after
-            and self._call(where, lambda store: self._has_keys_after(store, prefix, last))
+            end is not None
+            and end != after
+            and self._call(where, lambda store: self._has_keys_after(store, prefix, end))
         ):
             raise TransientError(
                 f"the listing of {where} stopped early: the server marked a page truncated "
@@ -121,6 +128,11 @@ class ListingMixin:
     def _exact_page(self, prefix: str, after: str | None) -> tuple[Infos, str | None, bool]:
         """One page after key ``after``, keys exactly as stored: (objects, the page's last stored
         key, whether more may follow)."""
+        raise NotImplementedError
+
+    def _delimiter_page(self, folder: str, after: str | None, token: str | None) -> FolderPage:
+        """One page of ``folder``'s listing with a delimiter through the SDK, after key ``after``
+        or from continuation ``token``: for a folder too large to list whole (:class:`_Folders`)."""
         raise NotImplementedError
 
     def _open_listing(self, store: Any, prefix: str, after: str | None) -> Iterator[Page]:
@@ -164,29 +176,108 @@ class ListingMixin:
         return self._info(key, meta)
 
 
+class FolderPage(NamedTuple):
+    """One SDK page of a folder's listing with a delimiter: the full paths of its empty objects,
+    the last object or common prefix on it, and the token of the next page (None: the last)."""
+
+    empty: frozenset[str]
+    last: str
+    token: str | None
+
+
+class _Window:
+    """The listing's entries one at a time, with the last :data:`_Folders.WHOLE` entries
+    remembered and up to as many more read ahead on request: enough to tell whether a folder's
+    entries in the listing (one contiguous run, the listing being in key order) are few."""
+
+    def __init__(self, pages: Iterator[Page], from_start: bool) -> None:
+        self._pages = pages
+        self._ahead: deque[dict[str, Any]] = deque()
+        self._behind: deque[str] = deque(maxlen=_Folders.WHOLE)
+        self._seen = 0
+        self._from_start = from_start  # the listing began at its first key (not resumed after one)
+        self._ended = False
+
+    def next(self) -> dict[str, Any] | None:
+        """The next entry, or None at the end of the listing."""
+        if not self._ahead and not self._read_page():
+            return None
+        meta = self._ahead.popleft()
+        self._behind.append(meta["path"])
+        self._seen += 1
+        return meta
+
+    def _read_page(self) -> bool:
+        if self._ended:
+            return False
+        page = next(self._pages, None)
+        if page is None:
+            self._ended = True
+            return False
+        self._ahead.extend(page)
+        return True
+
+    def holds_whole(self, folder: str) -> bool:
+        """Whether every entry under ``folder`` (a full path, "" for the bucket's root) lies
+        within the entries remembered and those ahead, at most :data:`_Folders.WHOLE` each way."""
+        under = f"{folder}/" if folder else ""
+        behind = self._behind
+        if not (self._from_start and self._seen <= len(behind)) and behind[0].startswith(under):
+            return False  # the folder's run may begin before what is remembered
+        checked, most = 0, _Folders.WHOLE
+        while True:
+            for meta in islice(self._ahead, checked, most):
+                if not meta["path"].startswith(under):
+                    return True
+            checked = min(len(self._ahead), most)
+            if checked >= most or not self._read_page():
+                return checked < most  # the listing ended within the window
+
+
 class _Folders:
-    """The empty objects of the folders a listing asked about, by obstore's listing with a
-    delimiter (a marker ``dir/`` is a common prefix there, an empty object ``dir`` an object).
-    Each folder is listed once while it is among the last :data:`KEPT` asked about (a listing
-    visits a folder's own entries between its subfolders' runs)."""
+    """The empty objects of the folders a listing asked about: a marker ``dir/`` is a common
+    prefix in a listing with a delimiter, an empty object ``dir`` an object. A folder whose
+    entries in the listing are few (at most :data:`WHOLE` each side of the entry asked about) is
+    listed whole by obstore, once while it is among the last :data:`KEPT` asked about (a listing
+    visits a folder's own entries between its subfolders' runs); a larger one is read a page at a
+    time through the SDK (obstore's delimiter listing cannot page), from the entry asked about on,
+    so memory holds at most one page of it."""
 
     KEPT = 8
+    WHOLE = 10_000
 
     def __init__(self, lister: ListingMixin, prefix: str) -> None:
         self._lister = lister
         self._where = lister._where(prefix)
-        self._empty: dict[str, frozenset[str]] = {}
+        self._empty: dict[str, frozenset[str] | FolderPage] = {}
 
-    def has_empty_object(self, path: str) -> bool:
-        """Whether an empty object (not a marker) is stored at exactly ``path``."""
+    def has_empty_object(self, path: str, window: _Window, last: str | None) -> bool:
+        """Whether an empty object (not a marker) is stored at exactly ``path``; ``last`` is the
+        last key the listing yielded (the SDK's page starts after it)."""
         folder = path.rpartition("/")[0]
-        empty = self._empty.pop(folder, None)
-        if empty is None:
-            empty = self._lister._call(self._where, lambda store: _empty_objects(store, folder))
+        known = self._empty.pop(folder, None)
+        if isinstance(known, FolderPage) and path > known.last:
+            known = self._next_page(folder, path, known, last)
+        if known is None:
+            if window.holds_whole(folder):
+                known = self._lister._call(self._where, lambda store: _empty_objects(store, folder))
+            else:
+                known = self._next_page(folder, path, None, last)
             if len(self._empty) >= self.KEPT:
                 del self._empty[next(iter(self._empty))]
-        self._empty[folder] = empty  # most recent last
-        return path in empty
+        self._empty[folder] = known  # most recent last
+        return path in (known.empty if isinstance(known, FolderPage) else known)
+
+    def _next_page(self, folder: str, path: str, page: FolderPage | None, last: str | None) -> FolderPage:
+        """The SDK page of ``folder`` that holds ``path``: the pages after ``page`` (by its token),
+        or a first page starting after ``last``."""
+        while True:
+            if page is not None and page.token is None:
+                return page  # the folder's last page: path is not in the folder
+            token = page.token if page is not None else None
+            page = self._lister._delimiter_page(folder, None if token else last, token)
+            if path <= page.last or page.token is None:
+                return page
 
 
 def _empty_objects(store: Any, folder: str) -> frozenset[str]:

@@ -33,7 +33,7 @@ from lading.core.retry import Attempts, with_retries
 from lading.stores.base import ObjectInfo, ProgressCallback
 from lading.stores.config import StoreConfig
 from lading.stores.lazy import translated
-from lading.stores.listing import Infos
+from lading.stores.listing import FolderPage, Infos
 from lading.stores.process import ProcessLocal
 from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options, status_and_code
 from lading.stores.obstore_reads import ObstoreTarget
@@ -205,6 +205,25 @@ class S3Store(ObstoreReads):
                 f"the listing of {where} stopped early: the server marked a page truncated without a continuation token"
             )
         return infos, (contents[-1]["Key"] if contents else after), more and bool(contents)
+
+    def _delimiter_page(self, folder: str, after: str | None, token: str | None) -> FolderPage:
+        """One ListObjectsV2 page of ``folder`` with the delimiter ``/`` through boto3, after key
+        ``after`` or from continuation ``token``."""
+        request: dict[str, Any] = {"Bucket": self.bucket, "Prefix": f"{folder}/" if folder else "", "Delimiter": "/"}
+        if token is not None:
+            request["ContinuationToken"] = token
+        elif after is not None:
+            request["StartAfter"] = after
+        where = f"s3://{self.bucket}/{request['Prefix']}"
+        page = self._boto_call(where, lambda client: client.list_objects_v2(**request))
+        contents, prefixes = page.get("Contents", ()), page.get("CommonPrefixes", ())
+        last = max(contents[-1]["Key"] if contents else "", prefixes[-1]["Prefix"] if prefixes else "")
+        more = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+        if page.get("IsTruncated") and not more:
+            raise TransientError(
+                f"the listing of {where} stopped early: the server marked a page truncated without a continuation token"
+            )
+        return FolderPage(frozenset(item["Key"] for item in contents if int(item.get("Size", 0)) == 0), last, more)
 
     def _translate(self, err: BaseException, what: str) -> BaseException:
         """As the base class; an answer that the bucket is in another region re-resolves the
