@@ -180,7 +180,8 @@ def test_eviction_under_a_small_limit_while_reading(s3_env, tmp_path):
         config = StoreConfig.from_env(endpoint_url=proxy.url)
         index, shards = pack_into(make_bucket("s3", config), tmp_path, config)
         sizes = {info.key.rsplit("/", 1)[-1]: info.size for info in open_store(index.rsplit("/", 1)[0], config).list()}
-        limit = 2 * max(sizes[name] for name in shards) + 1000  # two shards, and a bit
+        offsets = sizes["ds.offsets.safetensors"]  # in the cache while the dataset is read
+        limit = 2 * max(sizes[name] for name in shards) + offsets + 1000  # two shards, and a bit
         cache = tmp_path / "cache"
         # unshuffled: a node reads its lanes shard by shard
         dataset = ShardDataset(index, config=config, cache_dir=cache, cache_limit=limit, prefetch=0)
@@ -193,7 +194,7 @@ def test_eviction_under_a_small_limit_while_reading(s3_env, tmp_path):
         assert got == expected()
         assert peak <= limit, f"cache reached {peak} bytes, limit {limit}"
         assert sum(shard_gets(proxy).values()) == len(shards)
-        assert len(list(iter_entries(cache / "datasets"))) <= 2
+        assert len(list(iter_entries(cache / "datasets"))) <= 2 + 1  # and the offsets file
 
 
 def test_eviction_skips_shards_in_use_and_files_it_did_not_download(s3_env, tmp_path):
@@ -356,7 +357,8 @@ def test_a_prefetched_shard_stays_until_read_and_a_warm_epoch_prefetches_nothing
             warming.result()
         NodeCache(cache, limit=1).make_room(10)  # another process wants everything gone
         left = {entry.path.name for entry in iter_entries(cache / "datasets")}
-        assert left == {shards[0], shards[1], shards[2]}, "a prefetched shard was evicted before it was read"
+        in_use = {shards[0], shards[1], shards[2], "ds.offsets.safetensors"}  # the offsets file too: read on
+        assert left == in_use, "a prefetched shard was evicted before it was read"
         proxy.reset_counts()
         assert reader.sample(1, 0)["__key__"] and reader.sample(2, 0)["__key__"]
         assert not shard_gets(proxy), "a prefetched shard was downloaded again"
@@ -367,3 +369,31 @@ def test_a_prefetched_shard_stays_until_read_and_a_warm_epoch_prefetches_nothing
         assert sorted(s["__key__"] for s in warm) == sorted(expected())
         assert not shard_gets(proxy)
         assert warm.reader()._pool is None, "a warm epoch started prefetch threads"
+
+
+CUT_SHORT = r"""
+import os, sys
+sys.modules["torch"] = None
+from lading.core.errors import ProblemFound
+from lading.datasets import ShardDataset
+dataset = ShardDataset(sys.argv[1], cache_dir=sys.argv[2], prefetch=0)
+reader = dataset.reader()
+shard = reader.open(0)
+os.truncate(shard._closer.path, 0)  # cut short on disk while it is read (not lading's doing)
+try:
+    reader.sample(0, 0)
+except ProblemFound as err:
+    print("refused:", err)
+"""
+
+
+def test_a_cached_shard_cut_short_while_read_is_an_error_not_a_crash(s3_env, tmp_path):
+    """Samples of a cached shard are read with pread: a file cut short under the reader is a
+    clear error (a slice of its mapping died of SIGBUS)."""
+    config = StoreConfig.from_env()
+    index, _ = pack_into(make_bucket("s3", config), tmp_path, config)
+    done = subprocess.run(
+        [sys.executable, "-c", CUT_SHORT, index, str(tmp_path / "cache")], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert "refused:" in done.stdout and "past the end of its cached file" in done.stdout

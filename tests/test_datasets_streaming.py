@@ -273,6 +273,12 @@ def test_bad_settings_are_refused_with_one_line(remote_pack, rclone_env, tmp_pat
         ShardDataset(remote_pack, shuffle_buffer=-1, cache_dir=tmp_path / "c")
     with pytest.raises(UsageError, match="smallest that works is"):
         ShardDataset(remote_pack, cache_dir=tmp_path / "c", cache_limit=20_000, shuffle_block=4)
+    index = load_index(remote_pack, StoreConfig.from_env())
+    five = sum(sorted((ref.filesize for ref in index.shards), reverse=True)[:5])
+    offsets = index.offsets.filesize  # the offsets file stays in the cache while the dataset is read
+    with pytest.raises(UsageError, match=f"and the offsets file.*smallest that works is {five + offsets} bytes"):
+        ShardDataset(remote_pack, cache_dir=tmp_path / "c", cache_limit=five, shuffle_block=4)
+    ShardDataset(remote_pack, cache_dir=tmp_path / "c", cache_limit=five + offsets, shuffle_block=4)
     with pytest.raises(UsageError, match="shuffle_block=0"):
         ShardDataset(remote_pack, cache_dir=tmp_path / "c", shuffle_block=0)
     dataset = ShardDataset(remote_pack, cache_dir=tmp_path / "c")
@@ -336,3 +342,35 @@ def test_dataloader_workers_stream_within_the_limit_too(remote_pack, rclone_env,
     assert len(gets) <= SHARDS + 4, f"{len(gets)} shard GETs for {SHARDS} shards"
     in_flight = 2 * (dataset.prefetch + 2) * largest  # each worker: the shard it reads and what it prefetches
     assert peak <= limit + in_flight, f"cache reached {peak} bytes, limit {limit}"
+
+
+def test_the_next_epochs_workers_find_the_offsets_file_in_the_cache(remote_pack, rclone_env, tmp_path):
+    """Each epoch forks new DataLoader workers, and each reads the offsets file at its start: it
+    must still be cached then, though the epoch before evicted shards all along."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    largest = max(ref.filesize for ref in load_index(remote_pack, StoreConfig.from_env()).shards)
+    limit = 8 * largest
+    with FaultProxy(rclone_env["AWS_ENDPOINT_URL"]) as proxy:
+        dataset = ShardDataset(
+            remote_pack,
+            config=StoreConfig.from_env(endpoint_url=proxy.url),
+            cache_dir=tmp_path / "node",
+            cache_limit=limit,
+            shuffle_buffer=10_000,
+            seed=5,
+            batch_size=8,
+        )
+        loader = torch_data.DataLoader(
+            dataset, batch_size=8, num_workers=2, collate_fn=lambda batch: batch, multiprocessing_context="fork"
+        )
+        for epoch in range(2):
+            dataset.set_epoch(epoch)
+            keys = [sample["__key__"] for batch in loader for sample in batch]
+            assert Counter(keys) == Counter(list(expected())), f"epoch {epoch + 1}: every sample once"
+        requests = proxy.counts
+    offsets = sum(
+        n for (method, path), n in requests.items() if method == "GET" and path.endswith(".offsets.safetensors")
+    )
+    gets = sum(n for (method, path), n in requests.items() if method == "GET" and path.endswith(".tar"))
+    assert offsets == 1, f"the offsets file was downloaded {offsets} times in 2 epochs"
+    assert gets <= 2 * (SHARDS + 4), f"{gets} shard GETs for {SHARDS} shards in 2 epochs"

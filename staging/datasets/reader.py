@@ -6,12 +6,15 @@ the epoch that the node cache does not hold on background threads (a prefetched 
 mapped and locked until it is read, so eviction cannot take it in between; shards already cached
 are opened when first read, with no thread involved), and finds a sample's bytes through the
 offsets file when the pack wrote one, else through the shard's tar headers (read once per shard
-and process, from the mapped file).
+and process, from the mapped file). A cached shard's samples are read with ``pread``; the cached
+offsets file stays in use while the reader lives, so eviction never takes it from under the
+next epoch's processes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -101,27 +104,42 @@ class OpenShard:
     ) -> None:
         self.number, self.buffer, self._closer = number, buffer, closer
         self.table, self.base, self.layout = table, base, layout
+        self._file = None if closer is None else closer.file  # a cached shard: read with pread
 
     def sample(self, index: int) -> Sample:
         """Sample ``index`` of this shard: ``{"__key__": key, ext: bytes, ...}``."""
-        buffer = self.buffer
+        read = self._read
         table = self.table
         if table is None:
             key, members = self.layout[index]  # type: ignore[index]
             sample: Sample = {"__key__": key}
             for ext, offset, size in members:
-                sample[ext] = buffer[offset : offset + size]
+                sample[ext] = read(offset, size)
             return sample
         number = self.base + index
         sample = {"__key__": table.key(number)}
         exts, ext_of, offsets, sizes = table.exts, table.member_ext, table.member_offset, table.member_size
         for member in range(table.sample_members[number], table.sample_members[number + 1]):
-            offset = offsets[member]
-            sample[exts[ext_of[member]]] = buffer[offset : offset + sizes[member]]
+            sample[exts[ext_of[member]]] = read(offsets[member], sizes[member])
         return sample
+
+    def _read(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset``: a local shard's from its mapping; a cached shard's with
+        ``pread`` (one copy without page faults on a fresh mapping, and without the GIL, so the
+        process's download threads write on meanwhile; bench/RESULTS.md, session 8)."""
+        if self._file is None:
+            return self.buffer[offset : offset + size]
+        data = os.pread(self._file, size, offset)
+        if len(data) != size:
+            raise ProblemFound(
+                f"shard {self.number}: {size} bytes at {offset} reach past the end of its cached file",
+                "the shard was replaced after packing: re-pack the dataset",
+            )
+        return data
 
     def close(self) -> None:
         """Release the shard (its cache lock)."""
+        self._file = None
         if self._closer is not None:
             self._closer.close()
             self._closer = None
@@ -152,6 +170,7 @@ class ShardReader:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._stated: dict[str, tuple[str, int]] = {}
+        self._held: CachedShard | None = None  # the cached offsets file: in use while this reader lives
 
     # -- sources ---------------------------------------------------------------------------------
 
@@ -197,7 +216,10 @@ class ShardReader:
         return self.index.table(self.config, self.fetch_whole)
 
     def fetch_whole(self, ref: ShardRef) -> bytes:
-        """A whole object of the dataset (the offsets file), through the node cache when remote."""
+        """A whole object of the dataset (the offsets file), through the node cache when remote.
+        The cached copy stays in use (its shared lock held, so never evicted) until :meth:`close`:
+        every process that reads the dataset needs it at its start (the DataLoader workers of
+        each epoch), and it would otherwise be the first file evicted, read once and never again."""
         if ref.local:
             try:
                 return Path(parse_uri(ref.uri).prefix).read_bytes()
@@ -205,9 +227,15 @@ class ShardReader:
                 raise NotFound(f"not found: {ref.uri}") from None
         cached = self.cache().open(self.source_of(ref))
         try:
-            return bytes(cached.buffer)
-        finally:
+            data = bytes(cached.buffer)
+        except BaseException:
             cached.close()
+            raise
+        cached.unmap()  # the bytes are copied: keep the lock only
+        if self._held is not None:
+            self._held.close()
+        self._held = cached
+        return data
 
     def _map(self, number: int) -> tuple[Any, CachedShard | None]:
         ref = self.shards[number]
@@ -231,9 +259,9 @@ class ShardReader:
         if shard is not None:
             self._open.move_to_end(number)
             return shard
+        table = self.table()  # first: found in the cache before this process's downloads evict
         self._warm_after(number)
         buffer, closer = self._map(number)
-        table = self.table()
         ref = self.shards[number]
         if table is not None:
             shard = OpenShard(number, buffer, closer, table, table.shard_samples[number], None)
@@ -301,6 +329,9 @@ class ShardReader:
         for shard in self._open.values():
             shard.close()
         self._open.clear()
+        if self._held is not None:
+            self._held.close()
+            self._held = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None

@@ -181,8 +181,10 @@ class ShardDataset(IterableBase):
     with any number of nodes, ranks, workers and batch size.
 
     Remote shards are read from the node cache (``cache_dir``, ``cache_limit``; see
-    :mod:`lading.datasets.cache`), downloaded once per node; local shards are read in place. A
-    ``cache_limit`` smaller than two blocks' largest shards is refused here, naming the smallest that works.
+    :mod:`lading.datasets.cache`), downloaded once per node; local shards are read in place. The
+    offsets file stays in the cache while the dataset is read. A ``cache_limit`` smaller than one
+    block and one more of the largest shards, plus the offsets file, is refused here, naming the
+    smallest that works.
     ``decode`` turns fields into objects (:mod:`lading.datasets.decode`), then ``transform(sample)``
     runs. ``rank``/``world_size`` default to torch.distributed's when a process group is
     initialised, else the launcher's, else 0 and 1.
@@ -252,11 +254,14 @@ class ShardDataset(IterableBase):
         shard_bytes = None if sizes is None else np.asarray(sizes, dtype=np.int64)
         block = block_shards(shuffle_block, self.cache_limit, shard_bytes)
         if self.cache_limit is not None and shard_bytes is not None and not self._all_local():
-            smallest = int(np.sort(shard_bytes)[::-1][: block + 1].sum())
+            offsets = self.index.offsets
+            kept = (offsets.filesize or 0) if offsets is not None else 0  # in use while reading
+            smallest = int(np.sort(shard_bytes)[::-1][: block + 1].sum()) + kept
             if self.cache_limit < smallest:
+                also = " (and the offsets file)" if kept else ""
                 raise UsageError(
                     f"cache_limit={self.cache_limit} bytes cannot hold one block of {block} shard(s) "
-                    f"and the next shard: the smallest that works is {smallest} bytes",
+                    f"and the next shard{also}: the smallest that works is {smallest} bytes",
                     "raise cache_limit, or lower shuffle_block",
                 )
         return EpochOrder(

@@ -232,13 +232,29 @@ class ShardSource:
 
 
 class CachedShard:
-    """A shard in the cache, mapped into memory, held under its shared lock until :meth:`close`."""
+    """A shard in the cache, mapped into memory, held under its shared lock until :meth:`close`.
+    ``file``: a descriptor of the same file (the one mapped), open for ``os.pread`` until then."""
 
-    def __init__(self, path: Path, fd: int | None, buffer: mmap.mmap | bytes) -> None:
-        self.path, self._fd, self.buffer = path, fd, buffer
+    def __init__(self, path: Path, fd: int | None, buffer: mmap.mmap | bytes, file: int | None = None) -> None:
+        self.path, self._fd, self.buffer, self.file = path, fd, buffer, file
 
     def __del__(self) -> None:
         self.close()
+
+    def unmap(self) -> None:
+        """Unmap and close the file but keep the lock (in use: never evicted) until :meth:`close`."""
+        if isinstance(self.buffer, mmap.mmap):
+            try:
+                self.buffer.close()
+            except BufferError:  # a slice still references it: the mapping goes with that slice
+                pass
+        self.buffer = b""
+        self._close_file()
+
+    def _close_file(self) -> None:
+        if self.file is not None:
+            os.close(self.file)
+            self.file = None
 
     def release(self) -> None:
         """Release the lock but leave the mapping to whoever still slices it: it is unmapped
@@ -253,6 +269,7 @@ class CachedShard:
                 self.buffer.close()
             except BufferError:  # a sample still references it: the mapping goes with that sample
                 pass
+        self._close_file()
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -261,10 +278,14 @@ class CachedShard:
 def map_file(path: Path) -> mmap.mmap | bytes:
     """A read-only mapping of ``path`` (empty files give ``b""``, which mmap refuses)."""
     with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size == 0:
-            return b""
-        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        return map_fd(handle.fileno())
+
+
+def map_fd(fd: int) -> mmap.mmap | bytes:
+    """A read-only mapping of the open file ``fd`` (empty files give ``b""``); ``fd`` stays open."""
+    if os.fstat(fd).st_size == 0:
+        return b""
+    mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
     try:
         mapped.madvise(mmap.MADV_WILLNEED)
     except (AttributeError, OSError):  # pragma: no cover - not Linux
@@ -351,12 +372,17 @@ class NodeCache:
             raise
 
     def _opened(self, path: Path, record: Path, fd: int) -> CachedShard:
-        buffer = map_file(path)
+        file = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            buffer = map_fd(file)
+        except BaseException:
+            os.close(file)
+            raise
         try:
             os.utime(record)  # last use, for least-recently-used eviction
         except FileNotFoundError:  # evicted in the instant between the two locks: still mapped
             pass
-        return CachedShard(path, fd, buffer)
+        return CachedShard(path, fd, buffer, file)
 
     def _download(self, source: ShardSource, path: Path, record: Path) -> None:
         """Download under the shard's fetch lock: temporary, rename, then the record. Readers of
