@@ -283,7 +283,9 @@ class Reader:
             if handle.streaming:
                 self._readahead(handle, files, end, fetches)
             self._coalesce(fetches)
-        here = next((fetch for fetch in fetches if fetch.random and fetch.demand), None)
+        # A read that continues nothing: a random reader's miss, fetched on this thread. The first
+        # read of a scan (at 0, or continuing the last) keeps its GET on a GET thread as before.
+        here = next((fetch for fetch in fetches if fetch.random and fetch.demand and not handle.streak), None)
         self._start([fetch for fetch in fetches if fetch is not here])
         if here is not None:
             self._get_here(here)
