@@ -29,11 +29,14 @@ import heapq
 import json
 import logging
 import os
+import re
 import threading
 import time
 from itertools import islice
+from json.decoder import scanstring
+from operator import itemgetter
 from pathlib import Path
-from typing import IO, Generator, Iterable, Iterator, NamedTuple, cast
+from typing import IO, Generator, Iterable, Iterator, NamedTuple
 
 from lading.core.atomic import write_atomically
 from lading.core.errors import AccessDenied, LadingError, UnsafeKey
@@ -96,34 +99,38 @@ class SyncState:
         ``checked=False`` leaves the index rows' keys unchecked (the journal's are always
         checked): for a caller that uses a row only when its key equals a key it checked itself,
         or checks the key before acting on it (:func:`lading.sync.plan.plan_sync`)."""
+        for entry in _entries(_parsed_lines(line for _, line in self._merged(checked)), checked=False):
+            if entry is not None:
+                yield entry
+
+    def _merged(self, checked: bool) -> Iterator[tuple[str, str]]:
+        """``(key, line)`` of every entry in ascending key order, the index's lines with the
+        journal's replayed over them, as lines: checked by shape (:data:`_ROW_LINE`), never
+        parsed whole."""
+        index = _index_lines_keyed(self.dest / STATE_NAME, checked)
         journal = _journal_runs(self.dest / JOURNAL_NAME)
         if journal is None:
-            yield from _index_rows(self.dest / STATE_NAME, checked)
+            yield from index
             return
         with journal:
             tagged = heapq.merge(
-                ((entry.key, 0, entry) for entry in _index_rows(self.dest / STATE_NAME, checked)),
-                ((row[0], 1, row) for row in journal),
-                key=lambda item: item[0],
+                ((key, 0, line) for key, line in index),
+                ((key, 1, line) for key, line in journal),
+                key=itemgetter(0),
             )
-            pending: Entry | None = None
-            for key, origin, row in tagged:
-                if pending is not None and pending.key != key:
+            pending: tuple[str, str] | None = None
+            for key, _origin, line in tagged:
+                if pending is not None and pending[0] != key:
                     yield pending
-                if origin == 0:
-                    pending = cast(Entry, row)
-                else:
-                    pending = None if row[1] is None else Entry(*row)
-                    if pending is None:  # deleted: keep nothing for this key
-                        continue
+                pending = None if line is None else (key, line)  # a later line replaces; None: deleted
             if pending is not None:
                 yield pending
 
     def lines(self) -> Iterator[str]:
         """Every entry as its index line (:func:`row_line`), in key order as far as the index
-        is: the index's own lines unparsed when there is no journal to replay (the common case),
-        else :meth:`rows` written out. For a caller that compares each line with the one it
-        would write (equal: the entry is that one) and parses only the others
+        is: the index's own lines unread when there is no journal to replay (the common case),
+        else the lines merged with the journal's. For a caller that compares each line with the
+        one it would write (equal: the entry is that one) and parses only the others
         (:func:`parse_line`), dropping lines that are malformed or out of key order, as
         :meth:`rows` does; keys unchecked, as ``rows(checked=False)``."""
         path = self.dest / STATE_NAME
@@ -137,8 +144,8 @@ class SyncState:
                 if header is not None and header.get("format") == FORMAT:
                     yield from handle
                     return
-        for entry in self.rows(checked=False):
-            yield _dumps(entry) + "\n"
+        for _, line in self._merged(checked=False):
+            yield line
 
     def entry_map(self) -> dict[str, Entry]:
         """All entries by key, in memory: for small records and tests only."""
@@ -205,8 +212,8 @@ class SyncState:
 
     def _index_lines(self) -> Iterator[str]:
         yield json.dumps({"format": FORMAT, "source": self.source}, separators=(",", ":")) + "\n"
-        for entry in self.rows():
-            yield _dumps(entry) + "\n"
+        for _, line in self._merged(checked=True):
+            yield line
 
     def close(self) -> None:
         """Write the pending journal lines and close the journal without writing a snapshot
@@ -259,9 +266,9 @@ def _read_header(path: Path) -> dict[str, object] | None:
     return data if isinstance(data, dict) and data.get("format") in (1, FORMAT) else None
 
 
-def _index_rows(path: Path, checked: bool = True) -> Iterator[Entry]:
-    """The index's entries in strictly ascending key order (rows out of order are dropped; and
-    rows with unsafe keys, when ``checked``)."""
+def _index_lines_keyed(path: Path, checked: bool = True) -> Iterator[tuple[str, str]]:
+    """``(key, line)`` of the index's rows in strictly ascending key order: rows out of order,
+    malformed or (when ``checked``) with unsafe keys are dropped."""
     try:
         handle = open(path, encoding="utf-8")
     except OSError:
@@ -274,20 +281,40 @@ def _index_rows(path: Path, checked: bool = True) -> Iterator[Entry]:
         if not isinstance(header, dict):
             return
         if header.get("format") == 1:  # the whole legacy document was that one line
-            rows: Iterable[Entry | None] = sorted(filter(None, map(_entry, header.get("files") or [])))
+            entries = sorted(filter(None, map(_entry, header.get("files") or [])))
+            rows: Iterable[tuple[str, str] | None] = ((e.key, _dumps(e) + "\n") for e in entries)
         elif header.get("format") == FORMAT:
-            rows = _entries(_parsed_lines(handle), checked)
+            rows = map(_keyed, handle)
         else:
             return
         last: str | None = None
-        for entry in rows:
-            if entry is None:
+        for row in rows:
+            if row is None or (checked and not is_safe_key(row[0])):
                 continue
-            if last is not None and entry.key <= last:
-                log.warning("%s: dropping row %r out of key order", path, entry.key)
+            if last is not None and row[0] <= last:
+                log.warning("%s: dropping row %r out of key order", path, row[0])
                 continue
-            last = entry.key
-            yield entry
+            last = row[0]
+            yield row
+
+
+#: An index or journal row as :func:`row_line` writes it: ``[key, size, version, mtime_ns,
+#: local_size]`` with JSON strings and integers (checked by shape, without parsing it).
+_ROW_LINE = re.compile(r'\["(?:[^"\\\x00-\x1f]|\\.)*",-?\d+,"(?:[^"\\\x00-\x1f]|\\.)*",-?\d+,-?\d+\]\n')
+
+
+def _keyed(line: str) -> tuple[str, str] | None:
+    """``(key, line)`` of a row line of the expected shape (newline added to a last line
+    without one), else of the entry it parses to; None when it is neither."""
+    if not line.endswith("\n"):
+        line += "\n"
+    if _ROW_LINE.fullmatch(line) is not None:
+        try:
+            return scanstring(line, 2)[0], line
+        except ValueError:
+            return None
+    entry = parse_line(line)
+    return None if entry is None else (entry.key, _dumps(entry) + "\n")
 
 
 def _parsed_lines(handle: IO[str]) -> Iterator[object]:
@@ -330,21 +357,32 @@ def _entries(rows: Iterable[object], checked: bool = True) -> Iterator[Entry | N
 
 def _journal_runs(path: Path) -> SortedRuns | None:
     """The journal's rows sorted by key (stable: later lines after earlier ones for a key), as
-    ``(key, size, ...)`` tuples, ``(key, None)`` for a deletion; None when there is no journal."""
+    ``(key, line)``, ``(key, None)`` for a deletion; None when there is no journal. Keys are
+    checked (a row with an unsafe key is dropped); a torn or damaged line is dropped."""
     try:
         handle = open(path, encoding="utf-8")
     except OSError:
         return None
     runs = SortedRuns()
     with handle:
-        for row in _parsed_lines(handle):
-            if isinstance(row, dict) and row.get("deleted"):
-                runs.add((str(row.get("key")), None))
-                continue
-            entry = next(_entries((row,)))
-            if entry is not None:
-                runs.add(tuple(entry))
+        runs.extend(filter(None, map(_journal_row, handle)))
     return runs.finish()
+
+
+def _journal_row(line: str) -> tuple[str, str | None] | None:
+    if line.startswith("{"):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            return None
+        if isinstance(row, dict) and row.get("deleted"):
+            return str(row.get("key")), None
+        entry = _entry(row)
+        return None if entry is None else (entry.key, _dumps(entry) + "\n")
+    if not line.endswith("\n"):
+        return None  # torn: the run was killed while writing it
+    keyed = _keyed(line)
+    return keyed if keyed is not None and is_safe_key(keyed[0]) else None
 
 
 def _entry(row: object) -> Entry | None:
