@@ -282,3 +282,18 @@ def test_a_listing_out_of_key_order_is_planned_in_two_passes(tmp_path):
     plan = plan_only(ListedStore(shuffled), SyncRequest("mem://", dest, distribution="sharded", rank=1, world_size=3))
     assert [f.info.key for f in plan.to_fetch()] == [info.key for info in objects][1::3]
     assert plan.totals()["listed"] == 50 and plan.totals()["matched"] == 50
+
+
+def test_the_lines_a_resync_expects_are_the_index_lines(tmp_path):
+    """A re-sync takes a window as up to date when DEST's index lines equal the lines a fetch
+    would record (``row_lines``): the two must be written alike, or every re-sync parses."""
+    from lading.sync.state import STATE_NAME, row_lines
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    _empty_tree(src, 6, folders=2)
+    (src / "d000" / 'q"uo\te é.jpg').write_bytes(b"xyz")
+    store = LocalStore(src)
+    run_sync(store, SyncRequest(str(src), dest))
+    rows = list(store.list_rows())
+    stats = [os.lstat(dest / row[0]) for row in rows]
+    assert row_lines(rows, stats) == (dest / STATE_NAME).read_text().splitlines(keepends=True)[1:]

@@ -42,7 +42,7 @@ from lading.selection.manifest import Manifest, keys_under, share_records
 from lading.selection.runs import SortedRuns
 from lading.selection.sharding import BALANCES, DISTRIBUTIONS, owners_by_bytes, select_for_rank
 from lading.stores.base import ObjectInfo, Row, Store
-from lading.sync.state import RESERVED_NAMES, Entry, SyncState, parse_line, row_line
+from lading.sync.state import RESERVED_NAMES, Entry, SyncState, parse_line, row_lines
 
 log = logging.getLogger(__name__)
 
@@ -592,10 +592,11 @@ def _folder_tasks(pool: ThreadPoolExecutor, root: str, batch: list[tuple]) -> li
     return tasks
 
 
-def _with_stats(rows: Iterable[tuple], root: str) -> Iterator[tuple[tuple, os.stat_result | None]]:
-    """Each selection row (ObjectInfo fields) with the ``lstat`` of its file under ``root``
-    (None: no file), in order. The files of the next windows of :data:`_STAT_WINDOW` rows are
-    stat'ed a folder per task by :data:`_STAT_THREADS` threads while this one is classified."""
+def _stat_windows(rows: Iterable[tuple], root: str) -> Iterator[tuple[list[tuple], list[os.stat_result | None]]]:
+    """The selection rows (ObjectInfo fields) a window of :data:`_STAT_WINDOW` at a time, each
+    with the ``lstat`` of its file under ``root`` (None: no file), in order. The files of the
+    next windows are stat'ed a folder per task by :data:`_STAT_THREADS` threads while this one is
+    compared."""
     rows = iter(rows)
     with ThreadPoolExecutor(max_workers=_STAT_THREADS, thread_name_prefix="lading-plan-stat") as pool:
         ahead: deque[tuple[list[tuple], list[Future[list[os.stat_result | None]]]]] = deque()
@@ -610,8 +611,7 @@ def _with_stats(rows: Iterable[tuple], root: str) -> Iterator[tuple[tuple, os.st
             if not ahead:
                 return
             batch, tasks = ahead.popleft()
-            stats = [st for task in tasks for st in task.result()]
-            yield from zip(batch, stats)
+            yield batch, [st for task in tasks for st in task.result()]
 
 
 def plan_sync(
@@ -626,36 +626,62 @@ def plan_sync(
     return plan
 
 
+class _Lines:
+    """DEST's index lines, with lines taken ahead put back."""
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self._lines = lines
+        self._back: deque[str] = deque()
+
+    def next(self) -> str | None:
+        return self._back.popleft() if self._back else next(self._lines, None)
+
+    def take(self, count: int) -> list[str]:
+        taken = [self._back.popleft() for _ in range(min(count, len(self._back)))]
+        taken.extend(islice(self._lines, count - len(taken)))
+        return taken
+
+    def put_back(self, lines: list[str]) -> None:
+        self._back.extendleft(reversed(lines))
+
+
 def _compare(
     rows: Iterable[tuple], lines: Iterator[str], plan: SyncPlan, delete: bool, root: str, list_current: bool
 ) -> None:
     """Walk this rank's rows beside DEST's index lines (:meth:`SyncState.lines`), both in key
-    order, filling ``plan``. A file whose index line is exactly the one a fetch of this row
-    would record now (same key, size, version, local mtime and size) is up to date without
-    parsing the line; other lines are parsed, and those malformed or out of key order dropped."""
-    line = next(lines, None)
-    entry: Entry | None = None  # ``line`` parsed, once it had to be
+    order, filling ``plan``. A window of rows whose next index lines are exactly those a fetch of
+    them would record now (same keys, sizes, versions, local mtimes and sizes: :func:`row_lines`)
+    is up to date as a whole, without parsing a line; otherwise each row is compared on its own:
+    lines are parsed, and those malformed or out of key order dropped."""
+    index = _Lines(lines)
+    entry: Entry | None = None  # a line parsed and not yet taken
     last: str | None = None  # the last index key taken: a line at or below it is out of order
     current = up_to_date_bytes = 0
-    for row, st in _with_stats(rows, root):
-        key = row[0]
-        if (
-            entry is None
-            and st is not None
-            and line == row_line(key, row[1], row[2], st.st_mtime_ns, st.st_size)
-            and stat_mode.S_ISREG(st.st_mode)
-        ):
-            reason = None
-            last, line = key, next(lines, None)
-        else:
+    for batch, stats in _stat_windows(rows, root):
+        if entry is None and None not in stats:
+            expected = row_lines(batch, stats)
+            got = index.take(len(expected))
+            if got == expected and all(stat_mode.S_ISREG(st.st_mode) for st in stats):  # type: ignore[union-attr]
+                current += len(batch)
+                up_to_date_bytes += sum(row[1] for row in batch)
+                if list_current:
+                    plan.current.extend((row[0],) for row in batch)
+                last = batch[-1][0]
+                continue
+            index.put_back(got)
+        for row, st in zip(batch, stats):
+            key = row[0]
             mine = None
-            while line is not None:
+            while True:
                 if entry is None:
+                    line = index.next()
+                    if line is None:
+                        break
                     entry = parse_line(line)
                     if entry is None or (last is not None and entry.key <= last):
                         if entry is not None:
                             log.warning("%s: dropping row %r out of key order", root, entry.key)
-                        line, entry = next(lines, None), None
+                        entry = None
                         continue
                 if entry.key > key:
                     break
@@ -663,23 +689,27 @@ def _compare(
                     mine = entry
                 elif delete and is_safe_key(entry.key):  # tracked, no longer selected
                     plan.deleting.add((entry.key,))
-                last, line, entry = entry.key, next(lines, None), None
+                last, entry = entry.key, None
             reason = _classify(row, mine, st)
-        if reason is None:
-            if list_current:
-                plan.current.add((key,))
-            current += 1
-            up_to_date_bytes += row[1]
-        else:
-            plan.fetching.add(row + (reason,))
-            plan.fetch_bytes += row[1]
-    while delete and line is not None:
-        entry = parse_line(line) if entry is None else entry
+            if reason is None:
+                if list_current:
+                    plan.current.add((key,))
+                current += 1
+                up_to_date_bytes += row[1]
+            else:
+                plan.fetching.add(row + (reason,))
+                plan.fetch_bytes += row[1]
+    while delete:
+        if entry is None:
+            line = index.next()
+            if line is None:
+                break
+            entry = parse_line(line)
         if entry is not None and (last is None or entry.key > last):
             if is_safe_key(entry.key):
                 plan.deleting.add((entry.key,))
             last = entry.key
-        line, entry = next(lines, None), None
+        entry = None
     plan.counted_current, plan.up_to_date_bytes = current, up_to_date_bytes
 
 

@@ -127,7 +127,7 @@ class SyncState:
                 yield pending
 
     def lines(self) -> Iterator[str]:
-        """Every entry as its index line (:func:`row_line`), in key order as far as the index
+        """Every entry as its index line (:func:`row_lines`), in key order as far as the index
         is: the index's own lines unread when there is no journal to replay (the common case),
         else the lines merged with the journal's. For a caller that compares each line with the
         one it would write (equal: the entry is that one) and parses only the others
@@ -234,9 +234,11 @@ def _dumps(entry: Entry) -> str:
     return f"[{_string(entry.key)},{entry.size:d},{_string(entry.version)},{entry.mtime_ns:d},{entry.local_size:d}]"
 
 
-def row_line(key: str, size: int, version: str, mtime_ns: int, local_size: int) -> str:
-    """The index line of this entry, exactly as the index is written (newline included)."""
-    return f"[{_string(key)},{size},{_string(version)},{mtime_ns},{local_size}]\n"  # ints: as ``:d`` writes them
+def row_lines(rows: list[tuple], stats: list[os.stat_result]) -> list[str]:
+    """The index line each row (ObjectInfo fields) would be recorded with, its file having the
+    ``stat`` beside it: exactly as the index is written (:func:`_dumps`, newline included)."""
+    string = _string  # ints: as ``:d`` writes them
+    return [f"[{string(r[0])},{r[1]},{string(r[2])},{st.st_mtime_ns},{st.st_size}]\n" for r, st in zip(rows, stats)]
 
 
 def parse_line(line: str) -> Entry | None:
@@ -298,7 +300,7 @@ def _index_lines_keyed(path: Path, checked: bool = True) -> Iterator[tuple[str, 
             yield row
 
 
-#: An index or journal row as :func:`row_line` writes it: ``[key, size, version, mtime_ns,
+#: An index or journal row as :func:`row_lines` writes it: ``[key, size, version, mtime_ns,
 #: local_size]`` with JSON strings and integers (checked by shape, without parsing it).
 _ROW_LINE = re.compile(r'\["(?:[^"\\\x00-\x1f]|\\.)*",-?\d+,"(?:[^"\\\x00-\x1f]|\\.)*",-?\d+,-?\d+\]\n')
 
