@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from itertools import islice
 from json.encoder import encode_basestring_ascii
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Iterable, Iterator, cast
 
 from lading.core.errors import NotFound, UnsafeKey, UsageError
 from lading.core.keys import is_safe_key, key_parts
@@ -659,9 +659,10 @@ def _compare(
     current = up_to_date_bytes = 0
     for batch, stats in _stat_windows(rows, root):
         if entry is None and None not in stats:
-            expected = row_lines(batch, stats)
+            found = cast(list[os.stat_result], stats)
+            expected = row_lines(batch, found)
             got = index.take(len(expected))
-            if got == expected and all(stat_mode.S_ISREG(st.st_mode) for st in stats):  # type: ignore[union-attr]
+            if got == expected and all(stat_mode.S_ISREG(st.st_mode) for st in found):
                 current += len(batch)
                 up_to_date_bytes += sum(row[1] for row in batch)
                 if list_current:

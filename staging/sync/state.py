@@ -33,7 +33,7 @@ import re
 import threading
 import time
 from itertools import islice
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]  # (typeshed lacks it; the C scanner)
 from operator import itemgetter
 from pathlib import Path
 from typing import IO, Generator, Iterable, Iterator, NamedTuple
@@ -319,7 +319,7 @@ def _keyed(line: str) -> tuple[str, str] | None:
     return None if entry is None else (entry.key, _dumps(entry) + "\n")
 
 
-def _parsed_lines(handle: IO[str]) -> Iterator[object]:
+def _parsed_lines(handle: Iterator[str]) -> Iterator[object]:
     """Each line's JSON value, parsed :data:`_PARSE_BATCH` lines per ``json.loads`` call (a
     damaged line is dropped: its batch is parsed again line by line)."""
     loads = json.loads
