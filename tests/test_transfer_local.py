@@ -289,7 +289,7 @@ def test_keyboard_interrupt_stops_promptly_and_a_rerun_resumes(tmp_path):
         if count == 6:
             _thread.interrupt_main()
         if count >= 6:
-            release.wait(2)  # stall like a slow network; cancellation must not wait for us
+            release.wait(30)  # stall like a slow network until fetch_all returned; cancellation must not wait for us
 
     first = Wrapped(store, on_read=interrupt_on_sixth)
     with pytest.raises(KeyboardInterrupt):
