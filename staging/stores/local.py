@@ -44,10 +44,11 @@ def _version(st: os.stat_result) -> str:
     return f"{st.st_mtime_ns}-{st.st_size}"
 
 
-#: Threads reading directories for :meth:`LocalStore.list` (few: each ``stat`` is a short system
-#: call between two takes of the GIL, and more threads only queue for it), and how many
-#: directories they may read ahead of the one being yielded.
-_SCAN_THREADS = 2
+#: Threads reading directories for :meth:`LocalStore.list` (one: each ``stat`` is a short system
+#: call between two takes of the GIL, and more threads only queue for it; on an idle machine
+#: they also spend system time handing the GIL over), and how many directories it may read
+#: ahead of the one being yielded.
+_SCAN_THREADS = 1
 _SCAN_AHEAD = 16
 
 #: A directory's entry in key order: ``(key, row, path)``; for a directory, ``row`` is None and
@@ -130,7 +131,7 @@ class LocalStore(Store):
     def list_rows(self, prefix: str = "") -> Iterator[Row]:
         """Walk the tree in key order; symlinks to files count, directory links are not followed.
 
-        Directories are read (``scandir`` and a ``stat`` per file) by a few threads up to
+        Directories are read (``scandir`` and a ``stat`` per file) by a thread up to
         :data:`_SCAN_AHEAD` directories ahead of the one being yielded, so the system calls
         overlap the caller's work; memory holds those directories' entries only.
         """
