@@ -16,6 +16,7 @@ from lading.core.retry import RetryPolicy
 from lading.stores.base import ObjectInfo
 from lading.stores.local import LocalStore
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
+from lading.transfer.engine import COPY_THREADS
 from lading.transfer.files import ResumeRecord, is_temporary, sidecar_path, temporary_path
 from lading.transfer.verify import IntegrityError
 
@@ -137,8 +138,8 @@ def test_small_and_large_files_arrive_byte_identical_with_progress(tmp_path):
         assert (dest / key).read_bytes() == data
     assert events.bytes == sum(len(d) for d in files.values())
     assert sorted(r.key for r in events.done) == sorted(files)
-    assert sorted(wrapped.ranges) == [(i * 1000, min(10_500, (i + 1) * 1000)) for i in range(11)]
-    assert _stray_temporaries(dest) == []
+    assert sorted(wrapped.ranges) == [(0, 0)] + [(i * 1000, min(10_500, (i + 1) * 1000)) for i in range(11)]
+    assert _stray_temporaries(dest) == []  # the empty file's (0, 0): its version checked, no copy
 
 
 def test_an_existing_file_is_replaced_only_when_the_new_one_is_complete(tmp_path):
@@ -350,6 +351,37 @@ def test_local_results_carry_the_published_files_stat(tmp_path):
         st = os.lstat(result.dest)
         assert result.local in (None, (st.st_mtime_ns, st.st_size)), result.key
     assert {r.key for r in results if r.local is not None} == {"a", "d/b"}  # the ranged one: stat'ed by the journal
+
+
+def test_an_empty_file_is_created_in_place_after_its_version_is_checked(tmp_path):
+    store = _make_source(tmp_path / "src", {"a/empty": b"", "a/full": b"x" * 10, "b/empty": b"", "c/empty": b""})
+    copied: list[str] = []
+    wrapped = Wrapped(store, on_read=lambda key, start, count: copied.append(key) if count == 0 else None)
+    dest = tmp_path / "dest"
+    (dest / "b").mkdir(parents=True)
+    (dest / "b" / "empty").write_bytes(b"stale")  # a file in the way is replaced atomically, as always
+    items = _items(store, dest)
+    (tmp_path / "src" / "c" / "empty").write_bytes(b"grown")  # changed since the listing
+
+    results = {r.key: r for r in fetch_all(wrapped, items, TINY)}
+
+    assert copied == ["a/full", "b/empty"]  # no temporary copied for a/empty
+    assert (dest / "a" / "empty").read_bytes() == b"" and (dest / "b" / "empty").read_bytes() == b""
+    assert results["a/empty"].ok and results["a/empty"].local == ((dest / "a" / "empty").stat().st_mtime_ns, 0)
+    assert isinstance(results["c/empty"].error, ObjectChanged) and not (dest / "c" / "empty").exists()
+    assert _stray_temporaries(dest) == []
+
+
+def test_a_local_source_is_copied_on_the_engine_s_own_few_threads(tmp_path):
+    store = _make_source(tmp_path / "src", {f"d{i % 4}/f{i}": b"x" * i for i in range(200)})
+    threads: set[str] = set()
+    wrapped = Wrapped(store, on_read=lambda key, start, count: threads.add(threading.current_thread().name))
+
+    results = fetch_all(wrapped, _items(store, tmp_path / "dest"), TransferOptions(workers=64))
+
+    assert all(r.ok for r in results)
+    assert threads and all(name.startswith("lading-copy") for name in threads), threads
+    assert len(threads) <= COPY_THREADS
 
 
 def test_temporary_names_are_recognised():

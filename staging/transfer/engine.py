@@ -9,8 +9,8 @@ again pinned); a larger one is streamed to its temporary, hashed as it arrives; 
 fetched as ranged parts by the one downloader (:mod:`lading.stores.download`), at most
 ``part_concurrency`` parts at once across all downloads, each part recorded in a sidecar as it
 lands so a killed run resumes with the parts still missing. A plain Store's (local directories)
-small objects are copied, verified and published in the loop's thread pool, :data:`CHUNK` per
-hop; its other blocking calls and checksums of parts already on disk run there too.
+small objects are copied, verified and published in a pool of :data:`COPY_THREADS` threads,
+:data:`CHUNK` per hop; its other blocking calls and checksums of parts already on disk run there too.
 """
 
 from __future__ import annotations
@@ -46,6 +46,11 @@ from lading.transfer.verify import IntegrityError, Verifier
 _CANCEL_GRACE = 2.0
 #: Objects of a blocking source (a local directory) copied per pool-thread hop.
 CHUNK = 32
+#: Threads copying a blocking source's small objects (one a core here). Creating and renaming
+#: files is kernel work that more threads only contend for (in the file system, and for the GIL:
+#: about 90 futex calls per file with the loop's 6 pool threads). 10,000 empty files on 2 cores,
+#: three alternating rounds: 228-418 us of CPU each with 2 threads, 365-421 with 1, 359-664 with 6.
+COPY_THREADS = 2
 #: Objects up to this size are collected whole (one piece) and written in one call; a body cut
 #: short costs at most this much again (larger ones stream and resume from the bytes received).
 SMALL_OBJECT = 256 << 10
@@ -90,6 +95,7 @@ class _Engine:
         self._parts: asyncio.Semaphore | None = None
         self.stopped = threading.Event()  # set once :meth:`run` ended, however
         self._halt = threading.Event()
+        self._copier: concurrent.futures.ThreadPoolExecutor | None = None
 
     async def run(self, items: Iterable[TransferItem]) -> list[TransferResult]:
         """Start a coroutine per item as slots free up; return the results once all ended. An
@@ -137,6 +143,8 @@ class _Engine:
                 task.cancel()
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
+            if self._copier is not None:
+                self._copier.shutdown(wait=False)  # idle: every chunk ended above
             self.stopped.set()
         if failure:
             raise failure[0]
@@ -165,7 +173,9 @@ class _Engine:
         """Objects of a blocking source, copied, verified and published one after another in a
         pool thread (one hop for the chunk); their results reported here, on the loop. Cancelled,
         it waits for the object in progress (the thread starts no other)."""
-        work = asyncio.get_running_loop().run_in_executor(None, self._copy_all, items)
+        if self._copier is None:
+            self._copier = concurrent.futures.ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="lading-copy")
+        work = asyncio.get_running_loop().run_in_executor(self._copier, self._copy_all, items)
         try:
             results = await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -189,6 +199,10 @@ class _Engine:
         info, tmp = item.info, temporary_path(item.dest)
         try:
             self._dirs.ensure_parent(item.dest)
+            if info.size == 0:
+                created = self.source.empty_here(info, item.dest, self.options.durable)
+                if created is not None:
+                    return TransferResult(info.key, item.dest, True, 0, local=(created.st_mtime_ns, 0))
             for attempt in (1, 2):
                 verifier = Verifier(info, checksums=self.options.verify)
                 st = self.source.fetch_here(info, tmp, verifier, self.events.on_bytes)

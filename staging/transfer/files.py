@@ -25,7 +25,7 @@ SIDECAR_SUFFIX = ".lading-part.json"
 
 def temporary_path(dest: Path) -> Path:
     """Where ``dest`` is written before it is complete (a name within NAME_MAX, however long ``dest``'s)."""
-    return Path(temporary_name(dest))
+    return dest.with_name(hidden_sibling(dest.name, PART_SUFFIX))  # no parse of the whole path
 
 
 def temporary_name(dest: str | Path) -> str:
@@ -87,6 +87,30 @@ def publish(tmp: str | Path, dest: Path, fd: int | None = None, durable: bool = 
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def create_empty(dest: Path, durable: bool = False) -> os.stat_result | None:
+    """Create ``dest`` as an empty file when no file is there, and return its ``fstat``; None
+    when something is (the caller writes a temporary and renames it over). An empty file is
+    complete the moment it appears: no temporary and no rename are needed to publish it
+    atomically, and a file system creates one name instead of two."""
+    try:
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    except FileExistsError:
+        return None
+    try:
+        if durable:
+            os.fsync(fd)
+        st = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if durable:
+        directory = os.open(dest.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    return st
 
 
 def as_lading_error(error: BaseException, dest: Path) -> LadingError:

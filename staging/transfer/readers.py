@@ -18,6 +18,7 @@ from lading.core.errors import TransientError
 from lading.core.retry import RetryPolicy
 from lading.stores.base import CoroutineReads, Fetched, ObjectInfo, RangeRequest, Store
 from lading.stores.download import RangeAttempt, fetch_range, pwrite_all
+from lading.transfer.files import create_empty
 from lading.transfer.verify import Verifier
 
 #: Receives a byte count for progress.
@@ -54,6 +55,11 @@ class Source(Protocol):
     def fetch_here(self, info: ObjectInfo, tmp: Path, verifier: Verifier, progress: Progress) -> os.stat_result:
         """The whole object into ``tmp`` with the store's blocking calls, on the calling thread (a
         pool thread), fed to ``verifier``; returns the temporary's ``fstat``."""
+        ...
+
+    def empty_here(self, info: ObjectInfo, dest: Path, durable: bool) -> os.stat_result | None:
+        """An object listed empty, created at ``dest`` directly (blocking, on the calling thread)
+        once the store says it still is that version; None when a file is at ``dest`` already."""
         ...
 
     def etag_is_md5(self, key: str) -> bool:
@@ -158,6 +164,10 @@ class NativeSource:
         """The store's blocking ``download``, on the calling thread."""
         return download_here(self.store, info, tmp, verifier, progress)
 
+    def empty_here(self, info: ObjectInfo, dest: Path, durable: bool) -> os.stat_result | None:
+        """The store's blocking ``read_range`` of no bytes (it checks the version), then ``dest``."""
+        return empty_here(self.store, info, dest, durable)
+
     def etag_is_md5(self, key: str) -> bool:
         """Ask the store (S3 answers with a HEAD through boto3)."""
         return self.store.etag_is_md5(key)
@@ -209,6 +219,10 @@ class StoreSource:
         """``store.download`` to ``tmp``, then the file hashed if a checksum is known."""
         return download_here(self.store, info, tmp, verifier, progress)
 
+    def empty_here(self, info: ObjectInfo, dest: Path, durable: bool) -> os.stat_result | None:
+        """The store's blocking ``read_range`` of no bytes (it checks the version), then ``dest``."""
+        return empty_here(self.store, info, dest, durable)
+
     def etag_is_md5(self, key: str) -> bool:
         """As the store says."""
         return self.store.etag_is_md5(key)
@@ -241,6 +255,13 @@ def download_here(store: Store, info: ObjectInfo, tmp: Path, verifier: Verifier,
     if received < st.st_size:  # a backend that reports no progress
         progress(st.st_size - received)
     return st
+
+
+def empty_here(store: Store, info: ObjectInfo, dest: Path, durable: bool) -> os.stat_result | None:
+    """See :meth:`Source.empty_here`: the object is read (no bytes, at its listed version) before
+    anything is created, so one deleted or replaced since the listing fails as a copy would."""
+    store.read_range(info.key, 0, 0, version_of(info))
+    return create_empty(dest, durable)
 
 
 def open_source(store: Store, policy: RetryPolicy) -> Source:
