@@ -119,3 +119,10 @@ def test_the_ray_guide_states_how_long_ctrl_c_waits_for_the_tasks_in_flight():
 
     text = words((REPO / "docs" / "guides" / "ray.md").read_text())
     assert f"waits (at most {CANCEL_GRACE:g} s) for the few in flight" in text
+
+
+def test_the_locality_guide_states_when_the_cache_index_is_compacted():
+    from lading.sync.cache import EntryIndex
+
+    text = words((REPO / "docs" / "guides" / "locality.md").read_text())
+    assert f"more than twice as many lines as files plus {EntryIndex.COMPACT_SLACK:,}" in text

@@ -50,7 +50,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import IO, Callable, Iterator
 
 from lading.core.atomic import write_atomically
 from lading.core.cacheroot import CACHE_ROOT_RULE, default_cache_root  # noqa: F401 - used here, re-exported
@@ -479,23 +479,39 @@ class NodeCache:
 class EntryIndex:
     """The index of cached files, shared by the node's processes: ``datasets/.lading-entries``,
     one appended line per download (``+ PATH SIZE``) or removal (``- PATH``), read incrementally.
-    Built once from the records when missing (a cache from before it, or after ``clear``)."""
+    Built once from the records when missing (a cache from before it, or after ``clear``).
+    Rewritten as its live entries once it holds more than twice as many lines as files (plus
+    :data:`COMPACT_SLACK`), so that a process started in a later epoch does not replay every
+    download and removal since the cache began."""
 
     NAME = ".lading-entries"
+    #: Lines beyond twice the live entries that the index may hold before it is compacted.
+    COMPACT_SLACK = 1024
 
     def __init__(self, folder: Path) -> None:
         self.folder, self.file = folder, folder / self.NAME
         self._sizes: dict[Path, int] = {}
         self._offset = 0
+        self._lines = 0  # complete lines read from the file as it is now (its inode)
         self._inode: int | None = None
 
     def _append(self, line: str) -> None:
-        fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        data = line.encode("utf-8", "surrogateescape")
+        while True:
+            fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if self._is_current(fd):  # not replaced by a compaction while we waited for the lock
+                    os.write(fd, data)
+                    return
+            finally:
+                os.close(fd)
+
+    def _is_current(self, fd: int) -> bool:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            os.write(fd, line.encode("utf-8", "surrogateescape"))
-        finally:
-            os.close(fd)
+            return os.fstat(fd).st_ino == os.stat(self.file).st_ino
+        except FileNotFoundError:
+            return True  # cleared meanwhile: the line goes to the unlinked file, the rebuild reads records
 
     def added(self, path: Path, size: int) -> None:
         """Record a file the cache now holds."""
@@ -516,14 +532,12 @@ class EntryIndex:
             if self.file.exists():
                 return
             lines = "".join(f"+ {e.path.relative_to(self.folder)}\t{e.size}\n" for e in iter_entries(self.folder))
-            write_atomically(
-                self.file,
-                lines,
-                mode=0o600,
-                tmp=self.folder / f"{self.NAME}{_TMP}{os.getpid()}-{threading.get_ident()}",
-            )
+            write_atomically(self.file, lines, mode=0o600, tmp=self._temporary())
         finally:
             os.close(fd)
+
+    def _temporary(self) -> Path:
+        return self.folder / f"{self.NAME}{_TMP}{os.getpid()}-{threading.get_ident()}"
 
     def current(self) -> dict[Path, int]:
         """Cached files and their sizes, from the lines appended since the last call."""
@@ -531,23 +545,45 @@ class EntryIndex:
             self._rebuild()
         try:
             with open(self.file, "rb") as handle:
-                inode = os.fstat(handle.fileno()).st_ino
-                if inode != self._inode:  # rebuilt (after a clear): read it again from the start
-                    self._sizes, self._offset, self._inode = {}, 0, inode
-                handle.seek(self._offset)
-                data = handle.read()
+                self._read_new(handle)
+                if self._lines > 2 * len(self._sizes) + self.COMPACT_SLACK:
+                    self._compact(handle)
         except FileNotFoundError:
-            return dict(self._sizes)
+            pass
+        return dict(self._sizes)
+
+    def _read_new(self, handle: IO[bytes]) -> None:
+        inode = os.fstat(handle.fileno()).st_ino
+        if inode != self._inode:  # rebuilt or compacted: read it again from the start
+            self._sizes, self._offset, self._lines, self._inode = {}, 0, 0, inode
+        handle.seek(self._offset)
+        data = handle.read()
         complete = data[: data.rfind(b"\n") + 1]
         self._offset += len(complete)
         for line in complete.decode("utf-8", "surrogateescape").splitlines():
+            self._lines += 1
             op, _, rest = line.partition(" ")
             name, _, size = rest.rpartition("\t") if op == "+" else (rest, "", "")
             if op == "+" and size.isdigit():
                 self._sizes[self.folder / name] = int(size)
             elif op == "-":
                 self._sizes.pop(self.folder / rest, None)
-        return dict(self._sizes)
+
+    def _compact(self, handle: IO[bytes]) -> None:
+        """Replace the file by its live entries, holding the appenders' lock on it (an appender
+        that opened it before the rename finds it replaced and appends to the new one)."""
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            if not self._is_current(handle.fileno()):
+                return  # another process compacted or cleared it first
+            self._read_new(handle)  # lines appended since, under the lock
+            lines = "".join(f"+ {path.relative_to(self.folder)}\t{size}\n" for path, size in self._sizes.items())
+            write_atomically(self.file, lines, mode=0o600, tmp=self._temporary())
+            self._inode = os.stat(self.file).st_ino
+            self._offset = len(lines.encode("utf-8", "surrogateescape"))
+            self._lines = len(self._sizes)
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
     def entries(self, sizes: dict[Path, int]) -> Iterator[Entry]:
         """The indexed files as entries, last use from their records' mtimes (a stat each)."""
