@@ -243,13 +243,16 @@ class CachedShard:
 
     def unmap(self) -> None:
         """Unmap and close the file but keep the lock (in use: never evicted) until :meth:`close`."""
+        self._close_mapping()
+        self.buffer = b""
+        self._close_file()
+
+    def _close_mapping(self) -> None:
         if isinstance(self.buffer, mmap.mmap):
             try:
                 self.buffer.close()
-            except BufferError:  # a slice still references it: the mapping goes with that slice
+            except BufferError:  # a slice or sample still references it: the mapping goes with that
                 pass
-        self.buffer = b""
-        self._close_file()
 
     def _close_file(self) -> None:
         if self.file is not None:
@@ -264,11 +267,7 @@ class CachedShard:
 
     def close(self) -> None:
         """Unmap and release the lock (eviction may take the shard from now on)."""
-        if isinstance(self.buffer, mmap.mmap):
-            try:
-                self.buffer.close()
-            except BufferError:  # a sample still references it: the mapping goes with that sample
-                pass
+        self._close_mapping()
         self._close_file()
         if self._fd is not None:
             os.close(self._fd)

@@ -82,11 +82,7 @@ def publish(tmp: str | Path, dest: Path, fd: int | None = None, durable: bool = 
             os.fsync(fd)
     os.replace(tmp, dest)
     if durable:
-        directory = os.open(dest.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        _fsync_directory(dest.parent)
 
 
 def create_empty(dest: Path, durable: bool = False) -> os.stat_result | None:
@@ -105,12 +101,17 @@ def create_empty(dest: Path, durable: bool = False) -> os.stat_result | None:
     finally:
         os.close(fd)
     if durable:
-        directory = os.open(dest.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        _fsync_directory(dest.parent)
     return st
+
+
+def _fsync_directory(path: Path) -> None:
+    """Make a rename or a new name in ``path`` survive a power loss."""
+    directory = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def as_lading_error(error: BaseException, dest: Path) -> LadingError:
