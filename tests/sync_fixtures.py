@@ -84,3 +84,11 @@ class ListedStore:
 
     def list(self, prefix: str = ""):
         yield from self.objects
+
+    def list_rows(self, prefix: str = ""):
+        yield from rows_of(self.objects)
+
+
+def rows_of(infos):
+    """A test store's listing as Store.list_rows gives it: ObjectInfo's fields in order."""
+    return ((i.key, i.size, i.version, i.mtime, i.md5, i.crc32c) for i in infos)

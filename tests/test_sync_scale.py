@@ -93,11 +93,12 @@ from lading.sync import SyncRequest, plan_only
 
 class Generated:
     url = "mem://"
-    def list(self, prefix=""):  # ImageNet-like keys, in key order, never held as a list
+    def list_rows(self, prefix=""):  # ImageNet-like keys, in key order, never held as a list
         per = int(sys.argv[1]) // 200
         for f in range(200):
             for i in range(per):
-                yield ObjectInfo(f"train/n{f:08d}/n{f:08d}_{i:06d}.JPEG", 110_000 + i, f"etag-{f}-{i}")
+                info = ObjectInfo(f"train/n{f:08d}/n{f:08d}_{i:06d}.JPEG", 110_000 + i, f"etag-{f}-{i}")
+                yield (info.key, info.size, info.version, info.mtime, info.md5, info.crc32c)
 
 with open(sys.argv[3], "w") as out:
     plan = plan_only(Generated(), SyncRequest("mem://", Path(sys.argv[2])))

@@ -248,10 +248,7 @@ def source_rows(store: Store, manifest: Manifest | None, source: str, workers: i
     """The store's listing as rows of ObjectInfo's fields, or (with a manifest) one ``stat``
     per key, done in parallel."""
     if manifest is None:
-        if isinstance(store, Store):
-            yield from store.list_rows()
-        else:  # a duck-typed store (tests)
-            yield from ((i.key, i.size, i.version, i.mtime, i.md5, i.crc32c) for i in store.list())
+        yield from store.list_rows()
         return
     keys = keys_under(manifest, source)
     refusals = _Refusals()
