@@ -390,14 +390,6 @@ def sync(
     """``lading sync``: see SYNC_HELP."""
     from lading.selection.manifest import load_manifest
     from lading.stores import open_store, parse_uri
-    from lading.sync import (
-        DEFAULT_CACHE_ROOT,
-        SyncRequest,
-        plan_only,
-        run_sync,
-        use_node_cache,
-    )
-    from lading.transfer import TransferOptions
 
     conflicts("no_cache", "cache_dir", "--no-cache never uses the node cache")
     needs("balance", "distribution", "sharded")
@@ -409,7 +401,18 @@ def sync(
     _check_sharded_dest(dest, distribution, topology)
     manifest = load_manifest(manifest_file) if manifest_file else None
     store = open_store(uri, config, snapshot=snapshot)  # SOURCE may itself be a snapshot file
+    if manifest is None:
+        store.prefetch_listing()  # the first page is asked for while the sync's code loads (below)
     uri = parse_uri(store.url)
+    from lading.sync import (
+        DEFAULT_CACHE_ROOT,
+        SyncRequest,
+        plan_only,
+        run_sync,
+        use_node_cache,
+    )
+    from lading.transfer import TransferOptions
+
     request = SyncRequest(
         str(uri),
         target,

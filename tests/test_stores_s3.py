@@ -126,6 +126,37 @@ def test_listing_is_paged_ordered_and_relative(s3, endpoint):
     assert abs(_store(endpoint).stat("k000").mtime - first.mtime) < 1
 
 
+def test_a_listing_started_early_is_taken_over_not_repeated(s3, endpoint):
+    keys = [f"k{i:03d}" for i in range(8)] + ["sub/a", "sub/b"]
+    for key in keys:
+        _put(s3, f"data/{key}", key.encode())
+    with SmallPages(endpoint, page_size=4) as proxy:
+        store = _store(proxy.url)
+        store.prefetch_listing()
+        store._prefetch.result()
+        assert proxy.listings()  # asked for before the listing was
+        assert [info.key for info in store.list()] == sorted(keys)
+        # the requests of one listing (3 pages, then the check after the last key), none twice
+        assert len(proxy.listings()) == 3 + 1 and len(set(proxy.listings())) == 4
+        store.prefetch_listing()
+        assert [info.key for info in store.list("sub/")] == ["sub/a", "sub/b"]  # not the root's pages
+        assert [info.key for info in store.list()] == sorted(keys)
+
+
+def test_a_listing_started_early_that_failed_starts_again(s3, endpoint):
+    _put(s3, "data/f", b"x")
+    with SmallPages(endpoint, page_size=4) as proxy:
+        proxy.add_fault("403", first=1)  # the early request: access denied, once
+        store = _store(proxy.url)
+        store.prefetch_listing()
+        assert [info.key for info in store.list()] == ["f"]
+        assert proxy.injected["403"] == 1
+    store = _store(endpoint, "s3://no-such-bucket/x")
+    store.prefetch_listing()
+    with pytest.raises(NotFound, match="no-such-bucket"):
+        list(store.list())
+
+
 def test_listing_matches_boto3_key_for_key(s3, endpoint):
     """What the listing reports (key, size, ETag, MD5, mtime) is what boto3 reports, across pages
     and for odd keys, through obstore and through the exact (boto3) listing that takes over

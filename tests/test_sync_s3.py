@@ -288,3 +288,46 @@ def test_every_key_failing_for_one_reason_gives_its_exit_code(lading, dataset, p
     assert result.returncode == 5, result.stderr
     assert "24 key(s) failed" in result.stderr and "d0/sub/obj-000.bin" in result.stderr
     assert read_tree(tmp_path / "out") == {}
+
+
+#: Modules a plain ``lading sync`` of an S3 source (MD5 ETags, credentials in the environment,
+#: output not a terminal) has no use for: each is start-up time before its first request.
+NOT_FOR_SYNC = (
+    "boto3",
+    "botocore",
+    "rich",
+    "tqdm",
+    "google_crc32c",
+    "google.cloud",
+    "lading.stores.s3.upload",
+    "lading.stores.snapshot",
+    "lading.sync.nodecache",
+)
+
+
+def test_sync_of_an_s3_source_imports_only_what_it_syncs_with(dataset, s3_env, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from lading.cli.main import main\n"
+        "try:\n"
+        "    main(['sync', sys.argv[1], sys.argv[2]])\n"
+        "finally:\n"
+        "    sys.stderr.write('\\nMODULES ' + ' '.join(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, SOURCE, str(tmp_path / "dest")],
+        env={**os.environ, **s3_env, "HOME": str(tmp_path), "SM_INPUT_CONFIG_DIR": str(tmp_path / "no-sagemaker")},
+        capture_output=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert read_tree(tmp_path / "dest") == dataset[1]
+    loaded = set(done.stderr.decode().rpartition("MODULES ")[2].split())
+    assert {"lading.stores.s3.store", "lading.sync.apply"} <= loaded  # the check sees the modules the sync used
+    found = sorted(name for name in loaded if name.split(".")[0] in NOT_FOR_SYNC or name.startswith(NOT_FOR_SYNC))
+    assert not found, found

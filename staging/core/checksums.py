@@ -9,9 +9,9 @@ parts arrive interleaved is checked without reading the file back.
 from __future__ import annotations
 
 import base64
+from functools import cache
 from pathlib import Path
-
-import google_crc32c
+from types import ModuleType
 
 _CHUNK = 1 << 20
 _POLY = 0x82F63B78  # the Castagnoli polynomial, bit-reversed (x^0 is the top bit)
@@ -24,7 +24,16 @@ def crc32c_extend(crc: int, data: bytes | memoryview) -> int:
     if isinstance(data, memoryview):
         whole = data.obj
         data = whole if isinstance(whole, bytes) and len(whole) == data.nbytes else bytes(data)
-    return int(google_crc32c.extend(crc, data))
+    return int(_google_crc32c().extend(crc, data))
+
+
+@cache
+def _google_crc32c() -> ModuleType:
+    """The C extension, imported at the first CRC: an S3 sync of objects with MD5 ETags never
+    computes one, and it costs a few ms of every command's start-up."""
+    import google_crc32c
+
+    return google_crc32c
 
 
 def crc32c_text(crc: int) -> str:
@@ -75,15 +84,13 @@ def _multiply(a: int, b: int) -> int:
     return product
 
 
+@cache
 def _square_powers() -> list[int]:
-    """``x^(2^k)`` modulo the polynomial for k = 0..31."""
+    """``x^(2^k)`` modulo the polynomial for k = 0..31 (made at the first combine, not at import)."""
     powers = [1 << 30]  # x^1
     for _ in range(31):
         powers.append(_multiply(powers[-1], powers[-1]))
     return powers
-
-
-_X_2K = _square_powers()
 
 
 def _shift(length: int) -> int:
@@ -91,7 +98,7 @@ def _shift(length: int) -> int:
     power, k = 1 << 31, 3  # x^0; 8 * length = length << 3
     while length:
         if length & 1:
-            power = _multiply(_X_2K[k & 31], power)
+            power = _multiply(_square_powers()[k & 31], power)
         length >>= 1
         k += 1
     return power

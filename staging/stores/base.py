@@ -117,6 +117,10 @@ class Store(ABC):
         for info in self.list(prefix):
             yield (info.key, info.size, info.version, info.mtime, info.md5, info.crc32c)
 
+    def prefetch_listing(self) -> None:
+        """A hint that the whole root is listed next: a store may start that listing now, in the
+        background. By default nothing."""
+
     @abstractmethod
     def stat(self, key: str) -> ObjectInfo:
         """Return one object's metadata; raise :class:`~lading.core.errors.NotFound`."""

@@ -9,6 +9,7 @@ stored, then obstore takes over again. In a process where obstore may not run (s
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
 from itertools import islice
@@ -153,7 +154,11 @@ class ListingMixin:
         where = self._where(prefix)
         attempts = Attempts(self.config.retry)
         first = resume_after()
-        pages = self._translated(where, lambda store: self._open_listing(store, prefix, first))
+        started = self._started_listing(prefix, first)
+        if started is not None:
+            pages = started
+        else:
+            pages = self._translated(where, lambda store: self._open_listing(store, prefix, first))
         while True:
             try:
                 page = self._translated(where, lambda _store: next(pages, None))
@@ -168,6 +173,33 @@ class ListingMixin:
             if page is None:
                 return
             yield page
+
+    def prefetch_listing(self) -> None:
+        """Start the listing of the whole root now, in the background: the request for its first
+        page runs while the caller still has work to do (``lading sync`` imports the code that
+        plans and fetches meanwhile), and the next ``list()`` of the whole root takes it over.
+        If the early start failed, that ``list()`` starts afresh, with its usual retries and
+        errors. A store that lists through its SDK (GCS) does not start one."""
+        if type(self).list is not ListingMixin.list or not use_obstore() or self.__dict__.get("_prefetch"):
+            return
+        self._prefetch = _FirstPage(lambda: self._open_first_page(""))
+
+    def _open_first_page(self, prefix: str) -> tuple[Iterator[Page], Page | None]:
+        where = self._where(prefix)
+        pages = self._translated(where, lambda store: self._open_listing(store, prefix, None))
+        return pages, self._translated(where, lambda _store: next(pages, None))
+
+    def _started_listing(self, prefix: str, after: str | None) -> Iterator[Page] | None:
+        """The listing :meth:`prefetch_listing` started, if it fits (the whole root, from its
+        first key) and succeeded; it is taken once."""
+        prefetch: _FirstPage | None = self.__dict__.pop("_prefetch", None)
+        if prefetch is None or prefix or after is not None:
+            return None
+        started = prefetch.result()
+        if started is None:
+            return None
+        pages, page = started
+        return iter(()) if page is None else _chain_first(page, pages)
 
     def _listed(self, meta: dict[str, Any]) -> ObjectInfo | None:
         key = self._key_of(meta["path"])
@@ -278,6 +310,33 @@ class _Folders:
             page = self._lister._delimiter_page(folder, None if token else last, token)
             if path <= page.last or page.token is None:
                 return page
+
+
+class _FirstPage:
+    """A listing's first page, asked for on a thread of its own (the wait for the server releases
+    the GIL); :meth:`result` waits for it: (the page stream, the page), or None if that failed."""
+
+    def __init__(self, start: Callable[[], tuple[Iterator[Page], Page | None]]) -> None:
+        self._start = start
+        self._outcome: tuple[Iterator[Page], Page | None] | None = None
+        self._thread = threading.Thread(target=self._run, name="lading-list", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._outcome = self._start()
+        except Exception as err:  # the listing proper starts again and reports it
+            log.debug("the listing started early failed (%s); starting it again", err)
+
+    def result(self) -> tuple[Iterator[Page], Page | None] | None:
+        """Wait for the first page."""
+        self._thread.join()
+        return self._outcome
+
+
+def _chain_first(page: Page, pages: Iterator[Page]) -> Iterator[Page]:
+    yield page
+    yield from pages
 
 
 def _empty_objects(store: Any, folder: str) -> frozenset[str]:
