@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from contextlib import contextmanager
 from typing import Iterator
@@ -32,7 +33,13 @@ def pytest_configure(config: pytest.Config) -> None:
     test module imports lading to the end of the session. Ctrl-C works in the suite and in the
     commands it starts even when the suite itself was started in the background of a
     non-interactive shell (`cmd &`), which ignores SIGINT in it and in everything it execs: the
-    Ctrl-C tests would otherwise fail (9 of them did, in a CI run started that way)."""
+    Ctrl-C tests would otherwise fail (9 of them did, in a CI run started that way).
+
+    Under pytest-xdist (``-n``, as .ci/run runs the suite) the controller and every worker enter
+    a session directory of their own; the controller's check at the end covers the workers' time."""
+    worker = hasattr(config, "workerinput")
+    if not worker and config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
+        os.environ[hermetic.REAL_TMP], os.environ[hermetic.REAL_HOME] = tempfile.gettempdir(), str(Path.home())
     config.stash[_HERMETIC] = hermetic.enter()
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -31,6 +31,9 @@ LEFTOVERS = {
     "home": (".ray", ".config/rclone", ".cache/lading", "_wids_cache"),
 }
 VARIABLES = ("TMPDIR", "HOME", "WIDS_CACHE", "XDG_CACHE_HOME", "LADING_CACHE_DIR")
+#: Set by the session's controller when pytest-xdist runs the tests in worker processes: the real
+#: temporary directory and HOME, in which each worker makes a session directory of its own.
+REAL_TMP, REAL_HOME = "LADING_SUITE_REAL_TMP", "LADING_SUITE_REAL_HOME"
 
 
 @dataclass
@@ -49,8 +52,15 @@ def _present(real: dict[str, Path]) -> set[Path]:
 
 
 def enter() -> Session:
-    """Make the session directory and point TMPDIR, HOME and the caches into it (see the module)."""
-    real = {"tmp": Path(tempfile.gettempdir()), "home": Path.home()}
+    """Make the session directory and point TMPDIR, HOME and the caches into it (see the module).
+
+    An xdist worker inherits the controller's TMPDIR and HOME; it makes its own session directory
+    in the real ones (:data:`REAL_TMP`, :data:`REAL_HOME`), so two workers never share a TMPDIR
+    (Ray's sessions, ``pymp-*``) or a HOME, and Ray's socket paths stay short."""
+    real = {
+        "tmp": Path(os.environ.get(REAL_TMP) or tempfile.gettempdir()),
+        "home": Path(os.environ.get(REAL_HOME) or Path.home()),
+    }
     # short: Ray puts AF_UNIX sockets (107 bytes at most) under TMPDIR/ray/session_.../sockets
     root = Path(tempfile.mkdtemp(prefix="lading-t", dir=real["tmp"]))
     session = Session(root, {name: os.environ.get(name) for name in VARIABLES}, tempfile.tempdir, real)
@@ -74,6 +84,8 @@ def leave(session: Session, passed: bool) -> list[Path]:
         if value is not None:
             os.environ[name] = value
     tempfile.tempdir = session.saved_tempdir
+    for name in (REAL_TMP, REAL_HOME):
+        os.environ.pop(name, None)
     if passed:
         shutil.rmtree(session.root, ignore_errors=True)
     return sorted(_present(session.real) - session.before - {session.root})

@@ -19,7 +19,9 @@ def test_subprocesses_get_the_sessions_own_tmpdir_home_and_caches(tmp_path):
     seen = json.loads(subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout)
     root = Path(seen["tmp"])
     assert root.name.startswith("lading-t") and root != Path("/tmp"), seen
-    assert Path(tempfile.gettempdir()) == root and tmp_path.is_relative_to(root), "pytest's folders are inside"
+    assert Path(tempfile.gettempdir()) == root, seen
+    # pytest's folders: in this session directory, or (an xdist worker's) in its controller's
+    assert any(parent.name.startswith("lading-t") for parent in tmp_path.parents), tmp_path
     for name in ("home", "wids", "cache"):
         assert Path(seen[name]).parent == root, seen
     assert seen["lading_cache"] is None and not list(Path(seen["home"]).glob(".aws"))

@@ -145,15 +145,19 @@ def test_cli_engine_ray_joins_the_cluster(ray_cluster, lading, tmp_path):
 
 
 def _kill_a_shard_task(killed: list[int]) -> None:
-    """SIGKILL the worker process running a shard task (Ray titles it ``ray::lading_pack_shard``)."""
+    """SIGKILL the worker process running a shard task (Ray titles it ``ray::lading_pack_shard``)
+    of this test session's Ray: its TMPDIR is ours (another pytest-xdist worker may be packing
+    with a Ray of its own at the same time)."""
+    ours = f"TMPDIR={os.environ['TMPDIR']}".encode()
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
             title = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if title.startswith(b"ray::lading_pack_shard"):
+        if title.startswith(b"ray::lading_pack_shard") and ours in environ:
             os.kill(int(pid), signal.SIGKILL)
             killed.append(int(pid))
             return
