@@ -78,6 +78,9 @@ def fetch_all(
     except BaseException:
         # Interrupted (Ctrl-C): cancel the transfer, and let its coroutines end (the sidecars say
         # what is on disk) before the caller goes on, so nothing of this run writes after it returned.
+        # Pool threads copying a local source stop before their next object now, not when the
+        # loop thread (perhaps busy) gets to the cancellation.
+        engine.halt.set()
         future.cancel()
         engine.stopped.wait(_CANCEL_GRACE)
         raise
@@ -94,7 +97,7 @@ class _Engine:
         self._dirs = DirectoryMaker()
         self._parts: asyncio.Semaphore | None = None
         self.stopped = threading.Event()  # set once :meth:`run` ended, however
-        self._halt = threading.Event()
+        self.halt = threading.Event()  # set: chunks in pool threads start no further object
         self._copier: concurrent.futures.ThreadPoolExecutor | None = None
 
     async def run(self, items: Iterable[TransferItem]) -> list[TransferResult]:
@@ -138,7 +141,7 @@ class _Engine:
             while running and not failure:
                 await asyncio.wait(set(running), return_when=asyncio.FIRST_EXCEPTION)
         finally:
-            self._halt.set()  # chunks in pool threads start no further object
+            self.halt.set()  # chunks in pool threads start no further object
             for task in list(running):
                 task.cancel()
             if running:
@@ -179,7 +182,7 @@ class _Engine:
         try:
             results = await asyncio.shield(work)
         except asyncio.CancelledError:
-            self._halt.set()
+            self.halt.set()
             await asyncio.wait([work])
             raise
         for result in results:
@@ -188,7 +191,7 @@ class _Engine:
     def _copy_all(self, items: list[TransferItem]) -> list[TransferResult]:
         results = []
         for item in items:
-            if self._halt.is_set():
+            if self.halt.is_set():
                 break
             results.append(self._copy_here(item))
         return results
