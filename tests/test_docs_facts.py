@@ -126,3 +126,15 @@ def test_the_locality_guide_states_when_the_cache_index_is_compacted():
 
     text = words((REPO / "docs" / "guides" / "locality.md").read_text())
     assert f"more than twice as many lines as files plus {EntryIndex.COMPACT_SLACK:,}" in text
+
+
+def test_the_architecture_page_states_how_the_suite_is_split_across_workers():
+    import tomllib
+
+    addopts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    page = words((REPO / "docs" / "architecture.md").read_text())
+    workers = re.search(r"-n (\d+) --dist (\w+)", addopts)
+    assert workers is not None, addopts
+    assert f"`-n {workers[1]} --dist {workers[2]}` in `pyproject.toml`" in page
+    assert {"2": "two"}[workers[1]] + " pytest-xdist worker processes" in page
+    assert "two worker processes" in words(README)
