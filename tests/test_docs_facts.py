@@ -129,9 +129,7 @@ def test_the_locality_guide_states_when_the_cache_index_is_compacted():
 
 
 def test_the_architecture_page_states_how_the_suite_is_split_across_workers():
-    import tomllib
-
-    addopts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    addopts = re.search(r'^addopts = "(.*)"$', (REPO / "pyproject.toml").read_text(), re.M)[1]  # type: ignore[index]
     page = words((REPO / "docs" / "architecture.md").read_text())
     workers = re.search(r"-n (\d+) --dist (\w+)", addopts)
     assert workers is not None, addopts
