@@ -85,10 +85,12 @@ class ListedStore:
     def list(self, prefix: str = ""):
         yield from self.objects
 
-    def list_rows(self, prefix: str = ""):
-        yield from rows_of(self.objects)
+    def list_pages(self, prefix: str = ""):
+        yield from pages_of(self.objects)
 
 
-def rows_of(infos):
-    """A test store's listing as Store.list_rows gives it: ObjectInfo's fields in order."""
-    return ((i.key, i.size, i.version, i.mtime, i.md5, i.crc32c) for i in infos)
+def pages_of(infos, per_page: int = 3):
+    """A test store's listing as Store.list_pages gives it: ObjectInfo's fields in order, in
+    pages (small ones, so that checks across pages are exercised)."""
+    rows = [(i.key, i.size, i.version, i.mtime, i.md5, i.crc32c) for i in infos]
+    return (rows[start : start + per_page] for start in range(0, len(rows), per_page))

@@ -153,8 +153,8 @@ def test_a_sharded_rank_with_an_empty_share_is_not_an_error(tmp_path):
     from lading.sync.plan import SyncRequest, select_objects
 
     class OneObject:
-        def list_rows(self, prefix: str = ""):
-            yield ("only.bin", 3, "v1", 0.0, None, None)
+        def list_pages(self, prefix: str = ""):
+            yield [("only.bin", 3, "v1", 0.0, None, None)]
 
     request = SyncRequest("s3://b/p", tmp_path, distribution="sharded", rank=1, world_size=2)
     assert list(select_objects(OneObject(), request).objects()) == []

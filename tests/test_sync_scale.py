@@ -93,12 +93,14 @@ from lading.sync import SyncRequest, plan_only
 
 class Generated:
     url = "mem://"
-    def list_rows(self, prefix=""):  # ImageNet-like keys, in key order, never held as a list
+    def list_pages(self, prefix=""):  # ImageNet-like keys, in key order, a folder at a time
         per = int(sys.argv[1]) // 200
         for f in range(200):
+            page = []
             for i in range(per):
                 info = ObjectInfo(f"train/n{f:08d}/n{f:08d}_{i:06d}.JPEG", 110_000 + i, f"etag-{f}-{i}")
-                yield (info.key, info.size, info.version, info.mtime, info.md5, info.crc32c)
+                page.append((info.key, info.size, info.version, info.mtime, info.md5, info.crc32c))
+            yield page
 
 with open(sys.argv[3], "w") as out:
     plan = plan_only(Generated(), SyncRequest("mem://", Path(sys.argv[2])))
@@ -295,6 +297,42 @@ def test_the_lines_a_resync_expects_are_the_index_lines(tmp_path):
     (src / "d000" / 'q"uo\te é.jpg').write_bytes(b"xyz")
     store = LocalStore(src)
     run_sync(store, SyncRequest(str(src), dest))
-    rows = list(store.list_rows())
+    rows = [row for page in store.list_pages() for row in page]
     stats = [os.lstat(dest / row[0]) for row in rows]
     assert row_lines(rows, stats) == (dest / STATE_NAME).read_text().splitlines(keepends=True)[1:]
+
+
+def test_a_local_listing_comes_a_folder_at_a_time_in_key_order(tmp_path):
+    """The planner checks a page at a time: a local listing's pages are the runs of one
+    folder's files between its subfolders, in key order ("a-b" < "a/..." < "a0")."""
+    for key in ("b", "a0", "a-b", "a/y/z", "a/x", "a/w"):
+        (tmp_path / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / key).write_bytes(b"")
+    pages = [[row[0] for row in page] for page in LocalStore(tmp_path).list_pages()]
+    assert pages == [["a-b"], ["a/w", "a/x"], ["a/y/z"], ["a0", "b"]]
+
+
+@pytest.mark.parametrize("per_page", [1, 2, 3, 5, 100])
+def test_the_checks_of_a_page_are_the_checks_of_each_key(tmp_path, per_page):
+    """Keys checked a page at a time are refused or kept exactly as when checked one by one,
+    whichever page a clash's two keys fall in."""
+    from sync_fixtures import pages_of
+
+    class Paged(ListedStore):
+        def list_pages(self, prefix: str = ""):
+            return pages_of(self.objects, per_page)
+
+    clean = ["a", "a-1", "a.b/c", "b", "c/d", "c0", "d/e/f", "d/e0"]
+    objects = [ObjectInfo(key, 1, "v") for key in clean]
+    with select_objects(Paged(objects), SyncRequest("mem://", tmp_path)) as selection:
+        assert [info.key for info in selection.objects()] == clean
+    clashing = sorted([*clean, "a/x", "c0/y", "dir/", "e/../f"])  # two clashes, a marker, an unsafe key
+    with pytest.raises(UnsafeKey) as caught:
+        select_objects(Paged([ObjectInfo(key, 0, "v") for key in clashing]), SyncRequest("mem://", tmp_path))
+    assert caught.value.message.startswith("3 unsafe key(s)")
+    for part in (
+        "'e/../f'",
+        "'a' is a file and also the directory of 'a/x'",
+        "'c0' is a file and also the directory of 'c0/y'",
+    ):
+        assert part in caught.value.message

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Callable, ClassVar, Iterator, Protocol, Sequence
 
@@ -35,6 +36,10 @@ Outcomes = list["memoryview | BaseException"]
 
 #: An ObjectInfo's fields in order: ``(key, size, version, mtime, md5, crc32c)``.
 Row = tuple[str, int, str, float, "str | None", "str | None"]
+#: A page of :meth:`Store.list_pages`: rows in key order (named out here, as :data:`Views`).
+Page = list[Row]
+#: The most rows in a page of :meth:`Store.list_pages`.
+PAGE_ROWS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,12 +115,14 @@ class Store(ABC):
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Yield objects under ``prefix`` page by page, in ascending key order."""
 
-    def list_rows(self, prefix: str = "") -> Iterator[Row]:
-        """:meth:`list` as rows of ObjectInfo's fields in order, for a caller that keeps rows
-        (sync's planner): a store listing many small entries yields them without making an
-        :class:`ObjectInfo` each."""
-        for info in self.list(prefix):
-            yield (info.key, info.size, info.version, info.mtime, info.md5, info.crc32c)
+    def list_pages(self, prefix: str = "") -> Iterator[Page]:
+        """:meth:`list` as rows of ObjectInfo's fields in order, a page (a list of at most
+        :data:`PAGE_ROWS` rows) at a time, for a caller that keeps rows and checks them a page at
+        a time (sync's planner). A store listing many small entries (the local one) overrides it
+        to make neither an :class:`ObjectInfo` nor a step of a generator per entry."""
+        rows = ((i.key, i.size, i.version, i.mtime, i.md5, i.crc32c) for i in self.list(prefix))
+        while page := list(islice(rows, PAGE_ROWS)):
+            yield page
 
     def prefetch_listing(self) -> None:
         """A hint that the whole root is listed next: a store may start that listing now, in the

@@ -16,7 +16,9 @@ import os
 import shutil
 import stat as stat_mode
 import uuid
+from bisect import bisect_left
 from concurrent.futures import Future, ThreadPoolExecutor
+from operator import itemgetter
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -28,6 +30,8 @@ from lading.stores.base import (
     ObjectInfo,
     Outcomes,
     OnPiece,
+    PAGE_ROWS,
+    Page,
     Row,
     ProgressCallback,
     RangeRequest,
@@ -51,13 +55,14 @@ def _version(st: os.stat_result) -> str:
 _SCAN_THREADS = 1
 _SCAN_AHEAD = 16
 
-#: A directory's entry in key order: ``(key, row, path)``; for a directory, ``row`` is None and
-#: ``key`` ends in ``/`` (the keys under it start so; a file's ``path`` is not kept).
-_Item = tuple[str, Row | None, str]
-_Items = list[_Item]
+#: A directory's subdirectory: ``(key + "/", path)``; ``key + "/"`` is where the keys under it
+#: start among the directory's files, in key order.
+_Dir = tuple[str, str]
+#: A directory read: its regular files' rows and its subdirectories, each in key order.
+_Scanned = tuple[list[Row], list[_Dir]]
 
 
-def _scan(directory: str, rel: str, prefix: str) -> _Items:
+def _scan(directory: str, rel: str, prefix: str) -> _Scanned:
     """The entries of ``directory`` (keys under ``rel``) in key order: its regular files (and
     symlinks to them) stat'ed relative to the directory's descriptor (no path walk per file),
     its subdirectories that can hold keys under ``prefix``."""
@@ -65,9 +70,8 @@ def _scan(directory: str, rel: str, prefix: str) -> _Items:
         fd = os.open(directory, _DIRECTORY_FLAGS)
     except OSError as err:
         raise _translate(err, directory) from err
-    # Key order: "a/b" must sort as the string "a/b", not as a directory visited first; a
-    # directory's sort key ends in "/" (made unique so, the items sort on their first element).
-    found: _Items = []
+    rows: list[Row] = []
+    dirs: list[_Dir] = []
     try:
         with os.scandir(fd) as listing:
             for entry in listing:
@@ -79,7 +83,7 @@ def _scan(directory: str, rel: str, prefix: str) -> _Items:
                 key = rel + name
                 if is_dir:
                     if not prefix or prefix.startswith(key + "/") or key.startswith(prefix):
-                        found.append((key + "/", None, f"{directory}/{name}"))
+                        dirs.append((key + "/", f"{directory}/{name}"))
                     continue
                 if prefix and not key.startswith(prefix):
                     continue
@@ -90,13 +94,17 @@ def _scan(directory: str, rel: str, prefix: str) -> _Items:
                 if not stat_mode.S_ISREG(st.st_mode):  # (st followed the link, as isfile would: no second stat)
                     continue
                 size = st.st_size
-                found.append((key, (key, size, f"{st.st_mtime_ns}-{size}", st.st_mtime, None, None), ""))
+                rows.append((key, size, f"{st.st_mtime_ns}-{size}", st.st_mtime, None, None))
     except OSError as err:
         raise _translate(err, directory) from err
     finally:
         os.close(fd)
-    found.sort()
-    return found
+    rows.sort(key=_first)  # names are unique in a directory: the key alone orders
+    dirs.sort()
+    return rows, dirs
+
+
+_first = itemgetter(0)
 
 
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -109,6 +117,16 @@ def _translate(err: OSError, what: str) -> LadingError:
     if isinstance(err, PermissionError):
         return AccessDenied(f"permission denied: {what}")
     return TransientError(f"I/O error on {what}: {err.strerror or err}")
+
+
+def _pages(rows: list[Row], start: int, stop: int) -> Iterator[Page]:
+    """``rows[start:stop]`` as pages of at most :data:`PAGE_ROWS` (the whole list when it is one)."""
+    if start == 0 and stop == len(rows) <= PAGE_ROWS:
+        if rows:
+            yield rows
+        return
+    for first in range(start, stop, PAGE_ROWS):
+        yield rows[first : min(first + PAGE_ROWS, stop)]
 
 
 class LocalStore(Store):
@@ -126,11 +144,12 @@ class LocalStore(Store):
         return safe_join(self.root, key)
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Walk the tree in key order (:meth:`list_rows`)."""
-        return (ObjectInfo(*row) for row in self.list_rows(prefix))
+        """Walk the tree in key order (:meth:`list_pages`)."""
+        return (ObjectInfo(*row) for page in self.list_pages(prefix) for row in page)
 
-    def list_rows(self, prefix: str = "") -> Iterator[Row]:
+    def list_pages(self, prefix: str = "") -> Iterator[Page]:
         """Walk the tree in key order; symlinks to files count, directory links are not followed.
+        A page holds files of one directory (at most :data:`PAGE_ROWS`).
 
         Directories are read (``scandir`` and a ``stat`` per file) by a thread up to
         :data:`_SCAN_AHEAD` directories ahead of the one being yielded, so the system calls
@@ -143,19 +162,19 @@ class LocalStore(Store):
         with ThreadPoolExecutor(max_workers=_SCAN_THREADS, thread_name_prefix="lading-list") as pool:
             yield from self._walk(pool, _scan(str(self.root), "", prefix), prefix)
 
-    def _walk(self, pool: ThreadPoolExecutor, items: _Items, prefix: str) -> Iterator[Row]:
-        ahead: dict[int, Future[_Items]] = {}
-        directories = [index for index, item in enumerate(items) if item[1] is None]
-        submitted = 0
-        for index, (key, row, path) in enumerate(items):
-            if row is not None:
-                yield row
-                continue
-            while submitted < len(directories) and len(ahead) < _SCAN_AHEAD:
-                target = directories[submitted]
-                ahead[target] = pool.submit(_scan, items[target][2], items[target][0], prefix)
+    def _walk(self, pool: ThreadPoolExecutor, scanned: _Scanned, prefix: str) -> Iterator[Page]:
+        rows, dirs = scanned
+        ahead: dict[int, Future[_Scanned]] = {}
+        submitted = done = 0  # files before ``done`` were yielded
+        for index, (start, _) in enumerate(dirs):
+            while submitted < len(dirs) and len(ahead) < _SCAN_AHEAD:
+                ahead[submitted] = pool.submit(_scan, dirs[submitted][1], dirs[submitted][0], prefix)
                 submitted += 1
+            cut = bisect_left(rows, start, done, key=_first)  # the files that sort before the directory's keys
+            yield from _pages(rows, done, cut)
+            done = cut
             yield from self._walk(pool, ahead.pop(index).result(), prefix)
+        yield from _pages(rows, done, len(rows))
 
     def stat(self, key: str) -> ObjectInfo:
         """Metadata of one file."""

@@ -31,8 +31,9 @@ from array import array
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from json.encoder import encode_basestring_ascii
+from operator import attrgetter, itemgetter, lt
 from pathlib import Path
 from typing import IO, Iterable, Iterator, cast
 
@@ -41,7 +42,7 @@ from lading.core.keys import is_safe_key, key_parts
 from lading.selection.manifest import Manifest, keys_under, share_records
 from lading.selection.runs import SortedRuns
 from lading.selection.sharding import BALANCES, DISTRIBUTIONS, owners_by_bytes, select_for_rank
-from lading.stores.base import ObjectInfo, Row, Store
+from lading.stores.base import PAGE_ROWS, ObjectInfo, Page, Store
 from lading.sync.state import RESERVED_NAMES, Entry, SyncState, parse_line, row_lines
 
 log = logging.getLogger(__name__)
@@ -244,11 +245,11 @@ def matches_filters(key: str, include: Iterable[str], exclude: Iterable[str]) ->
     return not any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude)
 
 
-def source_rows(store: Store, manifest: Manifest | None, source: str, workers: int = 32) -> Iterator[Row]:
-    """The store's listing as rows of ObjectInfo's fields, or (with a manifest) one ``stat``
-    per key, done in parallel."""
+def source_pages(store: Store, manifest: Manifest | None, source: str, workers: int = 32) -> Iterator[Page]:
+    """The store's listing as pages of rows of ObjectInfo's fields (:meth:`Store.list_pages`),
+    or (with a manifest) one ``stat`` per key, done in parallel, a page at a time."""
     if manifest is None:
-        yield from store.list_rows()
+        yield from store.list_pages()
         return
     keys = keys_under(manifest, source)
     refusals = _Refusals()
@@ -261,8 +262,9 @@ def source_rows(store: Store, manifest: Manifest | None, source: str, workers: i
             clashes.see(key)
         _refuse(refusals, source)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(keys) or 1))) as pool:
-        for i in pool.map(store.stat, keys):
-            yield (i.key, i.size, i.version, i.mtime, i.md5, i.crc32c)
+        rows = ((i.key, i.size, i.version, i.mtime, i.md5, i.crc32c) for i in pool.map(store.stat, keys))
+        while page := list(islice(rows, PAGE_ROWS)):
+            yield page
 
 
 def unsafe_reason(key: str, raise_it: bool = False) -> str | None:
@@ -289,7 +291,8 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
     kept = SortedRuns()
     try:
         found = _Filtered(_Refusals(), sizes=array("q") if _wants_sizes(request) else None)  # 8 bytes an object
-        kept.extend(_filtered(store, request, workers, found))
+        for page in _filtered(store, request, workers, found):
+            kept.extend(page)
         kept.finish()
         sizes = found.sizes
         if not found.ascending:  # the clashes and sizes need the keys in order: read the runs
@@ -323,12 +326,11 @@ def plan_listing(
         with select_objects(store, request, workers) as selection:
             return plan_sync(selection, request, state, workers, list_current)
     found = _Filtered(_Refusals())
-    rows = _filtered(store, request, workers, found, ordered=True)
+    pages = _filtered(store, request, workers, found, ordered=True)
     if request.distribution == "sharded" and request.world_size > 1:
-        rank, world = request.rank, request.world_size
-        rows = (row for index, row in enumerate(rows) if index % world == rank)
+        pages = _every(pages, request.rank, request.world_size)
     try:
-        plan = _plan_rows(rows, request, state, list_current)
+        plan = _plan_rows(pages, request, state, list_current)
     except _Unordered:
         log.debug("%s: listed out of key order; planning in two passes", request.source)
         with select_objects(store, request, workers) as selection:
@@ -381,23 +383,78 @@ def _wants_sizes(request: SyncRequest) -> bool:
 
 def _filtered(
     store: Store, request: SyncRequest, workers: int, found: _Filtered, ordered: bool = False
-) -> Iterator[tuple]:
-    """Listing -> filters -> the kept rows (ObjectInfo fields), counted in ``found``, with the
-    clash check and the sizes while the keys come in ascending order. ``ordered``: a key out of
-    order raises :class:`_Unordered` (for a caller that needs the rows in order as they come)."""
-    include, exclude = request.include, request.exclude
-    clash_refusals = _Refusals()
-    clashes = _Clashes(clash_refusals)
-    last = ""
-    listed = markers = kept = total = 0
-    ascending = True
-    sizes = found.sizes
-    try:
-        for row in source_rows(store, request.manifest, request.source, workers):
-            listed += 1
+) -> Iterator[Page]:
+    """Listing -> filters -> the kept rows (ObjectInfo fields), a page at a time, counted in
+    ``found``, with the clash check and the sizes while the keys come in ascending order.
+    ``ordered``: a key out of order raises :class:`_Unordered` (for a caller that needs the rows
+    in order as they come)."""
+    pages = _PageFilter(request, found, ordered)
+    for page in source_pages(store, request.manifest, request.source, workers):
+        kept = pages.take(page)
+        if kept:
+            yield kept
+    pages.finish()
+
+
+#: Substrings of the keys of a page joined by ``/`` (and wrapped in ``/``) that show a key
+#: :func:`_plain_keys` can't vouch for: ``//`` an empty key or segment, a leading or trailing
+#: ``/`` (so a directory marker); ``/./`` and ``/../`` a dot segment; what :func:`is_safe_key`
+#: refuses besides; a segment starting as a reserved name does.
+_NOT_PLAIN = ("//", "/./", "/../", "\\", "\x00", "/" + _RESERVED_START)
+
+
+def _plain_keys(keys: list[str]) -> bool:
+    """True when every key is safe (:func:`unsafe_reason` is None) and no directory marker,
+    tested on the keys joined by ``/``, without a Python step per key. False is not a verdict:
+    the keys are then checked one by one."""
+    joined = "/" + "/".join(keys) + "/"
+    return not any(bad in joined for bad in _NOT_PLAIN)
+
+
+class _PageFilter:
+    """The pass of :func:`_filtered` over the listing, a page at a time. A page of plain keys
+    (:func:`_plain_keys`) in ascending order is checked with a few operations over the whole page
+    (in C: joins, substring searches, :func:`map`); any other page key by key, with the same
+    outcome."""
+
+    def __init__(self, request: SyncRequest, found: _Filtered, ordered: bool) -> None:
+        self.include, self.exclude = request.include, request.exclude
+        self.found = found
+        self.ordered = ordered
+        self.clash_refusals = _Refusals()
+        self.clashes = _Clashes(self.clash_refusals)
+        self.last = ""
+        self.ascending = True
+
+    def take(self, page: Page) -> Page:
+        """The rows of ``page`` to keep, counted in ``found``."""
+        found = self.found
+        found.listed += len(page)
+        if not _plain_keys(list(map(_first, page))):
+            return self._take_each(page)
+        if self.include or self.exclude:
+            page = [row for row in page if matches_filters(row[0], self.include, self.exclude)]
+            if not page:
+                return page
+        keys = list(map(_first, page))
+        if not (self.ascending and keys[0] > self.last and all(map(lt, keys, islice(keys, 1, None)))):
+            return self._take_each(page)  # (filtering again keeps the same rows)
+        self.clashes.see_sorted(keys)
+        if found.sizes is not None:
+            found.sizes.extend(map(_size, page))
+        self.last = keys[-1]
+        found.kept += len(page)
+        found.total_bytes += sum(map(_size, page))
+        return page
+
+    def _take_each(self, page: Page) -> Page:
+        """:meth:`take`, key by key."""
+        found, include, exclude = self.found, self.include, self.exclude
+        kept: Page = []
+        for row in page:
             key, size = row[0], row[1]
             if key.endswith("/") and size == 0:
-                markers += 1  # a "folder" created by a console: nothing to write
+                found.markers += 1  # a "folder" created by a console: nothing to write
                 continue
             if (include or exclude) and not matches_filters(key, include, exclude):
                 continue
@@ -405,25 +462,43 @@ def _filtered(
             if reason is not None:
                 found.unsafe.add(found.unsafe.unsafe, reason)
                 continue
-            if ascending:
-                if key > last:
-                    clashes.see(key)
-                    if sizes is not None:
-                        sizes.append(size)
-                    last = key
-                elif ordered:
+            if self.ascending:
+                if key > self.last:
+                    self.clashes.see(key)
+                    if found.sizes is not None:
+                        found.sizes.append(size)
+                    self.last = key
+                elif self.ordered:
                     raise _Unordered(key)
                 else:
-                    ascending = False
-            kept += 1
-            total += size
-            yield row
-    finally:
-        found.listed, found.markers, found.kept, found.total_bytes = listed, markers, kept, total
-    if ascending:  # else the pass over the runs finds them
-        found.unsafe.clashes.extend(clash_refusals.clashes)
-        found.unsafe.total += clash_refusals.total
-    found.ascending = ascending
+                    self.ascending = False
+            found.kept += 1
+            found.total_bytes += size
+            kept.append(row)
+        return kept
+
+    def finish(self) -> None:
+        """The listing is read: hand over the clashes, if the keys came in order (else the pass
+        over the runs finds them)."""
+        if self.ascending:
+            self.found.unsafe.clashes.extend(self.clash_refusals.clashes)
+            self.found.unsafe.total += self.clash_refusals.total
+        self.found.ascending = self.ascending
+
+
+def _every(pages: Iterable[Page], rank: int, world: int) -> Iterator[Page]:
+    """The rows whose index in the stream is ``rank`` modulo ``world``, a page at a time."""
+    offset = 0
+    for page in pages:
+        mine = page[(rank - offset) % world :: world]
+        offset += len(page)
+        if mine:
+            yield mine
+
+
+_first = itemgetter(0)
+_size = itemgetter(1)
+_mode = attrgetter("st_mode")
 
 
 def _check(found: _Filtered, request: SyncRequest) -> None:
@@ -468,6 +543,24 @@ class _Clashes:
                     self.refusals.clashes, f"key {file_key!r} is a file and also the directory of {key!r}"
                 )
         open_files.append(key)
+
+    def see_sorted(self, keys: list[str]) -> None:
+        """The next keys, in ascending order: :meth:`see` of each, without a Python step per key
+        when no key starts with the one before it. Then no key of them is the directory of a
+        later one, nor can be, but the last: the keys under a key ``f`` sort in ``[f + "/", f +
+        "0")``, so the key that follows ``f`` starts with ``f`` if any key is under it. The keys
+        held before that the last of them has sorted past (no later key can be under them) are
+        let go first."""
+        open_files = self.open_files
+        if len(open_files) > 1:
+            newest = open_files[-1]
+            open_files[:] = [held for held in open_files if newest < held + "0"]
+        following = keys if open_files else keys[1:]
+        if len(open_files) <= 1 and not any(map(str.startswith, following, open_files + keys[:-1])):
+            open_files[:] = keys[-1:]
+            return
+        for key in keys:
+            self.see(key)
 
 
 def _shard(kept: SortedRuns, request: SyncRequest, sizes: array | None) -> SortedRuns:
@@ -573,43 +666,71 @@ def _stat_folder(root: str, folder: str, names: list[str]) -> list[os.stat_resul
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def _folder_tasks(pool: ThreadPoolExecutor, root: str, batch: list[tuple]) -> list[Future[list[os.stat_result | None]]]:
-    """One stat task per run of rows in the same folder (keys passed key_parts: plain relative paths)."""
+def _folder_tasks(pool: ThreadPoolExecutor, root: str, page: Page) -> list[Future[list[os.stat_result | None]]]:
+    """One stat task per run of rows in the same folder (keys passed key_parts: plain relative
+    paths, in key order). A page of one folder (a local listing's are) is seen so without a
+    Python step per row: its first and last keys are in that folder (so all between are) and
+    the names past it have no ``/``."""
+    first = page[0][0]
+    folder = first.rpartition("/")[0]
+    cut = len(folder) + 1 if folder else 0
+    if page[-1][0].startswith(first[:cut]):
+        names = [row[0][cut:] for row in page]
+        if "/" not in "".join(names):
+            return [pool.submit(_stat_folder, root, folder, names)]
     tasks = []
-    folder: str | None = None
-    names: list[str] = []
-    for row in batch:
+    current: str | None = None
+    names = []
+    for row in page:
         parent, _, name = row[0].rpartition("/")
-        if parent != folder:
+        if parent != current:
             if names:
-                tasks.append(pool.submit(_stat_folder, root, folder or "", names))
-            folder, names = parent, []
+                tasks.append(pool.submit(_stat_folder, root, current or "", names))
+            current, names = parent, []
         names.append(name)
     if names:
-        tasks.append(pool.submit(_stat_folder, root, folder or "", names))
+        tasks.append(pool.submit(_stat_folder, root, current or "", names))
     return tasks
 
 
-def _stat_windows(rows: Iterable[tuple], root: str) -> Iterator[tuple[list[tuple], list[os.stat_result | None]]]:
-    """The selection rows (ObjectInfo fields) a window of :data:`_STAT_WINDOW` at a time, each
-    with the ``lstat`` of its file under ``root`` (None: no file), in order. The files of the
-    next windows are stat'ed a folder per task by :data:`_STAT_THREADS` threads while this one is
-    compared."""
-    rows = iter(rows)
+def _windows(pages: Iterable[Page]) -> Iterator[list[Page]]:
+    """The pages in windows of at most :data:`_STAT_WINDOW` rows: whole pages together, a
+    larger page cut."""
+    window: list[Page] = []
+    held = 0
+    for page in pages:
+        for start in range(0, len(page), _STAT_WINDOW):
+            piece = page if len(page) <= _STAT_WINDOW else page[start : start + _STAT_WINDOW]
+            if window and held + len(piece) > _STAT_WINDOW:
+                yield window
+                window, held = [], 0
+            window.append(piece)
+            held += len(piece)
+    if window:
+        yield window
+
+
+def _stat_windows(pages: Iterable[Page], root: str) -> Iterator[tuple[Page, list[os.stat_result | None]]]:
+    """The selection rows (ObjectInfo fields) a window of at most :data:`_STAT_WINDOW` at a
+    time, each with the ``lstat`` of its file under ``root`` (None: no file), in order. The
+    files of the next windows are stat'ed a folder per task by :data:`_STAT_THREADS` threads
+    while this one is compared."""
+    windows = _windows(pages)
     with ThreadPoolExecutor(max_workers=_STAT_THREADS, thread_name_prefix="lading-plan-stat") as pool:
-        ahead: deque[tuple[list[tuple], list[Future[list[os.stat_result | None]]]]] = deque()
+        ahead: deque[tuple[list[Page], list[Future[list[os.stat_result | None]]]]] = deque()
         more = True
         while more or ahead:
             while more and len(ahead) < _STAT_AHEAD:
-                batch = list(islice(rows, _STAT_WINDOW))
-                if not batch:
+                window = next(windows, None)
+                if window is None:
                     more = False
                     break
-                ahead.append((batch, _folder_tasks(pool, root, batch)))
+                ahead.append((window, [task for page in window for task in _folder_tasks(pool, root, page)]))
             if not ahead:
                 return
-            batch, tasks = ahead.popleft()
-            yield batch, [st for task in tasks for st in task.result()]
+            window, tasks = ahead.popleft()
+            batch = window[0] if len(window) == 1 else list(chain.from_iterable(window))
+            yield batch, tasks[0].result() if len(tasks) == 1 else list(chain.from_iterable(t.result() for t in tasks))
 
 
 def plan_sync(
@@ -619,9 +740,16 @@ def plan_sync(
     nothing in DEST. ``list_current=False`` only counts the files already up to date (a sync
     needs their number, ``--dry-run --json`` their keys). (``workers`` is kept for callers; the
     stats run in :data:`_STAT_THREADS` threads.)"""
-    plan = _plan_rows(selection.runs, request, state, list_current)
+    plan = _plan_rows(_pages_of(selection.runs), request, state, list_current)
     plan.listed, plan.matched = selection.listed, selection.matched
     return plan
+
+
+def _pages_of(rows: Iterable[tuple]) -> Iterator[Page]:
+    """Rows in pages of at most :data:`PAGE_ROWS`."""
+    rows = iter(rows)
+    while page := list(islice(rows, PAGE_ROWS)):
+        yield page
 
 
 class _Lines:
@@ -642,12 +770,25 @@ class _Lines:
     def put_back(self, lines: list[str]) -> None:
         self._back.extendleft(reversed(lines))
 
+    def entry_after(self, last: str | None, root: str, warn: bool = True) -> Entry | None:
+        """The next entry whose key sorts after ``last`` (None: no more lines). Lines malformed
+        or out of key order are dropped, those out of order with a warning if ``warn``."""
+        while (line := self.next()) is not None:
+            entry = parse_line(line)
+            if entry is None:
+                continue
+            if last is None or entry.key > last:
+                return entry
+            if warn:
+                log.warning("%s: dropping row %r out of key order", root, entry.key)
+        return None
+
 
 def _compare(
-    rows: Iterable[tuple], lines: Iterator[str], plan: SyncPlan, delete: bool, root: str, list_current: bool
+    pages: Iterable[Page], lines: Iterator[str], plan: SyncPlan, delete: bool, root: str, list_current: bool
 ) -> None:
-    """Walk this rank's rows beside DEST's index lines (:meth:`SyncState.lines`), both in key
-    order, filling ``plan``. A window of rows whose next index lines are exactly those a fetch of
+    """Walk this rank's rows (in pages) beside DEST's index lines (:meth:`SyncState.lines`),
+    both in key order, filling ``plan``. A window of rows whose next index lines are exactly those a fetch of
     them would record now (same keys, sizes, versions, local mtimes and sizes: :func:`row_lines`)
     is up to date as a whole, without parsing a line; otherwise each row is compared on its own:
     lines are parsed, and those malformed or out of key order dropped."""
@@ -655,14 +796,14 @@ def _compare(
     entry: Entry | None = None  # a line parsed and not yet taken
     last: str | None = None  # the last index key taken: a line at or below it is out of order
     current = up_to_date_bytes = 0
-    for batch, stats in _stat_windows(rows, root):
+    for batch, stats in _stat_windows(pages, root):
         if entry is None and None not in stats:
             found = cast(list[os.stat_result], stats)
             expected = row_lines(batch, found)
             got = index.take(len(expected))
-            if got == expected and all(stat_mode.S_ISREG(st.st_mode) for st in found):
+            if got == expected and all(map(stat_mode.S_ISREG, map(_mode, found))):
                 current += len(batch)
-                up_to_date_bytes += sum(row[1] for row in batch)
+                up_to_date_bytes += sum(map(_size, batch))
                 if list_current:
                     plan.current.extend((row[0],) for row in batch)
                 last = batch[-1][0]
@@ -673,15 +814,9 @@ def _compare(
             mine = None
             while True:
                 if entry is None:
-                    line = index.next()
-                    if line is None:
+                    entry = index.entry_after(last, root)
+                    if entry is None:
                         break
-                    entry = parse_line(line)
-                    if entry is None or (last is not None and entry.key <= last):
-                        if entry is not None:
-                            log.warning("%s: dropping row %r out of key order", root, entry.key)
-                        entry = None
-                        continue
                 if entry.key > key:
                     break
                 if entry.key == key:
@@ -698,22 +833,19 @@ def _compare(
             else:
                 plan.fetching.add(row + (reason,))
                 plan.fetch_bytes += row[1]
-    while delete:
+    while delete:  # the entries past the last row: tracked, no longer selected
         if entry is None:
-            line = index.next()
-            if line is None:
+            entry = index.entry_after(last, root, warn=False)
+            if entry is None:
                 break
-            entry = parse_line(line)
-        if entry is not None and (last is None or entry.key > last):
-            if is_safe_key(entry.key):
-                plan.deleting.add((entry.key,))
-            last = entry.key
-        entry = None
+        if is_safe_key(entry.key):
+            plan.deleting.add((entry.key,))
+        last, entry = entry.key, None
     plan.counted_current, plan.up_to_date_bytes = current, up_to_date_bytes
 
 
-def _plan_rows(rows: Iterable[tuple], request: SyncRequest, state: SyncState, list_current: bool) -> SyncPlan:
-    """The plan of ``rows`` (this rank's objects as ObjectInfo fields, in key order).
+def _plan_rows(pages: Iterable[Page], request: SyncRequest, state: SyncState, list_current: bool) -> SyncPlan:
+    """The plan of ``pages`` (this rank's objects as ObjectInfo fields, in key order).
 
     The index's rows are read unchecked: a row is used only when its key equals a selected key
     (checked by the selection) or, for ``--delete``, after its own key check."""
@@ -727,7 +859,7 @@ def _plan_rows(rows: Iterable[tuple], request: SyncRequest, state: SyncState, li
         request.balance,
     )
     try:
-        _compare(rows, state.lines(), plan, request.delete, root, list_current)
+        _compare(pages, state.lines(), plan, request.delete, root, list_current)
         for runs in (plan.fetching, plan.current, plan.deleting):
             runs.finish()
     except BaseException:
