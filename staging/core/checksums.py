@@ -12,18 +12,29 @@ import base64
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 _CHUNK = 1 << 20
 _POLY = 0x82F63B78  # the Castagnoli polynomial, bit-reversed (x^0 is the top bit)
 
 
+#: A view at least this long is hashed in place (:func:`_in_place`) rather than copied to bytes.
+IN_PLACE = 256 << 10
+
+
 def crc32c_extend(crc: int, data: bytes | memoryview) -> int:
     """``crc`` (0 for no bytes yet) extended over ``data``."""
     # The C extension takes bytes only, not a memoryview (not even a read-only one): a view of a
-    # whole bytes object is hashed through that object, anything else is copied.
+    # whole bytes object is hashed through that object, a long one in place, anything else is copied.
     if isinstance(data, memoryview):
         whole = data.obj
-        data = whole if isinstance(whole, bytes) and len(whole) == data.nbytes else bytes(data)
+        if isinstance(whole, bytes) and len(whole) == data.nbytes:
+            data = whole
+        else:
+            extended = _in_place(crc, data) if data.nbytes >= IN_PLACE else None
+            if extended is not None:
+                return extended
+            data = bytes(data)
     return int(_google_crc32c().extend(crc, data))
 
 
@@ -34,6 +45,37 @@ def _google_crc32c() -> ModuleType:
     import google_crc32c
 
     return google_crc32c
+
+
+def _in_place(crc: int, view: memoryview) -> int | None:
+    """``crc`` extended over ``view`` without copying it: the ``crc32c_extend`` of the libcrc32c
+    that google-crc32c's C extension links, called through ctypes on the view's address (the GIL
+    released meanwhile). Copying a download's 8 MiB part buffers to bytes cost more CPU than the
+    CRC itself (bench/RESULTS.md, 2026-11-27 session 9). None where the function is not reachable
+    (a pure-Python google-crc32c, a static build): the caller copies."""
+    extend = _find_extend()
+    if extend is None or not view.c_contiguous:
+        return None
+    import numpy
+
+    array = numpy.frombuffer(view, numpy.uint8)  # holds the buffer for the call
+    return int(extend(crc, array.__array_interface__["data"][0], array.nbytes))
+
+
+@cache
+def _find_extend() -> Any:
+    """libcrc32c's ``crc32c_extend`` (resolved through the extension module that links it), or None."""
+    try:
+        import ctypes
+
+        from google_crc32c import _crc32c
+
+        extend = ctypes.CDLL(_crc32c.__file__).crc32c_extend
+        extend.restype = ctypes.c_uint32
+        extend.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
+    except (ImportError, OSError, AttributeError):
+        return None
+    return extend
 
 
 def crc32c_text(crc: int) -> str:
