@@ -309,6 +309,78 @@ def stream_child(job: dict) -> None:
             time.sleep(0.005)
 
 
+class SpliceProxy:
+    """Relays TCP connections to ``upstream`` and counts the bytes sent back to the clients, as
+    bench_locality's CountingProxy does, but with ``os.splice`` through a pipe on two threads per
+    connection: the bytes never enter Python. CountingProxy's asyncio relay costs 1.6-1.9 CPU-s
+    per GB relayed on one Python thread (bench/RESULTS.md, 2026-11-27 session 9), about as much
+    as a tool's own CPU per epoch, on the same 2 cores as the tools."""
+
+    PIECE = 1 << 20
+
+    def __init__(self, upstream: tuple[str, int], listeners: int) -> None:
+        import socket
+
+        self.upstream = upstream
+        self.counts = [0] * listeners
+        self.ports: list[int] = []
+        self._lock = threading.Lock()
+        for index in range(listeners):
+            server = socket.create_server(("127.0.0.1", 0))
+            self.ports.append(server.getsockname()[1])
+            threading.Thread(target=self._accept, args=(server, index), daemon=True).start()
+
+    def _accept(self, server, index: int) -> None:
+        import socket
+
+        while True:
+            client, _ = server.accept()
+            try:
+                up = socket.create_connection(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            for sock in (client, up):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            open_ends = [2]  # the last direction to end closes both sockets
+            threading.Thread(target=self._pipe, args=(client, up, None, open_ends), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(up, client, index, open_ends), daemon=True).start()
+
+    def _pipe(self, src, dst, index: int | None, open_ends: list[int]) -> None:
+        import socket
+
+        read_end, write_end = os.pipe()
+        try:
+            while True:
+                moved = os.splice(src.fileno(), write_end, self.PIECE)
+                if not moved:
+                    break
+                if index is not None:
+                    with self._lock:
+                        self.counts[index] += moved
+                while moved:
+                    moved -= os.splice(read_end, dst.fileno(), moved)
+        except OSError:
+            pass
+        finally:
+            os.close(read_end)
+            os.close(write_end)
+            for sock in (dst, src):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            with self._lock:
+                open_ends[0] -= 1
+                last = not open_ends[0]
+            if last:
+                dst.close()
+                src.close()
+
+    def url(self, index: int) -> str:
+        return f"http://127.0.0.1:{self.ports[index]}"
+
+
 def folder_bytes(path: Path) -> int:
     total = 0
     for folder, _dirs, names in os.walk(path):
@@ -493,7 +565,7 @@ def stream_main(args: argparse.Namespace) -> None:
     client = s3_client(args.endpoint)
     client.create_bucket(Bucket=bucket)
     host, _, port = args.endpoint.rpartition("//")[2].partition(":")
-    proxy = CountingProxy((host, int(port or 80)), 1)
+    proxy = (SpliceProxy if args.proxy == "splice" else CountingProxy)((host, int(port or 80)), 1)
     rows: list[dict] = []
     try:
         for tool in args.tools.split(","):
@@ -831,6 +903,13 @@ def main() -> None:
         "cache slots when max_cache_size holds 10 chunks)",
     )
     stream.add_argument("--profile", type=Path, default=None, help="py-spy each tool's epochs into DIR/TOOL.txt")
+    stream.add_argument(
+        "--proxy",
+        choices=("splice", "asyncio"),
+        default="splice",
+        help="the byte-counting relay: os.splice on threads (default), or bench_locality's asyncio CountingProxy "
+        "(sessions 5-8; 1.6-1.9 CPU-s per GB relayed)",
+    )
     stream.add_argument("--lock", default=None, help="take this flock for each tool's copy and epochs")
     stream.add_argument("--bucket-prefix", default="bench-loader-streaming", help="the run's bucket is PREFIX-<random>")
     stream.add_argument("--out", type=Path)
