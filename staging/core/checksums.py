@@ -9,6 +9,7 @@ parts arrive interleaved is checked without reading the file back.
 from __future__ import annotations
 
 import base64
+import logging
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -73,7 +74,8 @@ def _find_extend() -> Any:
         extend = ctypes.CDLL(_crc32c.__file__).crc32c_extend
         extend.restype = ctypes.c_uint32
         extend.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t]
-    except (ImportError, OSError, AttributeError):
+    except (ImportError, OSError, AttributeError) as error:
+        logging.getLogger("lading").info("CRC32C: hashing long buffers through a copy (%s)", error)
         return None
     return extend
 
