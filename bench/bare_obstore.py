@@ -10,8 +10,12 @@ copy: 64 concurrent ``get_async`` + ``bytes_async``, each body written to its fi
 under PREFIX; directories made first). copy-verified adds sync's per-file guarantees in their
 barest form: the body's MD5 compared with its single-part ETag, written to a temporary name and
 renamed over the final one.
-big: parts of 16 MiB, 16 at a time, each collected with ``bytes_async`` and written with ``pwrite``
-in slices of 256 KiB into a preallocated file (the recipe the hot-path note measured).
+big: parts of 8 MiB, 8 at a time, each one ``get_range_async`` (collected whole, unpinned: one hop
+fewer than a pinned ``get_async``) written with ``pwrite`` in slices of 256 KiB into a preallocated
+file, with the CLI's allocator settings (one arena, part buffers below the mmap threshold): the
+cheapest recipe of the variants measured in bench/RESULTS.md (session 9). Until session 9 it took
+16 MiB parts, 16 at a time, without those settings: every part buffer was a fresh mapping
+(130,000-150,000 page faults and about 1 CPU-s more per GiB), slower than lading itself.
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ import obstore
 from obstore.store import S3Store
 
 CONCURRENCY = 64
-PART = 16 << 20
-PARTS_AT_ONCE = 16
+PART = 8 << 20
+PARTS_AT_ONCE = 8
 SLICE = 256 << 10
 
 
@@ -91,8 +95,20 @@ async def big(store: S3Store, key: str, dest: str) -> None:
         os.close(fd)
 
 
+def _allocator_as_the_cli() -> None:
+    """glibc settings as lading's CLI makes them (lading.cli.main): part buffers reused from one heap."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.mallopt(-3, 16 << 20)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 128 << 20)  # M_TRIM_THRESHOLD
+    libc.mallopt(-8, 1)  # M_ARENA_MAX
+
+
 def main() -> None:
     mode, endpoint, bucket, name, dest = sys.argv[1:6]
+    if mode == "big":
+        _allocator_as_the_cli()
     store = _store(endpoint, bucket)
     asyncio.run(big(store, name, dest) if mode == "big" else copy(store, name, dest, mode == "copy-verified"))
 
