@@ -182,6 +182,10 @@ class ListingMixin:
         errors. A store that lists through its SDK (GCS) does not start one."""
         if type(self).list is not ListingMixin.list or not use_obstore() or self.__dict__.get("_prefetch"):
             return
+        try:  # built here: the build holds the GIL throughout, so on the thread it would only slow the caller
+            self._translated(self._where(), lambda store: store)
+        except Exception:  # the listing proper builds it again and reports the error
+            return
         self._prefetch = _FirstPage(lambda: self._open_first_page(""))
 
     def _open_first_page(self, prefix: str) -> tuple[Iterator[Page], Page | None]:
