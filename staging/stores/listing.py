@@ -154,7 +154,7 @@ class ListingMixin:
         where = self._where(prefix)
         attempts = Attempts(self.config.retry)
         first = resume_after()
-        started = self._started_listing(prefix, first)
+        started = self._started_listing(prefix, first, attempts)
         if started is not None:
             pages = started
         else:
@@ -179,7 +179,7 @@ class ListingMixin:
         page runs while the caller still has work to do (``lading sync`` imports the code that
         plans and fetches meanwhile), and the next ``list()`` of the whole root takes it over.
         If the early start failed, that ``list()`` starts afresh, with its usual retries and
-        errors. A store that lists through its SDK (GCS) does not start one."""
+        errors; a transient failure counts as its first attempt. A store that lists through its SDK (GCS) does not start one."""
         if type(self).list is not ListingMixin.list or not use_obstore() or self.__dict__.get("_prefetch"):
             return
         try:  # built here: the build holds the GIL throughout, so on the thread it would only slow the caller
@@ -193,13 +193,16 @@ class ListingMixin:
         pages = self._translated(where, lambda store: self._open_listing(store, prefix, None))
         return pages, self._translated(where, lambda _store: next(pages, None))
 
-    def _started_listing(self, prefix: str, after: str | None) -> Iterator[Page] | None:
+    def _started_listing(self, prefix: str, after: str | None, attempts: Attempts) -> Iterator[Page] | None:
         """The listing :meth:`prefetch_listing` started, if it fits (the whole root, from its
-        first key) and succeeded; it is taken once."""
+        first key) and succeeded; it is taken once. A transient failure of it is the listing's
+        first failed attempt (a silent endpoint is not tried once more than the policy says)."""
         prefetch: _FirstPage | None = self.__dict__.pop("_prefetch", None)
         if prefetch is None or prefix or after is not None:
             return None
         started = prefetch.result()
+        if isinstance(prefetch.error, TransientError):
+            time.sleep(attempts.failed(prefetch.error))
         if started is None:
             return None
         pages, page = started
@@ -323,6 +326,7 @@ class _FirstPage:
     def __init__(self, start: Callable[[], tuple[Iterator[Page], Page | None]]) -> None:
         self._start = start
         self._outcome: tuple[Iterator[Page], Page | None] | None = None
+        self.error: Exception | None = None  # why it failed
         self._thread = threading.Thread(target=self._run, name="lading-list", daemon=True)
         self._thread.start()
 
@@ -330,6 +334,7 @@ class _FirstPage:
         try:
             self._outcome = self._start()
         except Exception as err:  # the listing proper starts again and reports it
+            self.error = err
             log.debug("the listing started early failed (%s); starting it again", err)
 
     def result(self) -> tuple[Iterator[Page], Page | None] | None:
