@@ -4,7 +4,9 @@ Order: first ``--delete`` removals (only files lading tracks in the state record
 user or the training job put into DEST are never touched), then the fetches through
 :func:`lading.transfer.fetch_all` (or another fetcher with the same signature, e.g. the node
 cache's hard-linker), fed from the plan's sorted runs :data:`FETCH_BATCH` objects at a time,
-so memory stays bounded however many objects the plan holds. Each completed file is journaled
+so memory stays bounded however many objects the plan holds. Each object is read from the plan and
+its folders made as the fetcher asks for it (on the fetcher's thread), so the first GET waits for
+one object's preparation, not a batch's. Each completed file is journaled
 (:mod:`lading.sync.state`, in batches), so a sync killed mid-way resumes where it stopped. Nothing is written outside DEST: parent
 directories are created one level at a time and an existing symlink or file in their place
 fails that key.
@@ -17,15 +19,14 @@ import os
 import stat as stat_mode
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Protocol
+from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
 from lading.core.errors import LadingError, UnsafeKey
 from lading.core.keys import key_parts
 from lading.stores.base import ObjectInfo, Store
-from lading.sync.plan import SyncPlan
+from lading.sync.plan import PlannedFetch, SyncPlan
 from lading.sync.state import Entry, SyncState
 from lading.transfer import TransferItem, TransferOptions, TransferResult, fetch_all
 from lading.transfer.types import TransferEvents
@@ -39,8 +40,9 @@ FETCH_BATCH = 8192
 #: The plan's reasons to fetch that mean it found no file at the key's path (see ``_classify``).
 NO_FILE_REASONS = frozenset({"new", "missing"})
 
-#: ``fetcher(items, options, events) -> results``: how the bytes get there.
-Fetcher = Callable[[list[TransferItem], TransferOptions, TransferEvents], list[TransferResult]]
+#: ``fetcher(items, options, events) -> results``: how the bytes get there. ``items`` is an
+#: iterator that prepares each item as it is taken: take them one at a time, as work frees up.
+Fetcher = Callable[[Iterable[TransferItem], TransferOptions, TransferEvents], list[TransferResult]]
 
 
 class SyncEvents(Protocol):
@@ -136,7 +138,7 @@ class SyncSummary:
 def store_fetcher(store: Store) -> Fetcher:
     """The default fetcher: the transfer engine reading from ``store``."""
 
-    def fetch(items: list[TransferItem], options: TransferOptions, events: TransferEvents) -> list[TransferResult]:
+    def fetch(items: Iterable[TransferItem], options: TransferOptions, events: TransferEvents) -> list[TransferResult]:
         return fetch_all(store, items, options, events)
 
     return fetch
@@ -242,7 +244,7 @@ def delete_tracked(dest: Path, keys: Iterable[str], state: SyncState) -> int:
 class _Recorder:
     """Wraps the caller's events: journals each completed file and collects the results."""
 
-    def __init__(self, infos: dict[str, ObjectInfo], state: SyncState, events: SyncEvents) -> None:
+    def __init__(self, infos: Mapping[str, ObjectInfo], state: SyncState, events: SyncEvents) -> None:
         self.infos = infos
         self.state = state
         self.events = events
@@ -295,55 +297,74 @@ def apply_plan(
     summary = SyncSummary(plan.source, plan.dest, skipped=plan.up_to_date_files)
     summary.deleted = delete_tracked(dest, plan.to_delete(), state) if plan.delete_files else 0
     events.on_phase(phase, plan)
-    batches = _batches(plan, dest, skip_keys, summary.failed)
-    ahead = ThreadPoolExecutor(1, thread_name_prefix="lading-prepare")
     try:
-        # The next batch (read from the plan, its folders made) is prepared in a thread while
-        # this one is fetched: on a tree of small files that is a fifth of the wall time.
-        pending = ahead.submit(next, batches, None)
-        while (batch := pending.result()) is not None:
-            pending = ahead.submit(next, batches, None)
+        for batch in _batches(plan, dest, skip_keys, summary.failed):
             _fetch_batch(batch, state, fetcher, options, events, summary)
     finally:
-        pending.cancel()
-        ahead.shutdown(wait=True)  # a batch being prepared ends before anything else is written
         state.save(durable=options.durable)
     summary.failed.sort(key=lambda f: f.key)
     summary.seconds = time.monotonic() - started
     return summary
 
 
-def _batches(
-    plan: SyncPlan, dest: Path, skip_keys: frozenset[str], failed: list[FailedKey]
-) -> Iterator[list[TransferItem]]:
-    """The plan's fetches, :data:`FETCH_BATCH` at a time, each key's folders made under ``dest``
-    (a key that cannot be placed safely goes to ``failed``)."""
+class _Batch:
+    """Up to :data:`FETCH_BATCH` of the plan's fetches, each read from the plan and its key's
+    folders made under DEST when the fetcher takes it (a key that cannot be placed safely goes
+    to ``failed``); ``infos`` holds the objects handed out so far, by key."""
+
+    def __init__(
+        self, fetches: Iterator[PlannedFetch], dest: Path, made: dict[str, Path], failed: list[FailedKey]
+    ) -> None:
+        self._fetches, self._dest, self._made, self._failed = fetches, dest, made, failed
+        self.infos: dict[str, ObjectInfo] = {}
+        self._first = self._next()
+
+    def _next(self) -> TransferItem | None:
+        """The next fetch that can be placed, its folders made; None once the plan has no more."""
+        for planned in self._fetches:
+            info = planned.info
+            try:
+                final = prepare_parent(self._dest, info.key, self._made, planned.reason not in NO_FILE_REASONS)
+            except (UnsafeKey, OSError) as err:
+                message = err.message if isinstance(err, LadingError) else f"{info.key}: {err}"
+                self._failed.append(FailedKey(info.key, message, 1))
+                continue
+            self.infos[info.key] = info
+            return TransferItem(info, final)
+        return None
+
+    @property
+    def empty(self) -> bool:
+        """Whether the plan had no fetch left to place."""
+        return self._first is None
+
+    def __iter__(self) -> Iterator[TransferItem]:
+        item, self._first = self._first, None
+        while item is not None:
+            yield item
+            if len(self.infos) >= FETCH_BATCH:
+                return
+            item = self._next()
+
+
+def _batches(plan: SyncPlan, dest: Path, skip_keys: frozenset[str], failed: list[FailedKey]) -> Iterator[_Batch]:
+    """The plan's fetches, :data:`FETCH_BATCH` at a time, each batch prepared lazily (:class:`_Batch`)."""
+    fetches = plan.to_fetch(skip_keys)
     made: dict[str, Path] = {}
-    batch: list[TransferItem] = []
-    for planned in plan.to_fetch(skip_keys):
-        existed = planned.reason not in NO_FILE_REASONS
-        try:
-            batch.append(TransferItem(planned.info, prepare_parent(dest, planned.info.key, made, existed)))
-        except (UnsafeKey, OSError) as err:
-            message = err.message if isinstance(err, LadingError) else f"{planned.info.key}: {err}"
-            failed.append(FailedKey(planned.info.key, message, 1))
-        if len(batch) >= FETCH_BATCH:
-            yield batch
-            batch = []
-    if batch:
+    while not (batch := _Batch(fetches, dest, made, failed)).empty:
         yield batch
 
 
 def _fetch_batch(
-    items: list[TransferItem],
+    batch: _Batch,
     state: SyncState,
     fetcher: Fetcher,
     options: TransferOptions,
     events: SyncEvents,
     summary: SyncSummary,
 ) -> None:
-    recorder = _Recorder({item.info.key: item.info for item in items}, state, events)
-    fetcher(items, options, recorder)
+    recorder = _Recorder(batch.infos, state, events)
+    fetcher(iter(batch), options, recorder)
     summary.files += recorder.ok_files
     summary.bytes += recorder.ok_bytes
     summary.failed.extend(recorder.failed)

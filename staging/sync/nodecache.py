@@ -39,7 +39,7 @@ import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from lading.core.errors import AccessDenied, LadingError, UsageError, local_error
 from lading.core.keys import safe_join
@@ -103,7 +103,7 @@ def link_fetcher(entry: Path) -> Fetcher:
     filesystems), checking each against the entry's index, read alongside (batches come in key order)."""
     cache_index = _IndexCursor(SyncState.load(entry))
 
-    def fetch(items: list[TransferItem], options: TransferOptions, events: TransferEvents) -> list[TransferResult]:
+    def fetch(items: Iterable[TransferItem], options: TransferOptions, events: TransferEvents) -> list[TransferResult]:
         results = []
         for item in items:
             result = _place(entry, cache_index.get(item.info.key), item)
