@@ -303,6 +303,14 @@ NOT_FOR_SYNC = (
     "lading.stores.snapshot",
     "lading.sync.nodecache",
 )
+#: Modules the listing's first request does not wait for: they load while it is under way.
+AFTER_THE_LISTING_STARTED = (
+    "asyncio",
+    "lading.stores.obstore_reads",
+    "lading.stores.iocore",
+    "lading.sync",
+    "lading.transfer",
+)
 
 
 def test_sync_of_an_s3_source_imports_only_what_it_syncs_with(dataset, s3_env, tmp_path):
@@ -312,6 +320,12 @@ def test_sync_of_an_s3_source_imports_only_what_it_syncs_with(dataset, s3_env, t
 
     script = (
         "import sys\n"
+        "import lading.stores.listing as listing\n"
+        "start = listing.ListingMixin.prefetch_listing\n"
+        "def noted(self):\n"
+        "    sys.stderr.write('\\nAT-LISTING ' + ' '.join(sorted(sys.modules)) + '\\n')\n"
+        "    start(self)\n"
+        "listing.ListingMixin.prefetch_listing = noted\n"
         "from lading.cli.main import main\n"
         "try:\n"
         "    main(['sync', sys.argv[1], sys.argv[2]])\n"
@@ -331,3 +345,7 @@ def test_sync_of_an_s3_source_imports_only_what_it_syncs_with(dataset, s3_env, t
     assert {"lading.stores.s3.store", "lading.sync.apply"} <= loaded  # the check sees the modules the sync used
     found = sorted(name for name in loaded if name.split(".")[0] in NOT_FOR_SYNC or name.startswith(NOT_FOR_SYNC))
     assert not found, found
+    at_listing = set(done.stderr.decode().partition("AT-LISTING ")[2].partition("\n")[0].split())
+    assert "lading.stores.s3.store" in at_listing  # the listing started once the store was open ...
+    early = sorted(name for name in at_listing if name.startswith(AFTER_THE_LISTING_STARTED))
+    assert not early, early  # ... and before the code that plans and fetches, and asyncio, loaded

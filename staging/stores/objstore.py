@@ -32,7 +32,7 @@ import re
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, cast
 
 from lading.core.errors import LadingError, NotFound, ObjectChanged, UsageError
 from lading.core.keys import key_parts
@@ -51,10 +51,12 @@ from lading.stores.base import (
 from lading.stores.config import StoreConfig
 from lading.stores.listing import ListingMixin
 from lading.stores.obstore_errors import FromResponse, status_and_code, translate
-from lading.stores.obstore_reads import ObstoreReader, ObstoreTarget
 from lading.stores.process import ProcessLocal, note_obstore_start, obstore_allowed, use_obstore, warn_fallback
-from lading.stores.sdk_reads import SdkReader, SdkTarget
 from lading.stores.uri import StoreURI, root_prefix
+
+if TYPE_CHECKING:  # the readers (and asyncio under them) load at the first read, after a listing started
+    from lading.stores.obstore_reads import ObstoreReader, ObstoreTarget
+    from lading.stores.sdk_reads import SdkReader
 
 log = logging.getLogger(__name__)
 #: ASCII control characters: S3 and GCS keys may hold them, obstore's paths may not.
@@ -113,7 +115,7 @@ class ObstoreReads(ListingMixin, Store):
         self._from_response = from_response
         self._store: ProcessLocal[Any] = ProcessLocal(self._build)
         self._fast: ProcessLocal[ObstoreReader] = ProcessLocal(self._new_reader)
-        self._sdk = SdkReader(SdkTarget(self._where(), self.config.retry, self._sdk_stat, self._sdk_stream))
+        self._sdk_reader: SdkReader | None = None
 
     # -- what a backend provides ------------------------------------------------------------------
 
@@ -160,7 +162,18 @@ class ObstoreReads(ListingMixin, Store):
         return self._store.get()
 
     def _new_reader(self) -> ObstoreReader:
+        from lading.stores.obstore_reads import ObstoreReader
+
         return ObstoreReader(self._target(self._obstore_store()))
+
+    @property
+    def _sdk(self) -> SdkReader:
+        """The reader through the backend's SDK (made on first use)."""
+        if self._sdk_reader is None:
+            from lading.stores.sdk_reads import SdkReader, SdkTarget
+
+            self._sdk_reader = SdkReader(SdkTarget(self._where(), self.config.retry, self._sdk_stat, self._sdk_stream))
+        return self._sdk_reader
 
     def _reset_client(self) -> None:
         """Forget this process's obstore store and its reader (rebuilt on next use)."""
@@ -277,10 +290,10 @@ class ObstoreReads(ListingMixin, Store):
         already written. Through obstore, an object of known ``size`` larger than a part comes in
         parallel ranged parts pinned to one version."""
         reads = self._reads(key)
-        if isinstance(reads, ObstoreReader):
-            reads.download(key, dest, version, progress, size, on_piece)
-        else:
+        if reads is self._sdk_reader:
             reads.download(key, dest, version, progress, on_piece)
+        else:
+            cast("ObstoreReader", reads).download(key, dest, version, progress, size, on_piece)
 
     # -- conditional writes (the claims protocol) -------------------------------------------------
 

@@ -26,7 +26,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from lading.core.errors import AccessDenied, LadingError, NoAnswer, ObjectChanged, TransientError
 from lading.core.retry import Attempts, with_retries
@@ -36,9 +36,11 @@ from lading.stores.lazy import translated
 from lading.stores.listing import FolderPage, Infos
 from lading.stores.process import ProcessLocal
 from lading.stores.objstore import NO_RETRIES, Fetched, ObstoreReads, Sink, client_options, status_and_code
-from lading.stores.obstore_reads import ObstoreTarget
 from lading.stores.s3.errors import CREDENTIALS_HINT, client_error_code, from_response, translate
 from lading.stores.uri import StoreURI
+
+if TYPE_CHECKING:
+    from lading.stores.obstore_reads import ObstoreTarget
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -145,6 +147,8 @@ class S3Store(ObstoreReads):
             self.region = self._known_region()
 
     def _target(self, client: Any) -> ObstoreTarget:
+        from lading.stores.obstore_reads import ObstoreTarget
+
         return ObstoreTarget(
             client,
             self._where(),
