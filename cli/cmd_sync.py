@@ -388,7 +388,6 @@ def sync(
     **options: Any,
 ) -> int:
     """``lading sync``: see SYNC_HELP."""
-    from lading.selection.manifest import load_manifest
     from lading.stores import open_store, parse_uri
 
     conflicts("no_cache", "cache_dir", "--no-cache never uses the node cache")
@@ -399,7 +398,11 @@ def sync(
     dest = default_dest(dest, options.pop("channel", None))
     target = render_dest(dest, topology)
     _check_sharded_dest(dest, distribution, topology)
-    manifest = load_manifest(manifest_file) if manifest_file else None
+    manifest = None
+    if manifest_file:
+        from lading.selection.manifest import load_manifest  # (and hashlib) after the listing started, without one
+
+        manifest = load_manifest(manifest_file)
     store = open_store(uri, config, snapshot=snapshot)  # SOURCE may itself be a snapshot file
     if manifest is None:
         store.prefetch_listing()  # the first page is asked for while the sync's code loads (below)

@@ -310,6 +310,8 @@ AFTER_THE_LISTING_STARTED = (
     "lading.stores.iocore",
     "lading.sync",
     "lading.transfer",
+    "hashlib",
+    "lading.selection.manifest",
 )
 
 

@@ -19,8 +19,6 @@ Where each part goes:
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import os
 import re
@@ -532,6 +530,9 @@ def _translated_chunks(body: Any, where: str) -> Iterator[bytes]:
 
 def md5_base64_of_file(path: Path) -> str:
     """Base64 MD5 of a file, as ``Content-MD5`` wants it."""
+    import base64  # with hashlib: for uploads only, not before a sync's first request
+    import hashlib
+
     digest = hashlib.md5(usedforsecurity=False)
     with open(path, "rb") as handle:
         while chunk := handle.read(_READ_CHUNK):
