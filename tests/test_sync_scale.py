@@ -288,9 +288,12 @@ def test_a_listing_out_of_key_order_is_planned_in_two_passes(tmp_path):
 
 
 def test_the_lines_a_resync_expects_are_the_index_lines(tmp_path):
-    """A re-sync takes a window as up to date when DEST's index lines equal the lines a fetch
-    would record (``row_lines``): the two must be written alike, or every re-sync parses."""
-    from lading.sync.state import STATE_NAME, row_lines
+    """A re-sync takes a page as up to date when DEST's index lines, verified against DEST's
+    files, start as a fetch of its rows would record them (``_line_starts``): the two must be
+    written alike, or every re-sync parses."""
+    from lading.sync.plan import _line_starts
+    from lading.sync.state import STATE_NAME
+    from lading.sync.verify import verified
 
     src, dest = tmp_path / "src", tmp_path / "dest"
     _empty_tree(src, 6, folders=2)
@@ -298,8 +301,9 @@ def test_the_lines_a_resync_expects_are_the_index_lines(tmp_path):
     store = LocalStore(src)
     run_sync(store, SyncRequest(str(src), dest))
     rows = [row for page in store.list_pages() for row in page]
-    stats = [os.lstat(dest / row[0]) for row in rows]
-    assert row_lines(rows, stats) == (dest / STATE_NAME).read_text().splitlines(keepends=True)[1:]
+    lines = (dest / STATE_NAME).read_text().splitlines(keepends=True)[1:]
+    assert list(verified(str(dest), lines)) == lines and len(lines) == len(rows) == 7
+    assert all(line.startswith(start) for line, start in zip(lines, _line_starts(rows)))
 
 
 def test_a_local_listing_comes_a_folder_at_a_time_in_key_order(tmp_path):
@@ -336,3 +340,93 @@ def test_the_checks_of_a_page_are_the_checks_of_each_key(tmp_path, per_page):
         "'c0' is a file and also the directory of 'c0/y'",
     ):
         assert part in caught.value.message
+
+
+@pytest.fixture(params=["here", "helper"])
+def verifier(request, monkeypatch):
+    """DEST's index verified in the planner's thread (a small index), or by the helper process
+    (any index, with the threshold at 0); yields the helpers started."""
+    from lading.sync import plan
+
+    started: list[str] = []
+    if request.param == "helper":
+        monkeypatch.setattr(plan, "_VERIFY_APART", 0)
+        real = plan._start_verifier
+        monkeypatch.setattr(plan, "_start_verifier", lambda path, root: started.append(root) or real(path, root))
+    return request.param, started
+
+
+def test_files_changed_in_dest_are_found_by_either_verifier(tmp_path, verifier):
+    """Whoever checks DEST's files against the index (here or the helper process), a file
+    changed, removed or replaced in DEST behind lading's back is fetched again with the same
+    reason, an untracked file is not taken for lading's, and the rest is up to date."""
+    from lading.sync.state import STATE_NAME
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    keys = _empty_tree(src, 40, folders=4)
+    store = LocalStore(src)
+    assert run_sync(store, SyncRequest(str(src), dest)).files == 40
+    (dest / keys[0]).write_bytes(b"edited")
+    (dest / keys[1]).unlink()
+    os.utime(dest / keys[2], ns=(1, 1))
+    (dest / keys[3]).unlink()
+    (dest / keys[3]).mkdir()
+    (dest / keys[4]).unlink()
+    (dest / keys[4]).symlink_to(dest / keys[5])
+    (src / keys[6]).write_bytes(b"new")
+    (src / "d001" / "extra.jpg").write_bytes(b"")  # in DEST too, put there by someone else
+    (dest / "d001" / "extra.jpg").write_bytes(b"")
+    header, *rows = (dest / STATE_NAME).read_text().splitlines(keepends=True)
+    rows[7] = rows[7][:-5] + "\n"  # keys[7]: damaged
+    (dest / STATE_NAME).write_text(header + "".join(rows))
+    plan = plan_only(store, SyncRequest(str(src), dest))
+    assert {f.info.key: f.reason for f in plan.to_fetch()} == {
+        keys[0]: "modified",
+        keys[1]: "missing",
+        keys[2]: "modified",
+        keys[3]: "modified",
+        keys[4]: "modified",
+        keys[6]: "changed",
+        keys[7]: "untracked",
+        "d001/extra.jpg": "untracked",
+    }
+    assert plan.up_to_date_files == 33
+    assert verifier[1] == ([str(dest)] if verifier[0] == "helper" else [])
+
+
+def test_a_helper_that_fails_stops_the_sync_before_it_writes(tmp_path, monkeypatch):
+    """A helper process that dies before the index's end must not pass for an index that ended
+    (every file after it would be fetched again as untracked): the sync stops, nothing written."""
+    from lading.core.errors import LadingError
+    from lading.sync import plan
+    from lading.sync.state import STATE_NAME
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    _empty_tree(src, 40, folders=4)
+    store = LocalStore(src)
+    run_sync(store, SyncRequest(str(src), dest))
+    index = (dest / STATE_NAME).read_bytes()
+    dying = "import sys; sys.stdin.readline(); sys.stdout.write(sys.stdin.readline()); sys.exit('it broke')"
+    monkeypatch.setattr(plan, "_VERIFY_APART", 0)
+    monkeypatch.setattr(plan, "_verifier_argv", lambda root: [sys.executable, "-c", dying])
+    before = _inodes(dest)
+    with pytest.raises(LadingError, match="exit 1: it broke"):
+        run_sync(store, SyncRequest(str(src), dest))
+    assert _inodes(dest) == before and (dest / STATE_NAME).read_bytes() == index
+
+
+def test_a_no_op_resync_stats_nothing_beside_the_verifier(tmp_path, verifier, monkeypatch):
+    """With nothing changed, every page is up to date from its verified lines: the planner makes
+    no ``stat`` of its own (one per file in all, the verifier's)."""
+    from lading.sync import plan
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    _empty_tree(src, 40, folders=4)
+    store = LocalStore(src)
+    run_sync(store, SyncRequest(str(src), dest))
+    pages: list[int] = []
+    real = plan._stat_page
+    monkeypatch.setattr(plan, "_stat_page", lambda root, page: pages.append(len(page)) or real(root, page))
+    assert run_sync(store, SyncRequest(str(src), dest)).skipped == 40 and pages == []
+    (src / "d002" / "f000003.jpg").write_bytes(b"x")
+    assert run_sync(store, SyncRequest(str(src), dest)).files == 1 and pages == []  # its line verified

@@ -11,9 +11,10 @@ memory a plan takes does not grow with the number of keys:
    unless ``allow_empty``), then applies the sharding rule of :mod:`lading.selection.sharding`
    over the sorted stream (``count``: a counter; ``bytes``: the sizes in key order).
 2. :func:`plan_sync` walks this rank's objects beside the destination's index
-   (:mod:`lading.sync.state`, also in key order) and stats the files on disk, a batch at a time
-   in a thread pool: at most one ``stat`` per file. With ``--delete``, an index entry that the
-   selection skips over is a file to delete.
+   (:mod:`lading.sync.state`, also in key order), its lines verified against the files on disk
+   as they are read (:mod:`lading.sync.verify`; for a large index in a helper process, beside
+   the listing), and stats the other files a page at a time: at most one ``stat`` per file.
+   With ``--delete``, an index entry that the selection skips over is a file to delete.
 
 The :class:`SyncPlan` holds its three lists as runs on disk with their counts; ``--dry-run
 --json`` writes them out as they are read (:meth:`SyncPlan.write_json`). Close selections and
@@ -25,39 +26,39 @@ from __future__ import annotations
 import fnmatch
 import json
 import logging
+import io
 import os
 import stat as stat_mode
+import subprocess
+import sys
 from array import array
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import islice
 from json.encoder import encode_basestring_ascii
 from operator import attrgetter, itemgetter, lt
 from pathlib import Path
-from typing import IO, Iterable, Iterator, cast
+from typing import IO, Iterable, Iterator
 
-from lading.core.errors import NotFound, UnsafeKey, UsageError
+from lading.core.errors import LadingError, NotFound, UnsafeKey, UsageError
 from lading.core.keys import is_safe_key, key_parts
 from lading.selection.manifest import Manifest, keys_under, share_records
 from lading.selection.runs import SortedRuns
 from lading.selection.sharding import BALANCES, DISTRIBUTIONS, owners_by_bytes, select_for_rank
 from lading.stores.base import PAGE_ROWS, ObjectInfo, Page, Store
-from lading.sync.state import RESERVED_NAMES, Entry, SyncState, parse_line, row_lines
+from lading.sync import verify
+from lading.sync.state import RESERVED_NAMES, Entry, SyncState, parse_line
 
 log = logging.getLogger(__name__)
 
 _SHOWN_UNSAFE = 5
 #: What every reserved name starts with (a key that does not is none of them).
 _RESERVED_START = os.path.commonprefix(sorted(RESERVED_NAMES))
-#: Rows whose DEST files are stat'ed per window, and windows in flight ahead of the one being
-#: classified.
-_STAT_WINDOW = 4096
-_STAT_AHEAD = 2
-#: Threads that stat DEST's files, a folder per task: one, since each ``stat`` is a short system
-#: call between two takes of the GIL and more threads only queue for it (1.28 M files, no-op,
-#: load 5: 28.9-31.3 s with one listing and one stat thread, 30.7-33.1 s with two each).
-_STAT_THREADS = 1
+#: An index of at least this many bytes (about 12,000 files) is verified against DEST's files by
+#: a helper process (:func:`_verified_lines`); starting one costs about 50 ms.
+_VERIFY_APART = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -629,13 +630,16 @@ def _refuse(refusals: _Refusals, source: str) -> None:
     )
 
 
-def _classify(row: tuple, entry: Entry | None, st: os.stat_result | None) -> str | None:
+def _classify(row: tuple, entry: Entry | None, st: os.stat_result | None, verified: bool = False) -> str | None:
     """Why the object of ``row`` (ObjectInfo fields) must be fetched, given its index entry and
-    local file, or None when the local copy is current."""
+    local file, or None when the local copy is current. ``verified``: the entry's line was
+    verified against its file (:mod:`lading.sync.verify`), so ``st`` is not needed."""
     if entry is None:
         return "new" if st is None else "untracked"
     if entry.version != row[2] or entry.size != row[1]:
         return "changed"
+    if verified:
+        return None
     if st is None:
         return "missing"
     if not stat_mode.S_ISREG(st.st_mode) or not entry.matches_local(st):
@@ -666,71 +670,22 @@ def _stat_folder(root: str, folder: str, names: list[str]) -> list[os.stat_resul
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-def _folder_tasks(pool: ThreadPoolExecutor, root: str, page: Page) -> list[Future[list[os.stat_result | None]]]:
-    """One stat task per run of rows in the same folder (keys passed key_parts: plain relative
-    paths, in key order). A page of one folder (a local listing's are) is seen so without a
-    Python step per row: its first and last keys are in that folder (so all between are) and
-    the names past it have no ``/``."""
-    first = page[0][0]
-    folder = first.rpartition("/")[0]
-    cut = len(folder) + 1 if folder else 0
-    if page[-1][0].startswith(first[:cut]):
-        names = [row[0][cut:] for row in page]
-        if "/" not in "".join(names):
-            return [pool.submit(_stat_folder, root, folder, names)]
-    tasks = []
+def _stat_page(root: str, page: Page) -> list[os.stat_result | None]:
+    """The ``lstat`` of each row's file under ``root`` (None: no file), a folder at a time (keys
+    passed key_parts: plain relative paths, in key order)."""
+    found: list[os.stat_result | None] = []
     current: str | None = None
-    names = []
+    names: list[str] = []
     for row in page:
         parent, _, name = row[0].rpartition("/")
         if parent != current:
             if names:
-                tasks.append(pool.submit(_stat_folder, root, current or "", names))
+                found.extend(_stat_folder(root, current or "", names))
             current, names = parent, []
         names.append(name)
     if names:
-        tasks.append(pool.submit(_stat_folder, root, current or "", names))
-    return tasks
-
-
-def _windows(pages: Iterable[Page]) -> Iterator[list[Page]]:
-    """The pages in windows of at most :data:`_STAT_WINDOW` rows: whole pages together, a
-    larger page cut."""
-    window: list[Page] = []
-    held = 0
-    for page in pages:
-        for start in range(0, len(page), _STAT_WINDOW):
-            piece = page if len(page) <= _STAT_WINDOW else page[start : start + _STAT_WINDOW]
-            if window and held + len(piece) > _STAT_WINDOW:
-                yield window
-                window, held = [], 0
-            window.append(piece)
-            held += len(piece)
-    if window:
-        yield window
-
-
-def _stat_windows(pages: Iterable[Page], root: str) -> Iterator[tuple[Page, list[os.stat_result | None]]]:
-    """The selection rows (ObjectInfo fields) a window of at most :data:`_STAT_WINDOW` at a
-    time, each with the ``lstat`` of its file under ``root`` (None: no file), in order. The
-    files of the next windows are stat'ed a folder per task by :data:`_STAT_THREADS` threads
-    while this one is compared."""
-    windows = _windows(pages)
-    with ThreadPoolExecutor(max_workers=_STAT_THREADS, thread_name_prefix="lading-plan-stat") as pool:
-        ahead: deque[tuple[list[Page], list[Future[list[os.stat_result | None]]]]] = deque()
-        more = True
-        while more or ahead:
-            while more and len(ahead) < _STAT_AHEAD:
-                window = next(windows, None)
-                if window is None:
-                    more = False
-                    break
-                ahead.append((window, [task for page in window for task in _folder_tasks(pool, root, page)]))
-            if not ahead:
-                return
-            window, tasks = ahead.popleft()
-            batch = window[0] if len(window) == 1 else list(chain.from_iterable(window))
-            yield batch, tasks[0].result() if len(tasks) == 1 else list(chain.from_iterable(t.result() for t in tasks))
+        found.extend(_stat_folder(root, current or "", names))
+    return found
 
 
 def plan_sync(
@@ -739,7 +694,7 @@ def plan_sync(
     """Compare this rank's objects with DEST's index and files, both in key order. Writes
     nothing in DEST. ``list_current=False`` only counts the files already up to date (a sync
     needs their number, ``--dry-run --json`` their keys). (``workers`` is kept for callers; the
-    stats run in :data:`_STAT_THREADS` threads.)"""
+    stats are :func:`_verified_lines`' and :func:`_stat_page`'s.)"""
     plan = _plan_rows(_pages_of(selection.runs), request, state, list_current)
     plan.listed, plan.matched = selection.listed, selection.matched
     return plan
@@ -752,8 +707,74 @@ def _pages_of(rows: Iterable[tuple]) -> Iterator[Page]:
         yield page
 
 
+@contextmanager
+def _verified_lines(state: SyncState, root: str) -> Iterator[Iterator[str]]:
+    """DEST's index lines verified against its files (:func:`lading.sync.verify.verified`): by
+    a helper process reading the index when it is the whole record and at least
+    :data:`_VERIFY_APART` bytes (its ``stat`` calls then run beside the listing, on another
+    core), else in this thread as the lines are read."""
+    path = state.index_alone()
+    try:
+        large = path is not None and path.stat().st_size >= _VERIFY_APART
+    except OSError:
+        large = False
+    helper = _start_verifier(path, root) if large and path is not None else None
+    if helper is None:
+        yield verify.verified(root, state.lines())
+        return
+    try:
+        yield _helper_lines(helper, root)
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+        helper.wait()
+        for stream in (helper.stdout, helper.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def _start_verifier(path: Path, root: str) -> subprocess.Popen[bytes] | None:
+    """``python -I -S verify.py ROOT`` reading the index on stdin (None: it can't be started;
+    the lines are then verified here)."""
+    argv = _verifier_argv(root)
+    if not argv[0]:
+        return None
+    try:
+        with open(path, "rb") as index:
+            return subprocess.Popen(
+                argv,
+                stdin=index,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+    except OSError as err:
+        log.debug("%s: verifying the index here, no helper process: %s", root, err)
+        return None
+
+
+def _verifier_argv(root: str) -> list[str]:
+    """The helper's command: :mod:`lading.sync.verify` as a script, isolated (no site, no
+    environment, standard library only)."""
+    return [sys.executable or "", "-I", "-S", verify.__file__, root]
+
+
+def _helper_lines(helper: subprocess.Popen[bytes], root: str) -> Iterator[str]:
+    """The helper's lines; at their end, its exit status checked (a helper that died early must
+    not pass for an index that ended)."""
+    assert helper.stdout is not None and helper.stderr is not None
+    yield from io.TextIOWrapper(helper.stdout, encoding="utf-8")
+    if helper.wait() != 0:
+        detail = helper.stderr.read().decode("utf-8", "replace").strip().splitlines()[-1:]
+        raise LadingError(
+            f"checking the files in {root} against its state record failed"
+            f" (exit {helper.returncode}{': ' + detail[0] if detail else ''})",
+            "nothing was written; run the sync again",
+        )
+
+
 class _Lines:
-    """DEST's index lines, with lines taken ahead put back."""
+    """DEST's index lines as :mod:`lading.sync.verify` passes them on (``"?"`` before a line
+    not verified), with lines taken ahead put back."""
 
     def __init__(self, lines: Iterator[str]) -> None:
         self._lines = lines
@@ -770,61 +791,82 @@ class _Lines:
     def put_back(self, lines: list[str]) -> None:
         self._back.extendleft(reversed(lines))
 
-    def entry_after(self, last: str | None, root: str, warn: bool = True) -> Entry | None:
-        """The next entry whose key sorts after ``last`` (None: no more lines). Lines malformed
-        or out of key order are dropped, those out of order with a warning if ``warn``."""
+    def entry_after(self, last: str | None, root: str, warn: bool = True) -> tuple[Entry, bool] | None:
+        """The next entry whose key sorts after ``last``, and whether its line was verified
+        (None: no more lines). Lines malformed or out of key order are dropped, those out of
+        order with a warning if ``warn``."""
         while (line := self.next()) is not None:
-            entry = parse_line(line)
+            verified = not line.startswith("?")
+            entry = parse_line(line if verified else line[1:])
             if entry is None:
                 continue
             if last is None or entry.key > last:
-                return entry
+                return entry, verified
             if warn:
                 log.warning("%s: dropping row %r out of key order", root, entry.key)
         return None
 
 
+#: How a verified index line starts for a row: ``[key,size,version,`` (JSON, as the index is written:
+#: :func:`lading.sync.state._dumps`).
+_LINE_START = "[{},{},{},".format
+_second, _third = itemgetter(1), itemgetter(2)
+
+
+def _line_starts(rows: Page) -> list[str]:
+    """The start of the index line of each row (ObjectInfo fields), in C (maps, no Python step
+    per row)."""
+    string = encode_basestring_ascii
+    return list(map(_LINE_START, map(string, map(_first, rows)), map(_second, rows), map(string, map(_third, rows))))
+
+
 def _compare(
     pages: Iterable[Page], lines: Iterator[str], plan: SyncPlan, delete: bool, root: str, list_current: bool
 ) -> None:
-    """Walk this rank's rows (in pages) beside DEST's index lines (:meth:`SyncState.lines`),
-    both in key order, filling ``plan``. A window of rows whose next index lines are exactly those a fetch of
-    them would record now (same keys, sizes, versions, local mtimes and sizes: :func:`row_lines`)
-    is up to date as a whole, without parsing a line; otherwise each row is compared on its own:
-    lines are parsed, and those malformed or out of key order dropped."""
+    """Walk this rank's rows (in pages) beside DEST's index lines, verified against DEST's files
+    (:func:`lading.sync.verify.verified`), both in key order, filling ``plan``. A page whose
+    next lines are verified and start as a fetch of its rows would record them now (same keys,
+    sizes and versions: :func:`_line_starts`) is up to date as a whole, without parsing a line or a
+    ``stat`` here; otherwise each row is compared on its own: lines are parsed (those malformed
+    or out of key order dropped), and the page's files stat'ed unless their lines were verified."""
     index = _Lines(lines)
-    entry: Entry | None = None  # a line parsed and not yet taken
+    taken: tuple[Entry, bool] | None = None  # a line parsed and not yet matched to a row
     last: str | None = None  # the last index key taken: a line at or below it is out of order
     current = up_to_date_bytes = 0
-    for batch, stats in _stat_windows(pages, root):
-        if entry is None and None not in stats:
-            found = cast(list[os.stat_result], stats)
-            expected = row_lines(batch, found)
-            got = index.take(len(expected))
-            if got == expected and all(map(stat_mode.S_ISREG, map(_mode, found))):
+    for batch in pages:
+        if taken is None:
+            got = index.take(len(batch))
+            if len(got) == len(batch) and all(map(str.startswith, got, _line_starts(batch))):
                 current += len(batch)
-                up_to_date_bytes += sum(map(_size, batch))
+                up_to_date_bytes += sum(map(_second, batch))
                 if list_current:
                     plan.current.extend((row[0],) for row in batch)
                 last = batch[-1][0]
                 continue
             index.put_back(got)
-        for row, st in zip(batch, stats):
+        stats: list[os.stat_result | None] | None = None
+        for at, row in enumerate(batch):
             key = row[0]
-            mine = None
+            mine: tuple[Entry, bool] | None = None
             while True:
-                if entry is None:
-                    entry = index.entry_after(last, root)
-                    if entry is None:
+                if taken is None:
+                    taken = index.entry_after(last, root)
+                    if taken is None:
                         break
+                entry = taken[0]
                 if entry.key > key:
                     break
                 if entry.key == key:
-                    mine = entry
+                    mine = taken
                 elif delete and is_safe_key(entry.key):  # tracked, no longer selected
                     plan.deleting.add((entry.key,))
-                last, entry = entry.key, None
-            reason = _classify(row, mine, st)
+                last, taken = entry.key, None
+            if mine is not None and mine[1]:
+                reason = _classify(row, mine[0], None, verified=True)
+            else:
+                if stats is None:
+                    stats = _stat_page(root, batch)
+                reason = _classify(row, None if mine is None else mine[0], stats[at])
             if reason is None:
                 if list_current:
                     plan.current.add((key,))
@@ -834,13 +876,13 @@ def _compare(
                 plan.fetching.add(row + (reason,))
                 plan.fetch_bytes += row[1]
     while delete:  # the entries past the last row: tracked, no longer selected
-        if entry is None:
-            entry = index.entry_after(last, root, warn=False)
-            if entry is None:
+        if taken is None:
+            taken = index.entry_after(last, root, warn=False)
+            if taken is None:
                 break
-        if is_safe_key(entry.key):
-            plan.deleting.add((entry.key,))
-        last, entry = entry.key, None
+        if is_safe_key(taken[0].key):
+            plan.deleting.add((taken[0].key,))
+        last, taken = taken[0].key, None
     plan.counted_current, plan.up_to_date_bytes = current, up_to_date_bytes
 
 
@@ -859,7 +901,8 @@ def _plan_rows(pages: Iterable[Page], request: SyncRequest, state: SyncState, li
         request.balance,
     )
     try:
-        _compare(pages, state.lines(), plan, request.delete, root, list_current)
+        with _verified_lines(state, root) as lines:
+            _compare(pages, lines, plan, request.delete, root, list_current)
         for runs in (plan.fetching, plan.current, plan.deleting):
             runs.finish()
     except BaseException:

@@ -127,25 +127,37 @@ class SyncState:
                 yield pending
 
     def lines(self) -> Iterator[str]:
-        """Every entry as its index line (:func:`row_lines`), in key order as far as the index
+        """Every entry as its index line (:func:`_dumps`), in key order as far as the index
         is: the index's own lines unread when there is no journal to replay (the common case),
         else the lines merged with the journal's. For a caller that compares each line with the
         one it would write (equal: the entry is that one) and parses only the others
         (:func:`parse_line`), dropping lines that are malformed or out of key order, as
         :meth:`rows` does; keys unchecked, as ``rows(checked=False)``."""
-        path = self.dest / STATE_NAME
-        if not (self.dest / JOURNAL_NAME).exists():
+        path = self.index_alone()
+        if path is not None:
             try:
                 handle = open(path, encoding="utf-8")
             except OSError:
                 return
             with handle:
-                header = _read_header_line(handle.readline())
-                if header is not None and header.get("format") == FORMAT:
-                    yield from handle
-                    return
+                handle.readline()  # the header
+                yield from handle
+                return
         for _, line in self._merged(checked=False):
             yield line
+
+    def index_alone(self) -> Path | None:
+        """The index file when it alone is the record, in the current format (no journal to
+        replay over it): then :meth:`lines` are its lines after the header, as they are."""
+        path = self.dest / STATE_NAME
+        if (self.dest / JOURNAL_NAME).exists():
+            return None
+        try:
+            with open(path, encoding="utf-8") as handle:
+                header = _read_header_line(handle.readline())
+        except (OSError, ValueError):
+            return None
+        return path if header is not None and header.get("format") == FORMAT else None
 
     def entry_map(self) -> dict[str, Entry]:
         """All entries by key, in memory: for small records and tests only."""
@@ -234,13 +246,6 @@ def _dumps(entry: Entry) -> str:
     return f"[{_string(entry.key)},{entry.size:d},{_string(entry.version)},{entry.mtime_ns:d},{entry.local_size:d}]"
 
 
-def row_lines(rows: list[tuple], stats: list[os.stat_result]) -> list[str]:
-    """The index line each row (ObjectInfo fields) would be recorded with, its file having the
-    ``stat`` beside it: exactly as the index is written (:func:`_dumps`, newline included)."""
-    string = _string  # ints: as ``:d`` writes them
-    return [f"[{string(r[0])},{r[1]},{string(r[2])},{st.st_mtime_ns},{st.st_size}]\n" for r, st in zip(rows, stats)]
-
-
 def parse_line(line: str) -> Entry | None:
     """The entry of an index line, or None when it is malformed (its key unchecked)."""
     try:
@@ -300,7 +305,7 @@ def _index_lines_keyed(path: Path, checked: bool = True) -> Iterator[tuple[str, 
             yield row
 
 
-#: An index or journal row as :func:`row_lines` writes it: ``[key, size, version, mtime_ns,
+#: An index or journal row as :func:`_dumps` writes it: ``[key, size, version, mtime_ns,
 #: local_size]`` with JSON strings and integers (checked by shape, without parsing it).
 _ROW_LINE = re.compile(r'\["(?:[^"\\\x00-\x1f]|\\.)*",-?\d+,"(?:[^"\\\x00-\x1f]|\\.)*",-?\d+,-?\d+\]\n')
 
