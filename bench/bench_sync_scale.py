@@ -21,6 +21,12 @@ With --keep, one tool per hold of the bench lock (session 6's way, trees and buc
     flock /work/bench.lock .venv/bin/python bench/bench_sync_scale.py --only local --tools lading --keep
     flock /work/bench.lock .venv/bin/python bench/bench_sync_scale.py --only local --tools rclone --keep
     flock /work/bench.lock .venv/bin/python bench/bench_sync_scale.py --only rgw --keep
+
+No-op re-syncs only, N alternating rounds (lading, rclone; then rclone, lading; ...) into DESTs
+kept in --work (dest-lading, dest-rclone: each made once by its tool's first sync):
+
+    flock /work/bench.lock .venv/bin/python bench/bench_sync_scale.py --only local --tools lading,rclone \
+        --keep --noop-rounds 2
     .venv/bin/python bench/bench_sync_scale.py --only local,rgw --tools none     (removes it all)
 """
 
@@ -148,6 +154,9 @@ class Bench:
         make_tree(source, count, 1000)
         if "prepare" in self.args.only:
             return
+        if self.args.noop_rounds:
+            self.noop_rounds(source, count)
+            return
         dest = self.work / "dest"
         tools = self.args.tools.split(",")
         if "lading" in tools:
@@ -156,6 +165,29 @@ class Bench:
         if "rclone" in tools and self.rclone:
             argv = self.rclone_argv(str(source), dest)
             self.pair(f"local {count:,}", "rclone", argv, argv, dest, count)
+
+    def noop_rounds(self, source: Path, count: int) -> None:
+        """No-op re-syncs only, into DESTs kept in --work (``dest-lading``, ``dest-rclone``; each
+        made once by its tool's first sync, a marker file says it is complete), in alternating
+        rounds: lading first in odd rounds, rclone first in even ones."""
+        name = f"local {count:,}"
+        tools = [tool for tool in self.args.tools.split(",") if tool == "lading" or (tool == "rclone" and self.rclone)]
+        argv: dict[str, list[str]] = {}
+        for tool in tools:
+            dest = self.work / f"dest-{tool}"
+            if tool == "lading":
+                argv[tool] = self.lading_argv(str(source), dest)
+            else:
+                argv[tool] = self.rclone_argv(str(source), dest)
+            marker = dest.with_name(dest.name + ".done")
+            if not marker.exists():
+                shutil.rmtree(dest, ignore_errors=True)
+                self.record(name, tool, "first sync", timed(argv[tool], self.lading.root), count_files(dest))
+                marker.write_text("")
+        for round in range(1, self.args.noop_rounds + 1):
+            for tool in tools if round % 2 else tools[::-1]:
+                run = timed(argv[tool], self.lading.root)
+                self.record(name, tool, f"no-op, round {round}", run, count_files(self.work / f"dest-{tool}"))
 
     def rgw(self) -> None:
         count, bucket, endpoint = self.args.rgw_keys, self.args.bucket, self.args.endpoint
@@ -229,6 +261,12 @@ def main() -> None:
     parser.add_argument("--bucket", default="bench-syncscale")
     parser.add_argument("--peers-venv", default=DEFAULT_PEERS_VENV)
     parser.add_argument("--keep", action="store_true", help="keep the source trees (and the bucket)")
+    parser.add_argument(
+        "--noop-rounds",
+        type=int,
+        default=0,
+        help="local only: N alternating rounds of no-op re-syncs into DESTs kept in --work (with --keep)",
+    )
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -256,7 +294,11 @@ def main() -> None:
             if "rgw" in args.only and bench.rclone:
                 bench.remove_bucket()
             log(f"removing {work} ...")
-            shutil.rmtree(work / "dest", ignore_errors=True)
+            for dest in work.glob("dest*"):
+                if dest.is_dir():
+                    shutil.rmtree(dest, ignore_errors=True)
+                else:
+                    dest.unlink(missing_ok=True)
             for path in work.glob("s*-*"):
                 if path.is_dir():
                     shutil.rmtree(path, ignore_errors=True)
