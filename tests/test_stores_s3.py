@@ -157,6 +157,52 @@ def test_a_listing_started_early_that_failed_starts_again(s3, endpoint):
         list(store.list())
 
 
+def _pages_taken(count: int, fail_at: int | None = None) -> tuple[list[int], object]:
+    """A page stream of ``count`` pages that notes each page taken (and fails at ``fail_at``)."""
+    taken: list[int] = []
+
+    def pages():
+        for number in range(count):
+            if number == fail_at:
+                raise TransientError(f"page {number} failed")
+            taken.append(number)
+            yield [{"path": f"p{number}"}]
+
+    return taken, pages()
+
+
+def test_an_early_listing_reads_pages_ahead_until_taken_over():
+    """The early listing's thread reads the pages after the first too (obstore's pages are 1,000
+    keys: a 2,000-key sync's second page was asked for only once the sync's code had loaded), at
+    most EARLY_PAGES of them, and hands every page over in order, the rest read on demand."""
+    from lading.stores.listing import EARLY_PAGES, _EarlyPages
+
+    taken, pages = _pages_taken(3)
+    early = _EarlyPages(pages)
+    early._thread.join()  # it ends on its own at the end of the listing
+    assert taken == [0, 1, 2]
+    assert [page[0]["path"] for page in early.result()] == ["p0", "p1", "p2"]
+    taken, pages = _pages_taken(EARLY_PAGES + 2)
+    early = _EarlyPages(pages)
+    early._thread.join()  # ... or once EARLY_PAGES are in
+    assert taken == list(range(EARLY_PAGES))
+    assert [page[0]["path"] for page in early.result()] == [f"p{n}" for n in range(EARLY_PAGES + 2)]
+
+
+def test_a_failed_page_of_an_early_listing_comes_in_its_place():
+    """A later page's failure is raised after the pages read before it (the listing then resumes
+    after the last key it took); a failed first page leaves the listing to start afresh."""
+    from lading.stores.listing import _EarlyPages
+
+    early = _EarlyPages(_pages_taken(3, fail_at=1)[1])
+    handed = early.result()
+    assert early.error is None and next(handed)[0]["path"] == "p0"
+    with pytest.raises(TransientError, match="page 1 failed"):
+        next(handed)
+    early = _EarlyPages(_pages_taken(3, fail_at=0)[1])
+    assert early.result() is None and isinstance(early.error, TransientError)
+
+
 def test_listing_matches_boto3_key_for_key(s3, endpoint):
     """What the listing reports (key, size, ETag, MD5, mtime) is what boto3 reports, across pages
     and for odd keys, through obstore and through the exact (boto3) listing that takes over

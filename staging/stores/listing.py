@@ -186,27 +186,26 @@ class ListingMixin:
             self._translated(self._where(), lambda store: store)
         except Exception:  # the listing proper builds it again and reports the error
             return
-        self._prefetch = _FirstPage(lambda: self._open_first_page(""))
+        self._prefetch = _EarlyPages(self._translated_pages())
 
-    def _open_first_page(self, prefix: str) -> tuple[Iterator[Page], Page | None]:
-        where = self._where(prefix)
-        pages = self._translated(where, lambda store: self._open_listing(store, prefix, None))
-        return pages, self._translated(where, lambda _store: next(pages, None))
+    def _translated_pages(self) -> Iterator[Page]:
+        """The whole root's listing from its first key, page by page, errors translated."""
+        where = self._where()
+        pages = self._translated(where, lambda store: self._open_listing(store, "", None))
+        while (page := self._translated(where, lambda _store: next(pages, None))) is not None:
+            yield page
 
     def _started_listing(self, prefix: str, after: str | None, attempts: Attempts) -> Iterator[Page] | None:
         """The listing :meth:`prefetch_listing` started, if it fits (the whole root, from its
         first key) and succeeded; it is taken once. A transient failure of it is the listing's
         first failed attempt (a silent endpoint is not tried once more than the policy says)."""
-        prefetch: _FirstPage | None = self.__dict__.pop("_prefetch", None)
+        prefetch: _EarlyPages | None = self.__dict__.pop("_prefetch", None)
         if prefetch is None or prefix or after is not None:
             return None
         started = prefetch.result()
         if isinstance(prefetch.error, TransientError):
             time.sleep(attempts.failed(prefetch.error))
-        if started is None:
-            return None
-        pages, page = started
-        return iter(()) if page is None else _chain_first(page, pages)
+        return started
 
     def _listed(self, meta: dict[str, Any]) -> ObjectInfo | None:
         key = self._key_of(meta["path"])
@@ -319,33 +318,57 @@ class _Folders:
                 return page
 
 
-class _FirstPage:
-    """A listing's first page, asked for on a thread of its own (the wait for the server releases
-    the GIL); :meth:`result` waits for it: (the page stream, the page), or None if that failed."""
+#: Pages the early listing reads ahead before the caller takes it over (1,000 keys a page).
+EARLY_PAGES = 8
 
-    def __init__(self, start: Callable[[], tuple[Iterator[Page], Page | None]]) -> None:
-        self._start = start
-        self._outcome: tuple[Iterator[Page], Page | None] | None = None
-        self.error: Exception | None = None  # why it failed
+
+class _EarlyPages:
+    """A listing's first pages, read on a thread of its own (the wait for the server releases the
+    GIL) until the caller takes the listing over (:meth:`result`) or :data:`EARLY_PAGES` are in.
+    If the first page failed, :attr:`error` says why and the listing starts afresh; a later page's
+    failure is raised in its place, after the pages read before it."""
+
+    def __init__(self, pages: Iterator[Page]) -> None:
+        self._pages = pages
+        self._read: list[Page] = []
+        self._ended = False  # the listing had no more pages
+        self._later: Exception | None = None  # a page after the first failed
+        self.error: Exception | None = None  # the first page failed
+        self._taken = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lading-list", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            self._outcome = self._start()
-        except Exception as err:  # the listing proper starts again and reports it
-            self.error = err
-            log.debug("the listing started early failed (%s); starting it again", err)
+            while not self._taken.is_set() and len(self._read) < EARLY_PAGES:
+                page = next(self._pages, None)
+                if page is None:
+                    self._ended = True
+                    return
+                self._read.append(page)
+        except Exception as err:  # the listing proper reports it (and retries) in its place
+            if self._read:
+                self._later = err
+            else:
+                self.error = err
+                log.debug("the listing started early failed (%s); starting it again", err)
 
-    def result(self) -> tuple[Iterator[Page], Page | None] | None:
-        """Wait for the first page."""
+    def result(self) -> Iterator[Page] | None:
+        """Stop reading ahead, wait for the page in flight; the listing's pages from its first
+        (those read, then the rest), or None if its first page failed."""
+        self._taken.set()
         self._thread.join()
-        return self._outcome
+        if self.error is not None:
+            return None
+        return self._handed_over()
 
-
-def _chain_first(page: Page, pages: Iterator[Page]) -> Iterator[Page]:
-    yield page
-    yield from pages
+    def _handed_over(self) -> Iterator[Page]:
+        yield from self._read
+        self._read = []
+        if self._later is not None:
+            raise self._later
+        if not self._ended:
+            yield from self._pages
 
 
 def _empty_objects(store: Any, folder: str) -> frozenset[str]:
