@@ -797,7 +797,7 @@ class _Lines:
         order with a warning if ``warn``."""
         while (line := self.next()) is not None:
             verified = not line.startswith("?")
-            entry = parse_line(line if verified else line[1:])
+            entry = _parse_start(line) if verified else parse_line(line[1:])
             if entry is None:
                 continue
             if last is None or entry.key > last:
@@ -807,15 +807,27 @@ class _Lines:
         return None
 
 
-#: How a verified index line starts for a row: ``[key,size,version,`` (JSON, as the index is written:
-#: :func:`lading.sync.state._dumps`).
-_LINE_START = "[{},{},{},".format
+def _parse_start(line: str) -> Entry | None:
+    """The entry of a verified line's start (``[key,size,version,`` and a newline), its local
+    side unknown (-1: only its source side is compared), or None when it is malformed."""
+    try:
+        row = json.loads(line[:-2] + "]")
+    except ValueError:
+        return None
+    if type(row) is list and len(row) == 3 and type(row[0]) is str and type(row[1]) is int and type(row[2]) is str:
+        return Entry(row[0], row[1], row[2], -1, -1)
+    return None
+
+
+#: A verified index line, as :mod:`lading.sync.verify` passes it on: its start, the source's
+#: side of the row (``[key,size,version,``, JSON as :func:`lading.sync.state._dumps` writes it).
+_LINE_START = "[{},{},{},\n".format
 _second, _third = itemgetter(1), itemgetter(2)
 
 
 def _line_starts(rows: Page) -> list[str]:
-    """The start of the index line of each row (ObjectInfo fields), in C (maps, no Python step
-    per row)."""
+    """The verified line of each row (ObjectInfo fields) when it is up to date, in C (maps, no
+    Python step per row)."""
     string = encode_basestring_ascii
     return list(map(_LINE_START, map(string, map(_first, rows)), map(_second, rows), map(string, map(_third, rows))))
 
@@ -825,7 +837,7 @@ def _compare(
 ) -> None:
     """Walk this rank's rows (in pages) beside DEST's index lines, verified against DEST's files
     (:func:`lading.sync.verify.verified`), both in key order, filling ``plan``. A page whose
-    next lines are verified and start as a fetch of its rows would record them now (same keys,
+    next lines are verified and are the lines a fetch of its rows would record now (same keys,
     sizes and versions: :func:`_line_starts`) is up to date as a whole, without parsing a line or a
     ``stat`` here; otherwise each row is compared on its own: lines are parsed (those malformed
     or out of key order dropped), and the page's files stat'ed unless their lines were verified."""
@@ -836,7 +848,7 @@ def _compare(
     for batch in pages:
         if taken is None:
             got = index.take(len(batch))
-            if len(got) == len(batch) and all(map(str.startswith, got, _line_starts(batch))):
+            if got == _line_starts(batch):
                 current += len(batch)
                 up_to_date_bytes += sum(map(_second, batch))
                 if list_current:

@@ -2,12 +2,14 @@
 only DEST, done apart from the listing (for a large index in a helper process, so that its
 ``stat`` calls and their Python work run on another core than the listing's).
 
-An index line ``[key, size, version, mtime_ns, local_size]`` (:mod:`lading.sync.state`) is
-*verified* when DEST holds a regular file (not following a last symlink) at ``key`` with that
-``mtime_ns`` and size: lading wrote it and nobody changed it since. :func:`verified` passes
-each line on as it is when verified, and as ``"?"`` + the line when not (malformed, an
-unusable key, no such file, another file), in the order read; the planner then compares only
-the source's side (key, size, version) with a verified line's start, and looks again (parses,
+An index line ``[key,size,version,mtime_ns,local_size]`` (:mod:`lading.sync.state`) is
+*verified* when DEST holds a regular file (not following a last symlink) at ``key`` whose
+``mtime_ns`` and size end the line exactly as a fetch would write them now: lading wrote it and
+nobody changed it since. :func:`verified` passes a verified line on as its start, up to the
+source's side (``[key,size,version,``, newline added), and any other (malformed, an unusable
+key, no such file, another file) as ``"?"`` + the line, in the order read. The planner takes
+a row as up to date when its verified line is the start it would write for it (key, size and
+version: then the whole line is what a fetch would record now), and looks again (parses,
 stats) only at the others.
 
 Standard library only: run as a script (``python -I -S verify.py DEST``) it reads the index
@@ -18,35 +20,26 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import stat as stat_mode
 import sys
 from json.decoder import scanstring  # type: ignore[attr-defined]  # (typeshed lacks it; the C scanner)
 from typing import IO, Iterable, Iterator
 
-#: A row line of the shape the index is written in, its key (as JSON), mtime_ns and size caught:
-#: first without escapes in its strings (a fast match), then any.
-_PLAIN_LINE = re.compile(r'\["([^"\\\x00-\x1f]*)",-?\d+,"[^"\\\x00-\x1f]*",(-?\d+),(-?\d+)\]\n')
-_LINE = re.compile(r'\["((?:[^"\\\x00-\x1f]|\\.)*)",-?\d+,"(?:[^"\\\x00-\x1f]|\\.)*",(-?\d+),(-?\d+)\]\n')
 #: Lines written out at a time by :func:`main`.
 _BATCH = 4096
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def verified(root: str, lines: Iterable[str]) -> Iterator[str]:
-    """Each index line as it is when its file under ``root`` is what the line records, else
-    ``"?"`` + the line; one ``lstat`` per line, relative to its folder's descriptor."""
+    """Each index line's start (``[key,size,version,`` and a newline) when its file under
+    ``root`` ends it as a fetch would write it now, else ``"?"`` + the line; one ``lstat`` per
+    line, relative to its folder's descriptor."""
     folder: str | None = None
     fd = -1
     stat = os.stat
     try:
         for line in lines:
-            match = _PLAIN_LINE.fullmatch(line) or _LINE.fullmatch(line)
-            if match is None:
-                yield "?" + line
-                continue
-            raw, mtime_ns, size = match.groups()
-            key = _key(raw)
+            key = _key(line) if line.startswith('["') else None
             if key is None:
                 yield "?" + line
                 continue
@@ -59,25 +52,24 @@ def verified(root: str, lines: Iterable[str]) -> Iterator[str]:
                 st = stat(name, dir_fd=fd, follow_symlinks=False) if fd >= 0 else None
             except OSError:
                 st = None
-            if (
-                st is not None
-                and stat_mode.S_ISREG(st.st_mode)
-                and st.st_mtime_ns == int(mtime_ns)
-                and st.st_size == int(size)
-            ):
-                yield line
-            else:
-                yield "?" + line
+            if st is not None and stat_mode.S_ISREG(st.st_mode):
+                end = f",{st.st_mtime_ns},{st.st_size}]\n"
+                if line.endswith(end):
+                    yield line[: len(line) - len(end) + 1] + "\n"
+                    continue
+            yield "?" + line
     finally:
         if fd >= 0:
             os.close(fd)
 
 
-def _key(raw: str) -> str | None:
-    """The key of a line's JSON string, or None when it is not a plain relative path (no empty,
-    ``.`` or ``..`` segment, no NUL): such a line is never verified (the planner looks at it
-    again)."""
-    key = scanstring(raw + '"', 0)[0] if "\\" in raw else raw
+def _key(line: str) -> str | None:
+    """The key of a line's first JSON string, or None when it is not a plain relative path (no
+    empty, ``.`` or ``..`` segment, no NUL) or not a string: such a line is never verified."""
+    try:
+        key = scanstring(line, 2)[0] if "\\" in line else line[2 : line.index('"', 2)]
+    except ValueError:
+        return None
     wrapped = f"/{key}/"
     if key and "//" not in wrapped and "/./" not in wrapped and "/../" not in wrapped and "\x00" not in key:
         return key
