@@ -431,3 +431,21 @@ def test_a_no_op_resync_stats_nothing_beside_the_verifier(tmp_path, verifier, mo
     assert run_sync(store, SyncRequest(str(src), dest)).skipped == 40 and pages == []
     (src / "d002" / "f000003.jpg").write_bytes(b"x")
     assert run_sync(store, SyncRequest(str(src), dest)).files == 1 and pages == []  # its line verified
+
+
+def test_a_helper_that_can_not_run_leaves_the_check_to_the_planner(tmp_path, monkeypatch, caplog):
+    """A helper that fails before its first line (an interpreter that can't run the script)
+    costs nothing but a warning: the planner verifies the index itself, with the same plan."""
+    from lading.sync import plan
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    keys = _empty_tree(src, 40, folders=4)
+    store = LocalStore(src)
+    run_sync(store, SyncRequest(str(src), dest))
+    (src / keys[5]).write_bytes(b"x")
+    monkeypatch.setattr(plan, "_VERIFY_APART", 0)
+    monkeypatch.setattr(plan, "_verifier_argv", lambda root: [sys.executable, "-c", "raise SystemExit('no')"])
+    with caplog.at_level("WARNING", logger="lading"):
+        summary = run_sync(store, SyncRequest(str(src), dest))
+    assert (summary.files, summary.skipped) == (1, 39)
+    assert "its helper process failed (exit 1: no)" in caplog.text

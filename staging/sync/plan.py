@@ -40,7 +40,7 @@ from itertools import islice
 from json.encoder import encode_basestring_ascii
 from operator import attrgetter, itemgetter, lt
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Callable, Iterable, Iterator
 
 from lading.core.errors import LadingError, NotFound, UnsafeKey, UsageError
 from lading.core.keys import is_safe_key, key_parts
@@ -723,7 +723,7 @@ def _verified_lines(state: SyncState, root: str) -> Iterator[Iterator[str]]:
         yield verify.verified(root, state.lines())
         return
     try:
-        yield _helper_lines(helper, root)
+        yield _helper_lines(helper, root, lambda: verify.verified(root, state.lines()))
     finally:
         if helper.poll() is None:
             helper.kill()
@@ -734,10 +734,10 @@ def _verified_lines(state: SyncState, root: str) -> Iterator[Iterator[str]]:
 
 
 def _start_verifier(path: Path, root: str) -> subprocess.Popen[bytes] | None:
-    """``python -I -S verify.py ROOT`` reading the index on stdin (None: it can't be started;
+    """``python -S verify.py ROOT`` reading the index on stdin (None: it can't be started;
     the lines are then verified here)."""
     argv = _verifier_argv(root)
-    if not argv[0]:
+    if not argv[0] or getattr(sys, "frozen", False):  # no interpreter to run a script with
         return None
     try:
         with open(path, "rb") as index:
@@ -753,23 +753,33 @@ def _start_verifier(path: Path, root: str) -> subprocess.Popen[bytes] | None:
 
 
 def _verifier_argv(root: str) -> list[str]:
-    """The helper's command: :mod:`lading.sync.verify` as a script, isolated (no site, no
-    environment, standard library only)."""
-    return [sys.executable or "", "-I", "-S", verify.__file__, root]
+    """The helper's command: :mod:`lading.sync.verify` as a script (no site: it needs the
+    standard library only)."""
+    return [sys.executable or "", "-S", verify.__file__, root]
 
 
-def _helper_lines(helper: subprocess.Popen[bytes], root: str) -> Iterator[str]:
-    """The helper's lines; at their end, its exit status checked (a helper that died early must
-    not pass for an index that ended)."""
+def _helper_lines(helper: subprocess.Popen[bytes], root: str, here: Callable[[], Iterator[str]]) -> Iterator[str]:
+    """The helper's lines; at their end, its exit status checked: a helper that failed before
+    its first line (an interpreter that can't run it) leaves the lines to ``here``; one that
+    died later must not pass for an index that ended."""
     assert helper.stdout is not None and helper.stderr is not None
-    yield from io.TextIOWrapper(helper.stdout, encoding="utf-8")
-    if helper.wait() != 0:
-        detail = helper.stderr.read().decode("utf-8", "replace").strip().splitlines()[-1:]
-        raise LadingError(
-            f"checking the files in {root} against its state record failed"
-            f" (exit {helper.returncode}{': ' + detail[0] if detail else ''})",
-            "nothing was written; run the sync again",
-        )
+    lines = io.TextIOWrapper(helper.stdout, encoding="utf-8")
+    first = lines.readline()
+    if first:
+        yield first
+        yield from lines
+    if helper.wait() == 0:
+        return
+    detail = helper.stderr.read().decode("utf-8", "replace").strip().splitlines()[-1:]
+    failure = f"exit {helper.returncode}{': ' + detail[0] if detail else ''}"
+    if not first:
+        log.warning("%s: verifying the state record here, its helper process failed (%s)", root, failure)
+        yield from here()
+        return
+    raise LadingError(
+        f"checking the files in {root} against its state record failed ({failure})",
+        "nothing was written; run the sync again",
+    )
 
 
 class _Lines:

@@ -12,7 +12,7 @@ a row as up to date when its verified line is the start it would write for it (k
 version: then the whole line is what a fetch would record now), and looks again (parses,
 stats) only at the others.
 
-Standard library only: run as a script (``python -I -S verify.py DEST``) it reads the index
+Standard library only: run as a script (``python -S verify.py DEST``) it reads the index
 (its header line first) on stdin and writes the lines on stdout, encoded in UTF-8.
 """
 
