@@ -62,7 +62,8 @@ The API:
 - ``gate = proxy.gather(N, method="GET", timeout=10.0)``: the next N matching requests are held
   until all N are in the proxy at once (or ``timeout`` passes), then forwarded together.
   ``gate.together`` is the most requests that were held at the same moment: N when the client
-  sent them concurrently, 1 when it sent them one after another.
+  sent them concurrently, 1 when it sent them one after another. ``path_suffix=".tar"`` holds only
+  requests whose path ends so (others pass).
 
 The Host header is forwarded unchanged, so S3 signatures stay valid and servers that build
 absolute URLs (GCS resumable-upload sessions) point them back at the proxy.
@@ -180,17 +181,19 @@ class FaultRule:
 class Gate:
     """Holds matching requests until ``count`` of them are in the proxy at once (see ``gather``)."""
 
-    def __init__(self, count: int, method: str | None, timeout: float) -> None:
-        self.count, self.method, self.timeout = count, method, timeout
+    def __init__(self, count: int, method: str | None, timeout: float, path_suffix: str | None = None) -> None:
+        self.count, self.method, self.timeout, self.path_suffix = count, method, timeout, path_suffix
         self.admitted = 0  # requests this gate took (at most ``count``)
         self.waiting = 0
         self.together = 0
         self._cond = threading.Condition()
 
-    def take(self, method: str) -> bool:
+    def take(self, method: str, path: str = "") -> bool:
         """Whether this request is one the gate holds."""
         with self._cond:
             if self.admitted >= self.count or (self.method is not None and method.upper() != self.method.upper()):
+                return False
+            if self.path_suffix is not None and not path.endswith(self.path_suffix):
                 return False
             self.admitted += 1
             return True
@@ -242,7 +245,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._inject(rule.kind)
             return
         gate = proxy._gate
-        if gate is not None and gate.take(self.command):
+        if gate is not None and gate.take(self.command, path):
             gate.hold()
         headers = self._forward_headers(body)
         dropped = None
@@ -456,9 +459,11 @@ class FaultProxy:
             self._rules.append(rule)
         return rule
 
-    def gather(self, count: int, method: str | None = "GET", timeout: float = 10.0) -> Gate:
+    def gather(
+        self, count: int, method: str | None = "GET", timeout: float = 10.0, path_suffix: str | None = None
+    ) -> Gate:
         """Hold the next ``count`` matching requests until they are all in (see the module docstring)."""
-        self._gate = Gate(count, method, timeout)
+        self._gate = Gate(count, method, timeout, path_suffix)
         return self._gate
 
     def clear_faults(self) -> None:

@@ -397,3 +397,32 @@ def test_a_cached_shard_cut_short_while_read_is_an_error_not_a_crash(s3_env, tmp
     )
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
     assert "refused:" in done.stdout and "past the end of its cached file" in done.stdout
+
+
+def test_a_shard_is_claimed_for_download_by_one_process_at_a_time(s3_env, tmp_path):
+    """Prefetch claims a shard's download without waiting (NodeCache.claim): while one process
+    holds the claim, another's is refused; once downloaded, nobody claims it; a claim given up
+    is free again, and spent claims release their locks."""
+    with FaultProxy(s3_env["AWS_ENDPOINT_URL"]) as proxy:
+        config = StoreConfig.from_env(endpoint_url=proxy.url)
+        index, shards = pack_into(make_bucket("s3", config), tmp_path, config)
+        store = open_store(index.rsplit("/", 1)[0], config)
+        sources = [ShardSource(f"{index.rsplit('/', 1)[0]}/{n}", lambda: store, n, None, None) for n in shards[:2]]
+        mine = NodeCache(tmp_path / "cache")
+        theirs = NodeCache(tmp_path / "cache")  # another process's: flock locks are per open file
+        claim = mine.claim(sources[0])
+        assert claim is not None
+        assert theirs.claim(sources[0]) is None, "a shard being downloaded was claimed again"
+        shard = mine.fetch(claim)
+        assert len(shard.buffer) == shard.path.stat().st_size > 0
+        assert theirs.claim(sources[0]) is None, "a cached shard was claimed for download"
+        given_up = theirs.claim(sources[1])
+        assert given_up is not None
+        given_up.release()
+        again = mine.claim(sources[1])
+        assert again is not None, "a claim given up stayed taken"
+        mine.fetch(again).close()
+        shard.close()
+        NodeCache(tmp_path / "cache", limit=1).make_room(10)  # nothing held: everything may go
+        assert not [entry for entry in iter_entries(tmp_path / "cache" / "datasets") if entry.path.name in shards]
+    assert shard_gets(proxy) == Counter({shards[0]: 1, shards[1]: 1})

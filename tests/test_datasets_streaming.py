@@ -346,6 +346,30 @@ def test_dataloader_workers_stream_within_the_limit_too(remote_pack, rclone_env,
     assert peak <= limit + in_flight, f"cache reached {peak} bytes, limit {limit}"
 
 
+def test_a_ranks_dataloader_workers_download_different_shards_at_once(remote_pack, rclone_env, tmp_path):
+    """Both workers read shards 0, 1, 2, ... in turn (batches dealt round-robin, no shuffle): each
+    claims its own next downloads instead of both racing for the same ones, so the node has the
+    first shard and 2 workers x ``prefetch`` others in flight at once, and each shard is GET once."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    with FaultProxy(rclone_env["AWS_ENDPOINT_URL"]) as proxy:
+        dataset = ShardDataset(
+            remote_pack,
+            config=StoreConfig.from_env(endpoint_url=proxy.url),
+            cache_dir=tmp_path / "node",
+            batch_size=1,
+            prefetch=2,
+        )
+        gate = proxy.gather(1 + 2 * dataset.prefetch, path_suffix=".tar")
+        loader = torch_data.DataLoader(
+            dataset, batch_size=1, num_workers=2, collate_fn=lambda batch: batch, multiprocessing_context="fork"
+        )
+        keys = [sample["__key__"] for batch in loader for sample in batch]
+        gets = shard_gets(proxy)
+    assert keys == sorted(expected()), "in order: both workers walk the shards together"
+    assert gate.together == gate.count, f"{gate.together} shard downloads in flight at most, not {gate.count}"
+    assert Counter(gets) == Counter(set(gets)) and len(gets) == SHARDS, "each shard downloaded once"
+
+
 def test_the_next_epochs_workers_find_the_offsets_file_in_the_cache(remote_pack, rclone_env, tmp_path):
     """Each epoch forks new DataLoader workers, and each reads the offsets file at its start: it
     must still be cached then, though the epoch before evicted shards all along."""

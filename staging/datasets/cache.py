@@ -11,6 +11,7 @@ from lading.sync.cache import (  # noqa: F401 - re-exported
     CachedShard,
     Cleared,
     Entry,
+    FetchClaim,
     NodeCache,
     ShardSource,
     check_root,

@@ -1,14 +1,22 @@
 """Reading samples out of whole shards: local files in place, remote shards through the node cache.
 
 One :class:`ShardReader` per dataset and process. It keeps a few shards mapped (least recently
-used beyond ``keep_open`` are released, so eviction may take them), downloads the next shards of
-the epoch that the node cache does not hold on background threads (a prefetched shard stays
-mapped and locked until it is read, so eviction cannot take it in between; shards already cached
-are opened when first read, with no thread involved), and finds a sample's bytes through the
+used beyond ``keep_open`` are released, so eviction may take them), downloads up to ``prefetch``
+of the next shards of its order on background threads (a prefetched shard stays mapped and
+locked until it is read, so eviction cannot take it in between), and finds a sample's bytes through the
 offsets file when the pack wrote one, else through the shard's tar headers (read once per shard
 and process, from the mapped file). A cached shard's samples are read with ``pread``; the cached
 offsets file stays in use while the reader lives, so eviction never takes it from under the
 next epoch's processes.
+
+Prefetch deals the node's downloads between its processes: a reader looks up to ``ahead``
+shards past the one it opens (one block) and claims, without waiting, the next ones that the
+node cache neither holds nor is downloading for another process (:meth:`NodeCache.claim`).
+DataLoader workers of a rank read the same shards (batches are dealt round-robin from one
+order), so instead of racing for the same next shards, each downloads its own: a node has up
+to (processes x ``prefetch``) distinct downloads in flight, within one block ahead, and each
+shard is downloaded once. A shard another process is fetching is opened (waiting for it) when
+first read; shards already cached are opened then too, with no thread involved.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from lading.core.errors import NotFound, ObjectChanged, ProblemFound
-from lading.datasets.cache import CachedShard, NodeCache, ShardSource, map_file
+from lading.datasets.cache import CachedShard, FetchClaim, NodeCache, ShardSource, map_file
 from lading.datasets.index import DatasetIndex, ShardRef, store_for
 from lading.pack.offsets import OffsetsTable
 from lading.pack.tarread import TarFormatError, iter_member_spans
@@ -156,11 +164,13 @@ class ShardReader:
         cache: Callable[[], NodeCache],
         prefetch: int = 2,
         keep_open: int = 4,
+        ahead: int | None = None,
     ) -> None:
         self.shards, self.index, self.config = shards, index, config
         self._cache_factory = cache
         self._cache: NodeCache | None = None
         self.prefetch = prefetch
+        self.ahead = max(prefetch, ahead or 0)
         self.keep_open = max(1, keep_open)
         self._open: OrderedDict[int, OpenShard] = OrderedDict()
         self._upcoming: dict[int, int] = {}
@@ -302,26 +312,35 @@ class ShardReader:
             self._warming.pop(number).add_done_callback(_close_prefetched)  # no longer on the way
 
     def _warm_after(self, number: int) -> None:
+        """Claim and start the next downloads past shard ``number`` (module docstring)."""
         if self.prefetch <= 0 or not self._order:
             return
         slot = self._upcoming.get(number)
         if slot is None:
             return
-        for ahead in self._order[slot + 1 : slot + 1 + self.prefetch]:
+        for ahead in self._order[slot + 1 : slot + 1 + self.ahead]:
+            if len(self._warming) >= self.prefetch:
+                return
             if ahead in self._open or ahead in self._warming or self.shards[ahead].local:
                 continue
             source = self.source(ahead)
-            if self.cache().holds(source.uri):
+            cache = self.cache()
+            if cache.holds(source.uri):
                 continue  # opened when first read: a thread would only open it twice
+            claim = cache.claim(source)
+            if claim is None:
+                continue  # another process of the node is downloading it
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self.prefetch, thread_name_prefix="lading-prefetch")
-            self._warming[ahead] = self._pool.submit(self._warm, source)
+            warming = self._pool.submit(self._warm, claim)
+            warming.add_done_callback(_release_claim(claim))  # also when cancelled before it ran
+            self._warming[ahead] = warming
 
-    def _warm(self, source: ShardSource) -> CachedShard:
+    def _warm(self, claim: FetchClaim) -> CachedShard:
         try:
-            return self.cache().open(source)
+            return self.cache().fetch(claim)
         except Exception as err:
-            log.debug("prefetching %s failed: %s", source.uri, err)
+            log.debug("prefetching %s failed: %s", claim.source.uri, err)
             raise
 
     def close(self) -> None:
@@ -338,6 +357,15 @@ class ShardReader:
         for warming in self._warming.values():
             warming.add_done_callback(_close_prefetched)
         self._warming.clear()
+
+
+def _release_claim(claim: FetchClaim) -> Callable[[Future[CachedShard]], None]:
+    """A done-callback giving up ``claim`` (a no-op once :meth:`NodeCache.fetch` spent it)."""
+
+    def release(_: Future[CachedShard]) -> None:
+        claim.release()
+
+    return release
 
 
 def _close_prefetched(warming: Future[CachedShard]) -> None:

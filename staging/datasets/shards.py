@@ -306,9 +306,15 @@ class ShardDataset(IterableBase):
 
     def _new_reader(self) -> ShardReader:
         cache_dir, cache_limit = self.cache_dir, self.cache_limit
-        keep = 4 if self.order is None else self.order.block + self.prefetch + 4
+        block = 0 if self.order is None else self.order.block
         return ShardReader(
-            self.shards, self.index, self.config, lambda: NodeCache(cache_dir, cache_limit), self.prefetch, keep
+            self.shards,
+            self.index,
+            self.config,
+            lambda: NodeCache(cache_dir, cache_limit),
+            self.prefetch,
+            keep_open=4 if self.order is None else block + self.prefetch + 4,
+            ahead=block,  # a worker's downloads reach at most one block past the shard it opens
         )
 
     def finish(self, sample: Sample, shard: int | None = None) -> Any:

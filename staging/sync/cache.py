@@ -21,6 +21,8 @@ Rules:
   size. If not, it takes the lock exclusive, checks again (another process may have just
   downloaded it), downloads to a temporary name, renames, writes the record, and reads on under
   the shared lock. Waiting has no timeout; the kernel drops the lock of a process that dies.
+  A prefetch *claims* a download instead (:meth:`NodeCache.claim`: the fetch lock taken without
+  waiting), so a process never queues behind a download another one already started.
 - **In use is never evicted.** Readers hold the shared lock while they read. With
   ``cache_limit``, a process about to download evicts the least recently used shards (by record
   mtime, touched at every open) whose exclusive lock it can take *without waiting*: a shard
@@ -274,6 +276,35 @@ class CachedShard:
             self._fd = None
 
 
+class FetchClaim:
+    """A shard this process will download (:meth:`NodeCache.claim`): its two locks, released by
+    :meth:`NodeCache.fetch` or :meth:`release`."""
+
+    def __init__(self, source: ShardSource, fd: int, fetching: int) -> None:
+        self.source = source
+        self._fds: tuple[int, int] | None = (fd, fetching)
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[int, int]:
+        """The two descriptors (shared lock, fetch lock), handed over once."""
+        with self._lock:
+            fds, self._fds = self._fds, None
+        if fds is None:
+            raise RuntimeError(f"the claim on {self.source.uri} was already spent")
+        return fds
+
+    def release(self) -> None:
+        """Give the claim up without downloading (idempotent)."""
+        with self._lock:
+            fds, self._fds = self._fds, None
+        if fds is not None:
+            for fd in fds:
+                os.close(fd)
+
+    def __del__(self) -> None:
+        self.release()
+
+
 def map_file(path: Path) -> mmap.mmap | bytes:
     """A read-only mapping of ``path`` (empty files give ``b""``, which mmap refuses)."""
     with open(path, "rb") as handle:
@@ -365,6 +396,35 @@ class NodeCache:
                         self._download(source, path, record)
                 finally:
                     os.close(fetching)
+            return self._opened(path, record, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def claim(self, source: ShardSource) -> FetchClaim | None:
+        """The right to download ``source`` (for a prefetch), taken without waiting: None when
+        the cache holds it current, or another process or thread of the node is downloading it
+        (its reader opens it when it needs it, waiting then). A claim holds the shard's lock
+        shared (so eviction cannot take the file under the download) and its fetch lock."""
+        path, record, lock = self.paths(source.uri)
+        fd = _hold(lock, fcntl.LOCK_SH)
+        fetching = _lock(lock.with_name(path.name + FETCH), fcntl.LOCK_EX, wait=False)
+        if fetching is None or _current(path, record, source.version, source.size):
+            if fetching is not None:
+                os.close(fetching)
+            os.close(fd)
+            return None
+        return FetchClaim(source, fd, fetching)
+
+    def fetch(self, claim: FetchClaim) -> CachedShard:
+        """Download a claimed shard and open it (see :meth:`claim`); the claim is spent either way."""
+        path, record, _ = self.paths(claim.source.uri)
+        fd, fetching = claim.take()
+        try:
+            try:
+                self._download(claim.source, path, record)
+            finally:
+                os.close(fetching)
             return self._opened(path, record, fd)
         except BaseException:
             os.close(fd)
