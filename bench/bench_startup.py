@@ -179,6 +179,7 @@ def main() -> None:
             f"CPU {cpu * 1000:6.0f} ms (medians of {len(rows)})"
         )
     s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": f"data/{i:02d}.bin"} for i in range(20)]})
+    s3.delete_bucket(Bucket=bucket)
 
 
 if __name__ == "__main__":
