@@ -171,3 +171,23 @@ def test_forked_workers_use_the_region_their_parent_found(s3_env):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "us-east-1" and gets == 3
     assert heads == 1
+
+
+def test_a_forked_child_never_drops_a_value_it_inherited(tmp_path):
+    """Dropping an inherited obstore object runs its destructor in the child, where a lock the
+    parent's runtime held at the fork is never released (a DataLoader worker hung in CI)."""
+    from lading.stores.process import ProcessLocal
+
+    class Noisy:
+        def __del__(self) -> None:
+            (tmp_path / f"dropped-in-{os.getpid()}").write_text("")
+
+    holder: ProcessLocal[Noisy] = ProcessLocal(Noisy)
+    holder.get()
+    pid = os.fork()
+    if pid == 0:  # the child: the value is forgotten (a new one built on use) but not dropped
+        fresh = not holder.built
+        os._exit(0 if fresh else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not (tmp_path / f"dropped-in-{pid}").exists()

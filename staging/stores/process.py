@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 
 _holders: "weakref.WeakSet[ProcessLocal[Any]]" = weakref.WeakSet()
 _holders_lock = threading.Lock()
+#: Values a forked child inherited, kept and never dropped there: dropping one runs its
+#: destructor, and obstore's may wait on a lock of the parent's runtime (tokio's task queue) that
+#: a parent thread held at the fork and no thread of the child will ever release.
+_inherited: list[Any] = []
 
 
 class ProcessLocal(Generic[T]):
@@ -65,9 +69,15 @@ class ProcessLocal(Generic[T]):
         return self._value is not None
 
     def reset(self) -> None:
-        """Forget the value (it belonged to the parent, or is stale)."""
+        """Forget the value (it is stale; this process built it)."""
         self._value = None
         self._lock = threading.Lock()
+
+    def _forget_inherited(self) -> None:
+        """In a forked child: forget the parent's value without dropping it (see ``_inherited``)."""
+        if self._value is not None:
+            _inherited.append(self._value)
+        self.reset()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"factory": self._factory}
@@ -153,7 +163,7 @@ def _after_fork_in_child() -> None:
     global _holders_lock
     _holders_lock = threading.Lock()
     for holder in list(_holders):
-        holder.reset()
+        holder._forget_inherited()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
