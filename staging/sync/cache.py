@@ -388,18 +388,18 @@ class NodeCache:
         """The shard, downloaded first unless the cache holds it at the recorded version."""
         path, record, lock = self.paths(source.uri)
         fd = _hold(lock, fcntl.LOCK_SH)  # in use from here on: never evicted under us
-        try:
-            if not _current(path, record, source.version, source.size):
-                fetching = _hold(lock.with_name(path.name + FETCH), fcntl.LOCK_EX)
-                try:
-                    if not _current(path, record, source.version, source.size):  # another may have
-                        self._download(source, path, record)
-                finally:
-                    os.close(fetching)
-            return self._opened(path, record, fd)
-        except BaseException:
-            os.close(fd)
-            raise
+
+        def download_if_stale() -> None:
+            if _current(path, record, source.version, source.size):
+                return
+            fetching = _hold(lock.with_name(path.name + FETCH), fcntl.LOCK_EX)
+            try:
+                if not _current(path, record, source.version, source.size):  # another may have
+                    self._download(source, path, record)
+            finally:
+                os.close(fetching)
+
+        return self._open_held(fd, path, record, download_if_stale)
 
     def claim(self, source: ShardSource) -> FetchClaim | None:
         """The right to download ``source`` (for a prefetch), taken without waiting: None when
@@ -420,11 +420,20 @@ class NodeCache:
         """Download a claimed shard and open it (see :meth:`claim`); the claim is spent either way."""
         path, record, _ = self.paths(claim.source.uri)
         fd, fetching = claim.take()
-        try:
+
+        def download() -> None:
             try:
                 self._download(claim.source, path, record)
             finally:
                 os.close(fetching)
+
+        return self._open_held(fd, path, record, download)
+
+    def _open_held(self, fd: int, path: Path, record: Path, prepare: Callable[[], None]) -> CachedShard:
+        """Run ``prepare`` (a download, if needed) while holding the shard's shared lock ``fd``,
+        then open the shard; ``fd`` is closed if either fails, else the shard owns it."""
+        try:
+            prepare()
             return self._opened(path, record, fd)
         except BaseException:
             os.close(fd)
@@ -469,7 +478,12 @@ class NodeCache:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        text = json.dumps({"uri": source.uri, "version": version, "size": size, "downloaded": time.time()})
+        self._recorded(record, path, source.uri, version, size)
+        log.debug("cached %s (%d bytes) in %.2fs", source.uri, size, time.monotonic() - started)
+
+    def _recorded(self, record: Path, path: Path, uri: str, version: str | None, size: int) -> None:
+        """Write the record of a shard just put at ``path`` (what makes it current), and count it."""
+        text = json.dumps({"uri": uri, "version": version, "size": size, "downloaded": time.time()})
         write_atomically(
             record,
             text + "\n",
@@ -477,7 +491,6 @@ class NodeCache:
             tmp=record.with_name(f"{record.name}{_TMP}{os.getpid()}-{threading.get_ident()}"),
         )
         self.index.added(path, size)
-        log.debug("cached %s (%d bytes) in %.2fs", source.uri, size, time.monotonic() - started)
 
     def adopt(self, uri: str, version: str | None, size: int, file: Path) -> bool:
         """Link ``file`` (a current copy of ``uri`` at ``version``, e.g. in a sync entry) into the
@@ -496,14 +509,7 @@ class NodeCache:
                 return False
             record.unlink(missing_ok=True)
             os.replace(tmp, path)
-            text = json.dumps({"uri": uri, "version": version, "size": size, "downloaded": time.time()})
-            write_atomically(
-                record,
-                text + "\n",
-                mode=0o600,
-                tmp=record.with_name(f"{record.name}{_TMP}{os.getpid()}-{threading.get_ident()}"),
-            )
-            self.index.added(path, size)
+            self._recorded(record, path, uri, version, size)
             return True
         finally:
             os.close(fd)
