@@ -95,6 +95,12 @@ class Verifier:
             raise IntegrityError(f"{self.info.key}: {self._kind} mismatch (got {actual}, store says {self._expected})")
 
 
+def md5_is(data: bytes | memoryview, expected: str) -> bool:
+    """Whether ``data``'s MD5 is the hex digest ``expected`` (any case): a whole small object
+    checked in one call, with no :class:`Verifier` made for it."""
+    return hashlib.md5(data, usedforsecurity=False).hexdigest() == expected.lower()
+
+
 class InlineCrc32c:
     """Checks a download against a recorded CRC32C as its pieces are written, with no read-back
     of the file: pass it as ``Store.download``'s ``on_piece``, then call :meth:`check`.
