@@ -41,6 +41,55 @@ def test_journal_survives_a_kill_and_a_torn_line(tmp_path):
     assert set(SyncState.load(tmp_path).entry_map()) == {"b"}
 
 
+def test_save_takes_a_journal_it_wrote_alone_from_memory(tmp_path, monkeypatch):
+    """A run's own journal lines are folded into the index from memory: the journal is not read
+    back and re-checked line by line (18-25 ms for 2,000 files at load 8)."""
+    from lading.sync import state as state_module
+
+    state = SyncState(tmp_path, "s3://b/p/")
+    state.begin()
+    for key in ("b", "a", "c", "a"):
+        state.record(Entry(key, 1, f"v-{key}", 10, 1))
+    state.forget(["c"])
+
+    def no_read_back(path):
+        raise AssertionError(f"{path} read back")
+
+    monkeypatch.setattr(state_module, "_journal_runs", no_read_back)
+    state.save()
+    assert not (tmp_path / JOURNAL_NAME).exists()
+    monkeypatch.undo()
+    assert SyncState.load(tmp_path).entry_map() == {"a": Entry("a", 1, "v-a", 10, 1), "b": Entry("b", 1, "v-b", 10, 1)}
+
+
+@pytest.mark.parametrize("own_lines", [0, 2, 50_000])
+def test_save_reads_the_journal_when_a_killed_run_left_lines_or_memory_would_not_hold_them(
+    tmp_path, monkeypatch, own_lines
+):
+    from lading.sync import state as state_module
+
+    killed = SyncState(tmp_path)
+    killed.begin()
+    killed.record(Entry("old", 1, "v0", 10, 1))
+    killed.close()  # as if killed: its line is in the journal only
+    monkeypatch.setattr(state_module, "OWN_LINES", own_lines)
+    state = SyncState.load(tmp_path)
+    state.begin()
+    for key in ("x", "y", "z"):
+        state.record(Entry(key, 1, "v", 10, 1))
+    state.save()
+    assert sorted(SyncState.load(tmp_path).entry_map()) == ["old", "x", "y", "z"]
+
+
+def test_save_of_a_run_held_in_memory_drops_unsafe_keys_as_the_journal_would(tmp_path):
+    state = SyncState(tmp_path)
+    state.begin()
+    state.record(Entry("../escape", 1, "v", 10, 1))
+    state.record(Entry("ok", 1, "v", 10, 1))
+    state.save()
+    assert sorted(SyncState.load(tmp_path).entry_map()) == ["ok"]
+
+
 def test_save_without_changes_rewrites_nothing(tmp_path):
     state = SyncState(tmp_path)
     state.record(Entry("a", 1, "v", 1, 1))

@@ -55,6 +55,10 @@ JOURNAL_BATCH = 256
 JOURNAL_SECONDS = 0.2
 #: Lines parsed per ``json.loads`` call when reading the index or the journal.
 _PARSE_BATCH = 2048
+#: Journal lines of this run kept in memory, by key, so that :meth:`SyncState.save` need not
+#: read back and re-check a journal it wrote alone (more, and it reads the file as it must after
+#: a killed run's lines).
+OWN_LINES = 50_000
 
 
 class Entry(NamedTuple):
@@ -83,6 +87,9 @@ class SyncState:
         self._pending: list[str] = []
         self._written = time.monotonic()
         self._dirty = False
+        #: ``(key, line)`` of every journal line this object wrote (``line`` None: a deletion)
+        #: while it alone wrote the journal (it was empty when opened); else None.
+        self._own: list[tuple[str, str | None]] | None = None
 
     @classmethod
     def load(cls, dest: Path) -> "SyncState":
@@ -106,9 +113,9 @@ class SyncState:
     def _merged(self, checked: bool) -> Iterator[tuple[str, str]]:
         """``(key, line)`` of every entry in ascending key order, the index's lines with the
         journal's replayed over them, as lines: checked by shape (:data:`_ROW_LINE`), never
-        parsed whole."""
+        parsed whole. A journal this object wrote alone is taken from memory, not read back."""
         index = _index_lines_keyed(self.dest / STATE_NAME, checked)
-        journal = _journal_runs(self.dest / JOURNAL_NAME)
+        journal = _own_runs(self._own) if self._own is not None else _journal_runs(self.dest / JOURNAL_NAME)
         if journal is None:
             yield from index
             return
@@ -167,30 +174,47 @@ class SyncState:
         """Create the journal before writing anything: while it exists, a run is (or was) under way."""
         with self._lock:
             if self._journal is None:
-                self._journal = open(self.dest / JOURNAL_NAME, "a", encoding="utf-8")
-                self._journal.flush()
+                self._open_journal()
             self._dirty = True
 
     def record(self, entry: Entry) -> None:
         """Remember a completed file (a journal line, written with its batch)."""
-        self._append(_dumps(entry) + "\n")
+        line = _dumps(entry) + "\n"
+        self._append(entry.key, line, line)
 
     def forget(self, keys: Iterable[str]) -> None:
         """Drop entries (files deleted locally by ``--delete``)."""
         for key in keys:
-            self._append(f'{{"key":{_string(key)},"deleted":true}}\n')
+            self._append(key, f'{{"key":{_string(key)},"deleted":true}}\n', None)
 
-    def _append(self, line: str) -> None:
+    def _append(self, key: str, line: str, row: str | None) -> None:
+        """Journal ``line``; ``row`` is the index line it stands for (None: a deletion)."""
         with self._lock:
+            if self._journal is None:
+                self._open_journal()
             self._pending.append(line)
+            own = self._own
+            if own is not None:
+                if len(own) < OWN_LINES:
+                    own.append((key, row))
+                else:
+                    self._own = None  # too many to hold: save reads the journal back
             self._dirty = True
             if len(self._pending) >= JOURNAL_BATCH or time.monotonic() - self._written >= JOURNAL_SECONDS:
                 self._write_pending()
 
+    def _open_journal(self) -> None:
+        """Open the journal for appending (the caller holds the lock); this object's own lines
+        are kept in memory only when it found the journal empty (no killed run's lines)."""
+        self._journal = open(self.dest / JOURNAL_NAME, "a", encoding="utf-8")
+        self._journal.flush()
+        self._own = [] if self._journal.tell() == 0 else None
+
     def _write_pending(self) -> None:
         """Append the pending lines to the journal in one write (the caller holds the lock)."""
         if self._journal is None:
-            self._journal = open(self.dest / JOURNAL_NAME, "a", encoding="utf-8")
+            self._open_journal()
+        assert self._journal is not None
         if self._pending:
             self._journal.write("".join(self._pending))
             self._pending = []
@@ -220,6 +244,7 @@ class SyncState:
                 self._journal.close()
                 self._journal = None
             journal.unlink(missing_ok=True)
+            self._own = None
             self._dirty = False
 
     def _index_lines(self) -> Iterator[str]:
@@ -373,6 +398,14 @@ def _journal_runs(path: Path) -> SortedRuns | None:
     runs = SortedRuns()
     with handle:
         runs.extend(filter(None, map(_journal_row, handle)))
+    return runs.finish()
+
+
+def _own_runs(own: list[tuple[str, str | None]]) -> SortedRuns:
+    """This run's journal lines from memory, as :func:`_journal_runs` reads them back: sorted by
+    key (stable), rows with unsafe keys dropped."""
+    runs = SortedRuns()
+    runs.extend(row for row in own if is_safe_key(row[0]))
     return runs.finish()
 
 
