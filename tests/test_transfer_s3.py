@@ -107,30 +107,6 @@ def test_small_and_ranged_downloads_are_byte_identical(s3, s3_env, tmp_path):
         assert infos[key].md5 == infos[key].version and seen.headers.get("Range") == f"bytes=0-{infos[key].size - 1}"
 
 
-def test_the_objects_are_taken_in_turn_by_at_most_workers_coroutines(s3, s3_env, tmp_path):
-    """One task per worker, not per object (a task, its semaphore slot and its done callback
-    per object were CPU on the loop for nothing): ``on_done`` runs in at most ``workers`` tasks."""
-    import asyncio
-
-    files = {f"f{i:02d}": bytes([i]) * (100 + i) for i in range(24)}
-    _seed(s3, files)
-    tasks: set[int] = set()
-
-    class Events:
-        def on_bytes(self, nbytes: int) -> None:
-            pass
-
-        def on_done(self, result: TransferResult) -> None:
-            tasks.add(id(asyncio.current_task()))
-
-    results = _fetch(
-        _store(s3_env["AWS_ENDPOINT_URL"]), tmp_path, dataclasses.replace(SMALL_PARTS, workers=3), Events()
-    )
-    assert all(r.ok for r in results) and len(results) == len(files)
-    _assert_tree(tmp_path, files)
-    assert 1 <= len(tasks) <= 3
-
-
 def test_faults_503_resets_and_truncation_still_give_identical_files(s3, s3_env, tmp_path):
     files = _files()
     _seed(s3, files)

@@ -10,9 +10,8 @@ Contract (used by sync, hook, fetch and pack):
 - progress and completion are reported through ``TransferEvents`` callbacks only.
 
 Modules: ``types`` (items, options, results, events), ``engine`` (a coroutine per object on the
-I/O core, run by ``workers`` tasks in turn; large objects through :mod:`lading.stores.download`),
-``readers`` (how bytes come from a store), ``files`` (temporary names, resume records,
-publishing), ``verify`` (checksums).
+I/O core; large objects through :mod:`lading.stores.download`), ``readers`` (how bytes come from a
+store), ``files`` (temporary names, resume records, publishing), ``verify`` (checksums).
 """
 
 from lading.transfer.engine import fetch_all

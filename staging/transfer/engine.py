@@ -1,11 +1,11 @@
 """The transfer engine: :func:`fetch_all` fetches a batch of objects into final paths, safely.
 
-Every object is one coroutine on the I/O core (:mod:`lading.stores.iocore`), run by one of
-``workers`` tasks that take the objects in turn: GET, write, verify, publish and the caller's
-``on_done`` (sync journals it there) in a row on the loop, with no thread hop per object. A small
-object is collected whole and written in one call (one whose listed ETag is its MD5 is read without
-a precondition, in one obstore call, and published only when its bytes have that MD5: the listed
-version's bytes; else it is fetched again pinned); a larger one is streamed to its temporary, hashed as it arrives; a large one is
+Every object is one coroutine on the I/O core (:mod:`lading.stores.iocore`): at most ``workers``
+at once, GET, write, verify, publish and the caller's ``on_done`` (sync journals it there) in a
+row on the loop, with no thread hop per object. A small object is collected whole and written
+in one call (one whose listed ETag is its MD5 is read without a precondition, in one obstore call,
+and published only when its bytes have that MD5: the listed version's bytes; else it is fetched
+again pinned); a larger one is streamed to its temporary, hashed as it arrives; a large one is
 fetched as ranged parts by the one downloader (:mod:`lading.stores.download`), at most
 ``part_concurrency`` parts at once across all downloads, each part recorded in a sidecar as it
 lands so a killed run resumes with the parts still missing. A plain Store's (local directories)
@@ -21,7 +21,7 @@ import os
 import threading
 from pathlib import Path
 from functools import partial
-from typing import Awaitable, Callable, Iterable, Iterator
+from typing import Awaitable, Callable, Iterable
 
 from lading.core.errors import LadingError, ObjectChanged
 from lading.stores.base import ObjectInfo, Store
@@ -87,7 +87,7 @@ def fetch_all(
 
 
 class _Engine:
-    """``workers`` coroutines taking the objects in turn; parts bounded by ``part_concurrency``."""
+    """One coroutine per object, bounded by ``workers``; parts bounded by ``part_concurrency``."""
 
     def __init__(self, source: Source, options: TransferOptions, events: TransferEvents) -> None:
         self.source = source
@@ -101,47 +101,57 @@ class _Engine:
         self._copier: concurrent.futures.ThreadPoolExecutor | None = None
 
     async def run(self, items: Iterable[TransferItem]) -> list[TransferResult]:
-        """``workers`` coroutines, each taking the next piece of work (an object, or a chunk of a
-        blocking source's small objects) as it ends the last: one task per worker, not per object.
-        Return the results once all ended. An unexpected error (a bug) or a cancellation stops
-        the others and is raised."""
+        """Start a coroutine per item as slots free up; return the results once all ended. An
+        unexpected error (a bug) or a cancellation stops the others and is raised."""
+        slots = asyncio.Semaphore(max(1, self.options.workers))
         self._parts = asyncio.Semaphore(max(1, min(self.options.workers, self.options.part_concurrency)))
-        work = self._work(items)
-        workers = [asyncio.ensure_future(self._worker(work)) for _ in range(max(1, self.options.workers))]
+        running: set[asyncio.Task[None]] = set()
+        failure: list[BaseException] = []
+
+        def ended(task: asyncio.Task[None]) -> None:
+            running.discard(task)
+            slots.release()
+            if not task.cancelled() and task.exception() is not None and not failure:
+                failure.append(task.exception())  # type: ignore[arg-type]
+
+        async def launch(work: Callable[[], Awaitable[None]]) -> bool:
+            await slots.acquire()
+            if failure:
+                return False
+            task = asyncio.ensure_future(work())
+            running.add(task)
+            task.add_done_callback(ended)
+            return True
+
         try:
-            done, _ = await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
+            chunk: list[TransferItem] = []
+            for item in items:
+                if not self.source.blocking or self._is_large(item):
+                    if not await launch(partial(self._one, item)):
+                        break
+                    continue
+                chunk.append(item)
+                if len(chunk) >= CHUNK:
+                    if not await launch(partial(self._chunk, chunk)):
+                        break
+                    chunk = []
+            else:
+                if chunk:
+                    await launch(partial(self._chunk, chunk))
+            while running and not failure:
+                await asyncio.wait(set(running), return_when=asyncio.FIRST_EXCEPTION)
         finally:
             self.halt.set()  # chunks in pool threads start no further object
-            for task in workers:
+            for task in list(running):
                 task.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
             if self._copier is not None:
                 self._copier.shutdown(wait=False)  # idle: every chunk ended above
             self.stopped.set()
+        if failure:
+            raise failure[0]
         return self.results
-
-    @staticmethod
-    async def _worker(work: Iterator[Callable[[], Awaitable[None]]]) -> None:
-        for step in work:  # shared by the workers: each takes the next step when it is free
-            await step()
-
-    def _work(self, items: Iterable[TransferItem]) -> Iterator[Callable[[], Awaitable[None]]]:
-        """The steps, in the items' order: one per object, a blocking source's small objects in
-        chunks of :data:`CHUNK` (one pool-thread hop each)."""
-        chunk: list[TransferItem] = []
-        for item in items:
-            if not self.source.blocking or self._is_large(item):
-                yield partial(self._one, item)
-                continue
-            chunk.append(item)
-            if len(chunk) >= CHUNK:
-                yield partial(self._chunk, chunk)
-                chunk = []
-        if chunk:
-            yield partial(self._chunk, chunk)
 
     async def _one(self, item: TransferItem) -> None:
         large = self._is_large(item)
