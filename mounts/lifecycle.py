@@ -45,7 +45,11 @@ SWITCH_INTERVAL = 0.0005
 # glibc mallopt parameters and the daemon's values (see _steady_allocator).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 MMAP_THRESHOLD = 32 << 20  # GET buffers (at most 8 MiB) come from the heap, reused
-TRIM_THRESHOLD = 16 << 20  # 4 MiB: 125,000 page faults per cold GiB; 32 MiB: 30,000 (RGW, 2026-11-26)
+# A sequential reader's parts (4 MiB, about eight in flight) are freed and allocated again at the
+# top of the heap: at 16 MiB glibc gave them back and faulted them in again, 52,000-97,000 page
+# faults per cold GiB against 16,000-19,000 at 32 MiB, ~0.15 CPU-s (RGW, 2026-11-27, session 11).
+# Peak RSS is the same (what is kept free was in use just before); OVERHEAD in options.py counts it.
+TRIM_THRESHOLD = 32 << 20
 ARENA_MAX = 2  # the store client's threads share two heaps: what each keeps free counts twice, not per core
 
 

@@ -13,8 +13,10 @@ page the kernel asked for.
 What is fetched depends on the access pattern, per open file:
 
 - **Sequential** (each read starts near where the previous one ended, twice in a row): a readahead
-  window that starts at :data:`INITIAL_WINDOW` and doubles up to :data:`MAX_WINDOW` (and to the
-  reader's share of the memory budget), as parts of up to :data:`MAX_PART` in flight at once.
+  window that starts at :data:`INITIAL_WINDOW` and doubles with each read up to :data:`MAX_WINDOW`
+  (and to the reader's share of the memory budget), as parts in flight at once: an eighth of the
+  reader's share (at most :data:`MAX_PART`), on multiples of their size, each asked for as soon as
+  the window has room for it.
 - **Random**: what was asked for, rounded out to :data:`BLOCK`, with no readahead; misses of one
   read at most :data:`GAP` apart become one GET (the bytes between come along).
 - **Small files** (up to :data:`SMALL_FILE`) are fetched whole, in one GET, when opened; when files
@@ -180,6 +182,7 @@ class _Fetch:
     extents: list[Extent]
     demand: bool
     random: bool = False  # a random reader's miss: may be merged with another across a gap
+    part: bool = False  # a readahead part: its own GET, in flight beside the others
 
 
 class Reader:
@@ -340,18 +343,23 @@ class Reader:
         handle.prefetched_to = max(handle.prefetched_to, hi)
 
     def _readahead(self, handle: OpenFile, files: FileCache, end: int, fetches: list[_Fetch]) -> None:
-        """Keep a streaming reader's window ahead of it, within its share of the free budget."""
+        """Keep a streaming reader's window ahead of it, within its share of the free budget, in
+        whole parts (a power of two bytes, on multiples of their size): a part is asked for as soon
+        as the window has room for it, so that GETs keep arriving while the reader reads."""
         size = handle.entry.size
-        if handle.prefetched_to >= size or handle.prefetched_to >= end + handle.window // 2:
-            return
         share = max(MIN_PART, self.budget // (2 * max(1, len(self._streams))))
         window = min(handle.window, self.config.max_window, share)
+        handle.window = min(handle.window * 2, self.config.max_window)  # it grows with each read of the stream
+        if handle.prefetched_to >= size:
+            return
+        # Parts are sized for the whole window the reader may grow to (not the one it has so far).
+        part = 1 << (min(MAX_PART, max(MIN_PART, min(share, self.config.max_window) // 8)).bit_length() - 1)
         start = max(handle.prefetched_to, end)
-        stop = min(size, end + window)
-        part = min(MAX_PART, max(MIN_PART, window // 8))
+        stop = end + window
+        stop = size if size - stop < MIN_PART // 2 else stop - stop % part
         position = start
         while position < stop:
-            piece_end = min(stop, position + part)
+            piece_end = min(stop, (position // part + 1) * part)
             if size - piece_end < MIN_PART // 2:
                 piece_end = size  # no tiny last part
             if self._held + (piece_end - position) > self.budget:
@@ -360,10 +368,9 @@ class Reader:
                     break
             for hole_start, hole_end in files.holes(position, piece_end):
                 fetches.append(self._fetch(handle.entry, files, hole_start, hole_end, demand=False))
+                fetches[-1].part = True
             position = piece_end
         handle.prefetched_to = max(handle.prefetched_to, position)
-        if position > start:
-            handle.window = min(handle.window * 2, self.config.max_window)
 
     def _whole_file(self, entry: FileEntry, fetches: list[_Fetch], demand: bool = True) -> None:
         files = self._files.setdefault(entry.index, FileCache())
@@ -410,7 +417,8 @@ class Reader:
     def _coalesce(self, fetches: list[_Fetch]) -> None:
         """Merge GETs of one file that touch, and random readers' misses at most :data:`GAP` apart
         (at most :data:`MAX_PART` each); the bytes between that nobody holds become extents too
-        (a sequential reader's GETs are never bridged: no byte of its file is fetched twice)."""
+        (a sequential reader's GETs are never bridged: no byte of its file is fetched twice).
+        Readahead parts stay apart: they are sized to be in flight together."""
         fetches.sort(key=lambda f: (f.entry.index, f.start))
         merged: list[_Fetch] = []
         for fetch in fetches:
@@ -421,6 +429,7 @@ class Reader:
                 and last.entry.index == fetch.entry.index
                 and fetch.start - last.end <= gap
                 and fetch.end - last.start <= MAX_PART
+                and not (last.part and fetch.part)
             ):
                 if fetch.start > last.end:
                     self._fill_gap(last, fetch.start)
@@ -428,6 +437,7 @@ class Reader:
                 last.extents.extend(fetch.extents)
                 last.demand = last.demand or fetch.demand
                 last.random = last.random and fetch.random
+                last.part = last.part or fetch.part
             else:
                 merged.append(fetch)
         fetches[:] = merged

@@ -132,6 +132,35 @@ def test_a_sequential_reader_runs_ahead_in_parallel(proxy, bucket, tmp_path: Pat
         assert _gets(proxy, "seq.bin") < len(body) // MiB  # parts larger than the reads
 
 
+def _ranges(proxy: FaultProxy, key: str) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, end)`` of the GETs of ``key``, in order."""
+    found = []
+    for seen in list(proxy.requests):
+        value = seen.headers.get("Range") if seen.method == "GET" and seen.path == f"/{BUCKET}/{key}" else None
+        if value:
+            first, last = value.removeprefix("bytes=").split("-")
+            found.append((int(first), int(last) + 1))
+    return sorted(found)
+
+
+def test_a_sequential_readers_parts_are_whole(proxy, bucket, tmp_path: Path) -> None:
+    # Once a reader streams, its readahead is topped up after each read: in whole parts on part
+    # boundaries, not a short GET for whatever the window moved since the last top-up.
+    body = OBJECTS["seq.bin"]
+    with _mount(proxy, tmp_path, bucket) as mnt:
+        proxy.reset_counts()
+        with open(mnt.path / "seq.bin", "rb", buffering=0) as handle:
+            assert b"".join(iter(lambda: handle.read(MiB), b"")) == body
+        ranges = _ranges(proxy, "seq.bin")
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(body)
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # every byte once
+    # Once the window has grown (past the first 8 MiB), the GETs are parts of one size, each on a
+    # multiple of it (the file's last one excepted).
+    steady = [(s, e) for s, e in ranges if s >= 8 * MiB and e != len(body)]
+    sizes = {e - s for s, e in steady}
+    assert len(sizes) == 1 and all(s % (e - s) == 0 for s, e in steady), [(s / MiB, (e - s) / MiB) for s, e in ranges]
+
+
 def test_a_small_file_is_one_get(proxy, bucket, tmp_path: Path) -> None:
     with _mount(proxy, tmp_path, bucket) as mnt:
         proxy.reset_counts()
