@@ -168,12 +168,29 @@ def keep_freed_memory(one_arena: bool = False) -> None:
         pass
 
 
+#: The cyclic garbage collector's thresholds for the data commands (Python's default: 700, 10, 10).
+GC_THRESHOLDS = (20_000, 50, 100)
+
+
+def collect_garbage_less_often() -> None:
+    """Run the cyclic garbage collector after 20,000 net allocations instead of 700. A data
+    command allocates a few short-lived objects per object moved (requests, results, journal
+    lines) and makes almost no cycles, so the default ran about 80 collections in a 2,000-object
+    sync for nothing: 35-40 ms of CPU against 18-22 ms (session 11, `lading sync` of
+    2,000 x 64 KiB from RGW, three alternating rounds). A process-wide setting, so it lives
+    here in the CLI, never in the library."""
+    import gc
+
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     args = sys.argv[1:] if argv is None else argv
     quiet_dependency_warnings()
     if _DATA_COMMANDS.intersection(args):
         keep_freed_memory(one_arena=bool(_ONE_ARENA_COMMANDS.intersection(args)))
+        collect_garbage_less_often()
 
     def debug() -> bool:
         return "--debug" in args or os.environ.get("LADING_DEBUG", "") not in ("", "0")

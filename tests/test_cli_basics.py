@@ -86,3 +86,30 @@ def test_data_commands_keep_one_malloc_arena(tmp_path):
     assert heaps("one") == 1
     assert heaps("per-thread") > 1
     assert _ONE_ARENA_COMMANDS == _DATA_COMMANDS - {"mount"}
+
+
+def test_data_commands_collect_garbage_less_often(lading, tmp_path):
+    """A data command raises the cyclic collector's thresholds (cli.main.GC_THRESHOLDS); other
+    commands keep Python's own. The command's process reports them through a sitecustomize hook."""
+    import gc
+
+    from lading.cli.main import GC_THRESHOLDS
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import atexit, gc, os\n"
+        "atexit.register(lambda: open(os.environ['GC_REPORT'], 'w').write(repr(gc.get_threshold())))\n"
+    )
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.txt").write_text("a")
+
+    def thresholds(*argv: str) -> tuple[int, ...]:
+        report = tmp_path / "report"
+        result = lading(*argv, env={"PYTHONPATH": str(hook), "GC_REPORT": str(report)})
+        assert result.returncode == 0, result.stderr
+        return eval(report.read_text())
+
+    assert thresholds("sync", str(source), str(tmp_path / "dest")) == GC_THRESHOLDS
+    assert thresholds("check", str(source)) == gc.get_threshold() != GC_THRESHOLDS

@@ -136,3 +136,10 @@ def test_the_architecture_page_states_how_the_suite_is_split_across_workers():
     assert f"`-n {workers[1]} --dist {workers[2]}` in `pyproject.toml`" in page
     assert {"2": "two"}[workers[1]] + " pytest-xdist worker processes" in page
     assert "two worker processes" in words(README)
+
+
+def test_the_architecture_page_states_the_commands_garbage_collector_threshold():
+    from lading.cli.main import GC_THRESHOLDS
+
+    page = words((REPO / "docs" / "architecture.md").read_text())
+    assert f"runs after {GC_THRESHOLDS[0]:,} net allocations instead of 700" in page
