@@ -351,3 +351,75 @@ def test_sync_of_an_s3_source_imports_only_what_it_syncs_with(dataset, s3_env, t
     assert "lading.stores.s3.store" in at_listing  # the listing started once the store was open ...
     early = sorted(name for name in at_listing if name.startswith(AFTER_THE_LISTING_STARTED))
     assert not early, early  # ... and before the code that plans and fetches, and asyncio, loaded
+
+
+#: The dataclasses a sync may create as it imports (each costs about 1 ms of start-up): those
+#: whose callers use value equality, hashing or ``dataclasses.replace``. Every other class on the
+#: path is a plain one.
+DATACLASSES_OF_A_SYNC = {
+    "lading.cli.context.AppState",
+    "lading.core.retry.RetryPolicy",
+    "lading.stores.base.ObjectInfo",
+    "lading.stores.base.RangeRequest",
+    "lading.stores.config.StoreConfig",
+    "lading.stores.uri.StoreURI",
+    "lading.sync.plan.SyncRequest",
+    "lading.transfer.types.TransferItem",
+    "lading.transfer.types.TransferResult",
+}
+
+
+def test_sync_of_a_multipart_object_loads_no_hash_nor_manifest_code_and_few_dataclasses(s3_env, tmp_path):
+    """A multipart object's ETag is not an MD5: nothing to hash, so hashlib (and the manifest
+    module, without --manifest) never loads; the classes the sync creates are plain ones."""
+    import os
+    import subprocess
+    import sys
+
+    client = s3_client(s3_env)
+    put_objects(client, {})
+    body = os.urandom((5 << 20) + 1000)
+    upload = client.create_multipart_upload(Bucket=BUCKET, Key="data/multi.bin")["UploadId"]
+    parts = []
+    for number, start in enumerate((0, 5 << 20), start=1):
+        answer = client.upload_part(
+            Bucket=BUCKET,
+            Key="data/multi.bin",
+            UploadId=upload,
+            PartNumber=number,
+            Body=body[start : start + (5 << 20)],
+        )
+        parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+    client.complete_multipart_upload(
+        Bucket=BUCKET, Key="data/multi.bin", UploadId=upload, MultipartUpload={"Parts": parts}
+    )
+    script = (
+        "import dataclasses, sys\n"
+        "from lading.cli.main import main\n"
+        "try:\n"
+        "    main(['sync', sys.argv[1], sys.argv[2]])\n"
+        "finally:\n"
+        "    made = sorted(f'{m}.{n}' for m in list(sys.modules) if m.startswith('lading')\n"
+        "                  for n, v in vars(sys.modules[m]).items()\n"
+        "                  if isinstance(v, type) and dataclasses.is_dataclass(v) and v.__module__ == m)\n"
+        "    sys.stderr.write('\\nDATACLASSES ' + ' '.join(made))\n"
+        "    sys.stderr.write('\\nMODULES ' + ' '.join(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, SOURCE, str(tmp_path / "dest")],
+        env={**os.environ, **s3_env, "HOME": str(tmp_path), "SM_INPUT_CONFIG_DIR": str(tmp_path / "no-sagemaker")},
+        capture_output=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert read_tree(tmp_path / "dest") == {"multi.bin": body}
+    err = done.stderr.decode()
+    loaded = set(err.rpartition("MODULES ")[2].split())
+    assert "lading.sync.apply" in loaded  # the check sees the modules the sync used
+    assert not {"hashlib", "lading.selection.manifest"} & loaded, sorted(
+        {"hashlib", "lading.selection.manifest"} & loaded
+    )
+    made = set(err.rpartition("DATACLASSES ")[2].partition("\n")[0].split())
+    assert "lading.stores.base.ObjectInfo" in made  # the check sees the dataclasses
+    assert made <= DATACLASSES_OF_A_SYNC, sorted(made - DATACLASSES_OF_A_SYNC)

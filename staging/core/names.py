@@ -10,7 +10,6 @@ unique per name, stable across runs (a killed download resumes from its parts) a
 
 from __future__ import annotations
 
-import hashlib
 import os
 
 #: The longest file name (bytes) Linux file systems accept.
@@ -29,6 +28,8 @@ def hidden_sibling(name: str, suffix: str, reserve: int = 0) -> str:
     full = f".{name}{suffix}"
     if len(os.fsencode(full)) <= limit:
         return full
+    import hashlib  # only for a name too long to keep whole: not at start-up
+
     raw = os.fsencode(name)
     digest = hashlib.sha256(raw).hexdigest()[:_DIGEST_CHARS]
     room = limit - len(os.fsencode(f".~{digest}{suffix}"))

@@ -18,7 +18,6 @@ nothing here reads ``os.environ``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,14 +29,18 @@ DEFAULT_CONFIG_DIR = Path("/opt/ml/input/config")
 DEFAULT_DATA_DIR = Path("/opt/ml/input/data")
 
 
-@dataclass(frozen=True)
 class SageMakerHosts:
-    """This host's place among the job's hosts. ``origin`` names where each value came from."""
+    """This host's place among the job's hosts. ``origin`` names where each value came from.
+    A plain class: no caller compares, hashes or copies one (a dataclass costs about 1 ms of
+    start-up to create)."""
 
-    current_host: str
-    hosts: tuple[str, ...]  # sorted
-    gpus: int | None  # SM_NUM_GPUS (None: not set)
-    origin: str  # "SM_CURRENT_HOST" or the path of resourceconfig.json
+    __slots__ = ("current_host", "hosts", "gpus", "origin")
+
+    def __init__(self, current_host: str, hosts: tuple[str, ...], gpus: int | None, origin: str) -> None:
+        self.current_host = current_host
+        self.hosts = hosts  # sorted
+        self.gpus = gpus  # SM_NUM_GPUS (None: not set)
+        self.origin = origin  # "SM_CURRENT_HOST" or the path of resourceconfig.json
 
     @property
     def node_rank(self) -> int:

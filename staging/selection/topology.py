@@ -36,7 +36,6 @@ The environment is always passed in as a mapping: this module never reads ``os.e
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -46,17 +45,24 @@ from lading.selection.sagemaker import read_hosts
 FIELDS = ("rank", "world_size", "local_rank", "local_world_size", "node_rank")
 
 
-@dataclass(frozen=True)
 class Launcher:
     """A launcher's name and the variable it uses for each field (None: it has none; a tuple:
-    the first of these that is set)."""
+    the first of these that is set). A plain class: a dataclass costs about 1 ms of start-up to
+    create, and no caller compares, hashes or copies these."""
 
-    name: str
-    rank: str
-    world_size: str
-    local_rank: str | None
-    local_world_size: str | None
-    node_rank: str | tuple[str, ...] | None
+    __slots__ = ("name", "rank", "world_size", "local_rank", "local_world_size", "node_rank")
+
+    def __init__(
+        self,
+        name: str,
+        rank: str,
+        world_size: str,
+        local_rank: str | None,
+        local_world_size: str | None,
+        node_rank: str | tuple[str, ...] | None,
+    ) -> None:
+        self.name, self.rank, self.world_size = name, rank, world_size
+        self.local_rank, self.local_world_size, self.node_rank = local_rank, local_world_size, node_rank
 
 
 LAUNCHERS: tuple[Launcher, ...] = (
@@ -77,18 +83,29 @@ LAUNCHERS: tuple[Launcher, ...] = (
 )
 
 
-@dataclass(frozen=True)
 class Topology:
     """This process's place in the job. ``sources`` maps each field to where its value came from:
-    a flag (``--rank``), an environment variable name, ``derived`` or ``default``."""
+    a flag (``--rank``), an environment variable name, ``derived`` or ``default``. A plain class
+    (see :class:`Launcher`); :meth:`to_json` is its comparable form."""
 
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
-    node_rank: int = 0
-    launcher: str = "none"
-    sources: Mapping[str, str] = field(default_factory=dict)
+    __slots__ = ("rank", "world_size", "local_rank", "local_world_size", "node_rank", "launcher", "sources")
+
+    def __init__(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        local_rank: int = 0,
+        local_world_size: int = 1,
+        node_rank: int = 0,
+        launcher: str = "none",
+        sources: Mapping[str, str] | None = None,
+    ) -> None:
+        self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
+        self.local_world_size, self.node_rank, self.launcher = local_world_size, node_rank, launcher
+        self.sources: Mapping[str, str] = {} if sources is None else sources
+
+    def __repr__(self) -> str:
+        return f"Topology({self.to_json()!r})"
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict (what ``lading topology --json`` prints)."""
@@ -108,14 +125,16 @@ def _parse_int(text: str, origin: str) -> int:
 NODE_LAUNCHERS = ("sagemaker", "indexed-job")
 
 
-@dataclass
 class _Found:
     """What a launcher's environment says: (value, origin) per field, and the number of nodes
     when the launcher knows it (SageMaker's hosts)."""
 
-    launcher: str = "none"
-    fields: dict[str, tuple[int, str]] = field(default_factory=dict)
-    nodes: int | None = None
+    __slots__ = ("launcher", "fields", "nodes")
+
+    def __init__(
+        self, launcher: str = "none", fields: dict[str, tuple[int, str]] | None = None, nodes: int | None = None
+    ) -> None:
+        self.launcher, self.fields, self.nodes = launcher, {} if fields is None else fields, nodes
 
 
 def _from_launcher(env: Mapping[str, str], resource_config: str | Path | None) -> _Found:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -26,7 +25,6 @@ from lading.stores.iocore import io_core
 from lading.stores.obstore_errors import FromResponse, status_and_code, translate
 
 
-@dataclass(frozen=True)
 class ObstoreTarget:
     """What a store hands its obstore reader, once per process: the client and how the backend
     names, pins and describes its objects. Everything here is a value or a pure function of the
@@ -34,19 +32,48 @@ class ObstoreTarget:
 
     ``relocate`` (S3) is called, in a pool thread and at most once per reader, when the server
     says the bucket lives elsewhere (another region): it resolves the new place and returns the
-    client for it, or None when nothing changed."""
+    client for it, or None when nothing changed. A plain class, as :class:`_Answer`: a dataclass
+    costs about 1 ms of start-up to create, and none is compared, hashed or copied."""
 
-    client: Any
-    where: str  # "s3://bucket/root/": a key's location in messages is this plus the key
-    root: str  # the object path of a key is this plus the key
-    retry: RetryPolicy
-    pin: Callable[[str], dict[str, Any]]  # GetOptions asking for exactly that version
-    version_of: Callable[[Mapping[str, Any]], str]  # the version in obstore's ObjectMeta
-    info_of: Callable[[str, Mapping[str, Any]], ObjectInfo]  # ObjectInfo of a key from its ObjectMeta
-    from_response: FromResponse
-    url: str = ""
-    moved: Callable[[BaseException], bool] | None = None  # whether an error says "the bucket is elsewhere"
-    relocate: Callable[[], Any] | None = None
+    __slots__ = (
+        "client",
+        "where",
+        "root",
+        "retry",
+        "pin",
+        "version_of",
+        "info_of",
+        "from_response",
+        "url",
+        "moved",
+        "relocate",
+    )
+
+    def __init__(
+        self,
+        client: Any,
+        where: str,
+        root: str,
+        retry: RetryPolicy,
+        pin: Callable[[str], dict[str, Any]],
+        version_of: Callable[[Mapping[str, Any]], str],
+        info_of: Callable[[str, Mapping[str, Any]], ObjectInfo],
+        from_response: FromResponse,
+        url: str = "",
+        moved: Callable[[BaseException], bool] | None = None,
+        relocate: Callable[[], Any] | None = None,
+    ) -> None:
+        self.client = client
+        self.where = where  # "s3://bucket/root/": a key's location in messages is this plus the key
+        self.root = root  # the object path of a key is this plus the key
+        self.retry = retry
+        self.pin = pin  # GetOptions asking for exactly that version
+        self.version_of = version_of  # the version in obstore's ObjectMeta
+        self.info_of = info_of  # ObjectInfo of a key from its ObjectMeta
+        self.from_response = from_response
+        self.url = url
+        self.moved = moved  # whether an error says "the bucket is elsewhere"
+        self.relocate = relocate
 
 
 log = logging.getLogger(__name__)
@@ -78,17 +105,18 @@ def piece_size(length: int) -> int:
     return max(_MIN_PIECE, min(_MAX_PIECE, length // 8))
 
 
-@dataclass
 class _Answer:
     """One GET's answer: the version and size the server reported, and the body when it was
     collected (else the open result, to stream)."""
 
-    version: str
-    size: int
-    data: Any = None
-    result: Any = None
-    empty: bool = False  # a range at or past the end of the object
-    length: int = 0  # of the body asked for
+    __slots__ = ("version", "size", "data", "result", "empty", "length")
+
+    def __init__(
+        self, version: str, size: int, data: Any = None, result: Any = None, empty: bool = False, length: int = 0
+    ) -> None:
+        self.version, self.size, self.data, self.result = version, size, data, result
+        self.empty = empty  # a range at or past the end of the object
+        self.length = length  # of the body asked for
 
 
 class ObstoreReader:

@@ -19,7 +19,6 @@ import os
 import stat as stat_mode
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Protocol
 
@@ -77,14 +76,18 @@ class NoSyncEvents:
         """Ignore."""
 
 
-@dataclass(frozen=True)
 class FailedKey:
-    """A key that could not be synced, with the one-line reason, its exit code and what to do."""
+    """A key that could not be synced, with the one-line reason, its exit code and what to do.
+    A plain class, as :class:`SyncSummary`: a dataclass costs about 1 ms of start-up to create,
+    and none is compared, hashed or copied."""
 
-    key: str
-    error: str
-    exit_code: int
-    hint: str | None = None
+    __slots__ = ("key", "error", "exit_code", "hint")
+
+    def __init__(self, key: str, error: str, exit_code: int, hint: str | None = None) -> None:
+        self.key, self.error, self.exit_code, self.hint = key, error, exit_code, hint
+
+    def __repr__(self) -> str:
+        return f"FailedKey({self.key!r}, {self.error!r}, {self.exit_code!r}, {self.hint!r})"
 
 
 def common_hint(failed: list[FailedKey]) -> str | None:
@@ -94,23 +97,33 @@ def common_hint(failed: list[FailedKey]) -> str | None:
     return hints.pop() if len(hints) == 1 else None
 
 
-@dataclass
 class SyncSummary:
     """What a sync did. ``files``/``bytes`` were placed in DEST; ``downloaded_bytes`` came from
     the store in this process (less than ``bytes`` when the node cache already had them);
     ``reused`` names the packed datasets (name, version, index) taken from the node cache as is."""
 
-    source: str
-    dest: str
-    files: int = 0
-    bytes: int = 0
-    downloaded_bytes: int = 0
-    skipped: int = 0
-    deleted: int = 0
-    failed: list[FailedKey] = field(default_factory=list)
-    seconds: float = 0.0
-    cache: str | None = None
-    reused: list[dict[str, str | None]] = field(default_factory=list)
+    __slots__ = (
+        "source",
+        "dest",
+        "files",
+        "bytes",
+        "downloaded_bytes",
+        "skipped",
+        "deleted",
+        "failed",
+        "seconds",
+        "cache",
+        "reused",
+    )
+
+    def __init__(self, source: str, dest: str, skipped: int = 0) -> None:
+        self.source, self.dest = source, dest
+        self.files = self.bytes = self.downloaded_bytes = self.deleted = 0
+        self.skipped = skipped
+        self.failed: list[FailedKey] = []
+        self.seconds = 0.0
+        self.cache: str | None = None
+        self.reused: list[dict[str, str | None]] = []
 
     @property
     def throughput(self) -> float:

@@ -35,21 +35,23 @@ from array import array
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 from json.encoder import encode_basestring_ascii
 from operator import attrgetter, itemgetter, lt
 from pathlib import Path
-from typing import IO, Callable, Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Callable, Iterable, Iterator
 
 from lading.core.errors import LadingError, NotFound, UnsafeKey, UsageError
 from lading.core.keys import is_safe_key, key_parts
-from lading.selection.manifest import Manifest, keys_under, share_records
 from lading.selection.runs import SortedRuns
 from lading.selection.sharding import BALANCES, DISTRIBUTIONS, owners_by_bytes, select_for_rank
 from lading.stores.base import PAGE_ROWS, ObjectInfo, Page, Store
 from lading.sync import verify
 from lading.sync.state import RESERVED_NAMES, Entry, SyncState, parse_line
+
+if TYPE_CHECKING:  # the manifest module (and hashlib under it) loads only for a sync with --manifest
+    from lading.selection.manifest import Manifest
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +88,19 @@ class SyncRequest:
             raise UsageError(f"rank {self.rank} is outside 0..{self.world_size - 1}")
 
 
-@dataclass
 class Selection:
-    """The objects this rank gets, in key order (rows on disk), and counts from the listing."""
+    """The objects this rank gets, in key order (rows on disk), and counts from the listing.
 
-    runs: SortedRuns
-    listed: int = 0
-    matched: int = 0
-    markers: int = 0
-    selected_bytes: int = 0
-    records: tuple[int, ...] | None = None  # augmented manifest: this rank's lines (share_records)
+    This module's classes other than :class:`SyncRequest` are plain classes: a dataclass costs
+    about 1 ms of start-up to create (``lading sync`` creates every class it imports), and none
+    of them is compared, hashed or copied."""
+
+    __slots__ = ("runs", "listed", "matched", "markers", "selected_bytes", "records")
+
+    def __init__(self, runs: SortedRuns, listed: int = 0, matched: int = 0, markers: int = 0) -> None:
+        self.runs, self.listed, self.matched, self.markers = runs, listed, matched, markers
+        self.selected_bytes = 0
+        self.records: tuple[int, ...] | None = None  # augmented manifest: this rank's lines (share_records)
 
     @property
     def selected_files(self) -> int:
@@ -117,34 +122,45 @@ class Selection:
         self.close()
 
 
-@dataclass(frozen=True)
 class PlannedFetch:
     """An object to fetch and why: new, changed, missing, modified or untracked."""
 
-    info: ObjectInfo
-    reason: str
+    __slots__ = ("info", "reason")
+
+    def __init__(self, info: ObjectInfo, reason: str) -> None:
+        self.info, self.reason = info, reason
 
 
-@dataclass
 class SyncPlan:
     """The sync, as data on disk. :meth:`to_fetch` and :meth:`up_to_date` are this rank's
     objects; :meth:`to_delete` the files lading tracks in DEST that left the selection (only
     with ``--delete``); each in key order."""
 
-    source: str
-    dest: str
-    rank: int
-    world_size: int
-    distribution: str
-    balance: str
-    listed: int = 0
-    matched: int = 0
-    fetch_bytes: int = 0
-    up_to_date_bytes: int = 0
-    fetching: SortedRuns = field(default_factory=SortedRuns)  # ObjectInfo fields + reason
-    current: SortedRuns = field(default_factory=SortedRuns)  # (key,)
-    deleting: SortedRuns = field(default_factory=SortedRuns)  # (key,)
-    counted_current: int | None = None  # up to date, when not listed in ``current`` (a sync's plan)
+    __slots__ = (
+        "source",
+        "dest",
+        "rank",
+        "world_size",
+        "distribution",
+        "balance",
+        "listed",
+        "matched",
+        "fetch_bytes",
+        "up_to_date_bytes",
+        "fetching",
+        "current",
+        "deleting",
+        "counted_current",
+    )
+
+    def __init__(self, source: str, dest: str, rank: int, world_size: int, distribution: str, balance: str) -> None:
+        self.source, self.dest, self.rank, self.world_size = source, dest, rank, world_size
+        self.distribution, self.balance = distribution, balance
+        self.listed = self.matched = self.fetch_bytes = self.up_to_date_bytes = 0
+        self.fetching = SortedRuns()  # ObjectInfo fields + reason
+        self.current = SortedRuns()  # (key,)
+        self.deleting = SortedRuns()  # (key,)
+        self.counted_current: int | None = None  # up to date, when not listed in ``current`` (a sync's plan)
 
     @property
     def fetch_files(self) -> int:
@@ -252,6 +268,8 @@ def source_pages(store: Store, manifest: Manifest | None, source: str, workers: 
     if manifest is None:
         yield from store.list_pages()
         return
+    from lading.selection.manifest import keys_under
+
     keys = keys_under(manifest, source)
     refusals = _Refusals()
     for reason in map(unsafe_reason, keys):
@@ -345,13 +363,15 @@ def plan_listing(
     return plan
 
 
-@dataclass
 class _Refusals:
     """Unsafe keys and file/directory clashes: the first few reasons of each kind, and how many."""
 
-    unsafe: list[str] = field(default_factory=list)
-    clashes: list[str] = field(default_factory=list)
-    total: int = 0
+    __slots__ = ("unsafe", "clashes", "total")
+
+    def __init__(self) -> None:
+        self.unsafe: list[str] = []
+        self.clashes: list[str] = []
+        self.total = 0
 
     def add(self, reasons: list[str], reason: str) -> None:
         self.total += 1
@@ -359,19 +379,17 @@ class _Refusals:
             reasons.append(reason)
 
 
-@dataclass
 class _Filtered:
     """What the pass over the listing found besides the kept rows. When the listing came in
     ascending key order (every store lists so), the clash check and the sizes for the ``bytes``
     balance were done on the way (``ascending``); otherwise they need a pass over the runs."""
 
-    unsafe: _Refusals
-    listed: int = 0
-    markers: int = 0
-    kept: int = 0
-    total_bytes: int = 0
-    ascending: bool = True
-    sizes: array | None = None
+    __slots__ = ("unsafe", "listed", "markers", "kept", "total_bytes", "ascending", "sizes")
+
+    def __init__(self, unsafe: _Refusals, sizes: array | None = None) -> None:
+        self.unsafe, self.sizes = unsafe, sizes
+        self.listed = self.markers = self.kept = self.total_bytes = 0
+        self.ascending = True
 
 
 class _Unordered(Exception):
@@ -579,6 +597,8 @@ def _shard(kept: SortedRuns, request: SyncRequest, sizes: array | None) -> Sorte
 def _share_augmented(selection: Selection, request: SyncRequest) -> Selection:
     """Augmented manifests: a line's objects stay together (:func:`share_records`). The
     manifest is in memory already, so its objects are too."""
+    from lading.selection.manifest import share_records
+
     assert request.manifest is not None
     kept = list(selection.objects())
     mine = select_for_rank(kept, request.rank, request.world_size, request.distribution, request.balance)

@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from lading.core.cacheroot import default_cache_root
-from lading.selection.manifest import write_local_manifest
 from lading.stores.base import Store
 from lading.sync.apply import NoSyncEvents, SyncEvents, SyncSummary, store_fetcher
 from lading.sync.into import sync_into, sync_listing_into
@@ -67,6 +66,8 @@ def run_sync(
             summary.downloaded_bytes = summary.bytes
         if request.manifest is not None and selection.records is not None and not summary.failed:
             # an augmented manifest: its lines, refs rewritten to paths in DEST, once every object is there
+            from lading.selection.manifest import write_local_manifest
+
             write_local_manifest(
                 request.manifest,
                 request.source,

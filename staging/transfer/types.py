@@ -34,7 +34,6 @@ class TransferResult:
     local: tuple[int, int] | None = None
 
 
-@dataclass(frozen=True)
 class TransferOptions:
     """Tuning; the defaults suit a 2-core VM talking to a nearby object store.
 
@@ -44,16 +43,24 @@ class TransferOptions:
     store's retry policy.
     ``part_size`` and ``part_concurrency`` (ranged reads in flight, across all downloads; idle
     workers take small objects meanwhile) default to the one downloader's
-    (:mod:`lading.stores.download`).
+    (:mod:`lading.stores.download`). A plain class (read-only by convention): a dataclass costs
+    about 1 ms of start-up to create, and none is compared, hashed or copied.
     """
 
-    workers: int = 64
-    part_size: int = PART_SIZE
-    multipart_threshold: int = 64 << 20
-    verify: bool = True
-    durable: bool = False
-    retry: RetryPolicy | None = None
-    part_concurrency: int = PART_CONCURRENCY
+    __slots__ = ("workers", "part_size", "multipart_threshold", "verify", "durable", "retry", "part_concurrency")
+
+    def __init__(
+        self,
+        workers: int = 64,
+        part_size: int = PART_SIZE,
+        multipart_threshold: int = 64 << 20,
+        verify: bool = True,
+        durable: bool = False,
+        retry: RetryPolicy | None = None,
+        part_concurrency: int = PART_CONCURRENCY,
+    ) -> None:
+        self.workers, self.part_size, self.multipart_threshold = workers, part_size, multipart_threshold
+        self.verify, self.durable, self.retry, self.part_concurrency = verify, durable, retry, part_concurrency
 
 
 class TransferEvents(Protocol):

@@ -8,7 +8,6 @@ non-composite ones. CRC32C is preferred when both exist: it is several times che
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 from typing import Protocol
 
@@ -44,6 +43,8 @@ class Verifier:
             self._hasher = Crc32c()
             self._expected, self._kind = info.crc32c, "CRC32C"
         elif info.md5:
+            import hashlib  # here: a sync of multipart objects (no MD5 to check) never loads it
+
             self._hasher = hashlib.md5(usedforsecurity=False)
             self._expected, self._kind = info.md5.lower(), "MD5"
 
