@@ -20,7 +20,7 @@ from lading.cli.progress import (
     human,
     line_interval,
 )
-from lading.cli.store_options import pop_store_config, store_options
+from lading.cli.store_options import pop_store_config, store_options, unused_roots_skipped
 from lading.cli.topology_options import resolve_topology, topology_options, topology_options_with
 from lading.core.errors import UsageError
 from lading.core.cacheroot import CACHE_ROOT_RULE
@@ -404,6 +404,8 @@ def sync(
 
         manifest = load_manifest(manifest_file)
     store = open_store(uri, config, snapshot=snapshot)  # SOURCE may itself be a snapshot file
+    with unused_roots_skipped(config, uri.scheme):
+        store.connect()
     if manifest is None:
         store.prefetch_listing()  # the first page is asked for while the sync's code loads (below)
     uri = parse_uri(store.url)

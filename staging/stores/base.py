@@ -132,6 +132,12 @@ class Store(ABC):
         """A hint that the whole root is listed next: a store may start that listing now, in the
         background. By default nothing."""
 
+    def connect(self) -> None:
+        """Build this process's client for the store now, on the calling thread, instead of at
+        the first request (for a caller that must know when that happens: see
+        ``lading.cli.store_options.unused_roots_skipped``). Raises what that first request would
+        for the client's settings (credentials, CA bundle). By default nothing."""
+
     @abstractmethod
     def stat(self, key: str) -> ObjectInfo:
         """Return one object's metadata; raise :class:`~lading.core.errors.NotFound`."""

@@ -161,6 +161,11 @@ class ObstoreReads(ListingMixin, Store):
         note_obstore_start()
         return self._store.get()
 
+    def connect(self) -> None:
+        """The obstore client of this process, built now (see :meth:`Store.connect`)."""
+        if use_obstore():
+            self._translated(self._where(), lambda store: store)
+
     def _new_reader(self) -> ObstoreReader:
         from lading.stores.obstore_reads import ObstoreReader
 
