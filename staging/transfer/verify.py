@@ -99,6 +99,8 @@ class Verifier:
 def md5_is(data: bytes | memoryview, expected: str) -> bool:
     """Whether ``data``'s MD5 is the hex digest ``expected`` (any case): a whole small object
     checked in one call, with no :class:`Verifier` made for it."""
+    import hashlib  # loaded by the first object to check (a sync of multipart objects never needs it)
+
     return hashlib.md5(data, usedforsecurity=False).hexdigest() == expected.lower()
 
 
