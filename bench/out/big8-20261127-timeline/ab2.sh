@@ -1,0 +1,2 @@
+. /tmp/big8-env.sh
+for i in $(seq $1); do for r in /tmp/big8-base /tmp/big8-new2; do echo "== $r $(cut -d' ' -f1-3 /proc/loadavg) $2"; [ "$2" = cold ] && { sync; echo 3 > /proc/sys/vm/drop_caches; }; /work/wt-big8/.venv/bin/python /tmp/big8-tl/tl.py $r | grep -E "interpreter up|cli.main imported|open_store end|run_sync start|download_parts start|first pwrite|last pwrite|os._exit|reaped"; done; done
