@@ -1,0 +1,2 @@
+. /tmp/big8-env.sh
+for i in 1 2 3 4; do for r in /tmp/big8-new2 /tmp/big8-p4 /tmp/big8-p2; do rm -rf /tmp/big8-d; mkdir /tmp/big8-d; sync; echo 3 > /proc/sys/vm/drop_caches; o=$( { /usr/bin/time -f "%e %U %S %R" $r/.venv/bin/python -m lading sync s3://bench-big8/big/ /tmp/big8-d --endpoint-url http://127.0.0.1:7480 --no-cache --json > /tmp/big8-j.json; } 2>&1 ); echo "$(basename $r) $o $(grep seconds /tmp/big8-j.json | tr -d ' ,') $(cut -d' ' -f1 /proc/loadavg)"; done; done
