@@ -9,7 +9,7 @@ from typing import Any
 import click
 from lading.cli.option_rules import needs
 from lading.cli.params import size
-from lading.cli.store_options import pop_store_config, store_options
+from lading.cli.store_options import pop_store_config, store_options, unused_roots_skipped
 from lading.cli.topology_options import resolve_topology, topology_options
 
 CAT_HELP = """Stream the objects of SOURCE, in order, to stdout or a named pipe.
@@ -120,13 +120,20 @@ def cat(
     """``lading cat``: see CAT_HELP."""
     from lading.selection import stream
     from lading.selection.manifest import load_manifest
+    from lading.stores.base import Store
+    from lading.stores.uri import parse_uri
 
     needs("seed", "shuffle")
     needs("balance", "distribution", "sharded")
     config = pop_store_config(options)
     topology = resolve_topology(options)
     manifest = load_manifest(manifest_file) if manifest_file else None
-    store, location, keys = stream.open_source(source, config, manifest, snapshot)
+
+    def connect(store: Store) -> None:
+        with unused_roots_skipped(config, parse_uri(store.url).scheme):
+            store.connect()
+
+    store, location, keys = stream.open_source(source, config, manifest, snapshot, connect)
     request = stream.StreamRequest(
         location,
         manifest,

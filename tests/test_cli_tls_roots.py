@@ -33,6 +33,24 @@ def test_a_sync_from_a_plain_http_endpoint_does_not_read_the_folder_of_roots(lad
     assert read_tree(tmp_path / "dest") == {"a.bin": b"a" * 100}
 
 
+@pytest.mark.skipif(SYSTEM_BUNDLE is None, reason="no system bundle of root certificates")
+@pytest.mark.parametrize("source", ["data/a.bin", "data/"])  # one object (its HEAD first), a prefix
+def test_cat_from_a_plain_http_endpoint_does_not_read_the_folder_of_roots(
+    lading, s3_env, tmp_path, monkeypatch, source
+):
+    """As for sync: `lading cat` builds its client (before the HEAD that decides whether SOURCE
+    names one object) without loading the unusable certificate."""
+    put_objects(s3_client(s3_env), {"a.bin": b"a" * 100})
+    roots = tmp_path / "roots"
+    roots.mkdir()
+    (roots / "bad.pem").write_text("-----BEGIN CERTIFICATE-----\nTUlJQmFkQ2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n")
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.setenv("SSL_CERT_DIR", str(roots))
+    result = lading("cat", f"s3://{BUCKET}/{source}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "a" * 100
+
+
 #: Run in a fresh process (the window opens only while no other thread runs): the two variables
 #: inside the window and after it, for StoreConfig(**argv[1]) and the scheme argv[2].
 WINDOW = """

@@ -147,16 +147,26 @@ def _shard_list(source: str) -> tuple[StoreURI, list[str]]:
 
 
 def open_source(
-    source: str, config: StoreConfig | None = None, manifest: Manifest | None = None, snapshot: str | Path | None = None
+    source: str,
+    config: StoreConfig | None = None,
+    manifest: Manifest | None = None,
+    snapshot: str | Path | None = None,
+    connect: Callable[[Store], None] = Store.connect,
 ) -> tuple[Store, str, list[str] | None]:
     """The store to read, its location as a string, and the keys when SOURCE names them itself.
 
     SOURCE with braces is a shard list; SOURCE not ending in ``/`` names one object when an
     object of that name exists (one HEAD), as ``lading fetch`` decides; otherwise it is a prefix.
     With a manifest or a ``snapshot`` (``lading snapshot``: the objects and versions it recorded),
-    SOURCE is always a prefix.
+    SOURCE is always a prefix. ``connect`` builds each store's client before its first request
+    (the CLI brackets it: ``lading.cli.store_options.unused_roots_skipped``).
     """
-    from lading.stores import open_store
+    from lading.stores import open_store as open_any
+
+    def open_store(location: StoreURI | str, config: StoreConfig | None, snapshot: str | Path | None = None) -> Store:
+        store = open_any(location, config, snapshot=snapshot)
+        connect(store)
+        return store
 
     if snapshot is not None:
         store = open_store(source, config, snapshot=snapshot)
