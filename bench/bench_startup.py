@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import shutil
 import socket
 import statistics
 import subprocess
@@ -32,7 +33,8 @@ from pathlib import Path
 import boto3
 
 REPO = Path(__file__).resolve().parent.parent
-BUCKET = "bench-contract-startup"
+#: A bucket of this run's own (several people may run the bench against one RGW at once).
+BUCKET = f"bench-startup-{os.getpid()}"
 
 
 def layout(root: Path) -> Path:
@@ -161,6 +163,25 @@ def main() -> None:
     views = {"baseline": layout(options.baseline), "new": layout(REPO)}
     python = installed_python()
     dest = Path(tempfile.mkdtemp(prefix="lading-startup-dest-"))
+    try:
+        measure(options, bucket, views, python, dest, proxy, env)
+    finally:  # nothing left behind: the views, the virtualenv, the destination, the bucket
+        for path in (*views.values(), Path(python).parent.parent, dest):
+            shutil.rmtree(path, ignore_errors=True)
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": f"data/{i:02d}.bin"} for i in range(20)]})
+        s3.delete_bucket(Bucket=bucket)
+
+
+def measure(
+    options: argparse.Namespace,
+    bucket: str,
+    views: dict[str, Path],
+    python: str,
+    dest: Path,
+    proxy: FirstConnection,
+    env: dict[str, str],
+) -> None:
+    """The alternating rounds, and their medians printed."""
     commands = {"cat": ["cat", f"s3://{bucket}/data/00.bin"], "sync": ["sync", f"s3://{bucket}/data", str(dest)]}
     results: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
     for _ in range(options.rounds):  # alternating: both checkouts see the same machine load
@@ -178,8 +199,6 @@ def main() -> None:
             f"lading {command:4} {name:8}: first request {first * 1000:6.0f} ms, wall {wall * 1000:6.0f} ms, "
             f"CPU {cpu * 1000:6.0f} ms (medians of {len(rows)})"
         )
-    s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": f"data/{i:02d}.bin"} for i in range(20)]})
-    s3.delete_bucket(Bucket=bucket)
 
 
 if __name__ == "__main__":
