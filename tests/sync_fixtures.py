@@ -46,6 +46,20 @@ def put_objects(
         client.put_object(Bucket=bucket, Key=f"{prefix}/{key}" if prefix else key, Body=body)
 
 
+def put_multipart(client, key: str, body: bytes, part_size: int = 5 << 20, bucket: str = BUCKET) -> str:
+    """Upload ``body`` to ``key`` in parts of ``part_size`` (S3's smallest: 5 MiB); its ETag (no
+    MD5: ``<hash>-<parts>``)."""
+    upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    parts = []
+    for number, start in enumerate(range(0, len(body), part_size), start=1):
+        answer = client.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload, PartNumber=number, Body=body[start : start + part_size]
+        )
+        parts.append({"PartNumber": number, "ETag": answer["ETag"]})
+    done = client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": parts})
+    return done["ETag"].strip('"')
+
+
 def read_tree(root: Path) -> dict[str, bytes]:
     """Every regular file under ``root`` except lading's state files, by relative POSIX path."""
     tree = {}

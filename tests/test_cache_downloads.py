@@ -18,7 +18,7 @@ from lading.stores import obstore_reads
 from lading.sync.cache import ShardSource
 from lading.transfer.verify import IntegrityError
 from proxies import FaultProxy
-from sync_fixtures import BUCKET, put_objects, s3_client
+from sync_fixtures import BUCKET, put_multipart, put_objects, s3_client
 
 PART = 256 << 10
 
@@ -103,20 +103,7 @@ def test_a_shard_whose_etag_is_no_md5_is_still_checked_by_its_crc32c(s3_env, pro
     body = os.urandom((5 << 20) + 1000)
     client = s3_client(s3_env)
     put_objects(client, {})
-    upload = client.create_multipart_upload(Bucket=BUCKET, Key="data/multi.tar")["UploadId"]
-    parts = []
-    for number, start in enumerate((0, 5 << 20), start=1):
-        answer = client.upload_part(
-            Bucket=BUCKET,
-            Key="data/multi.tar",
-            UploadId=upload,
-            PartNumber=number,
-            Body=body[start : start + (5 << 20)],
-        )
-        parts.append({"PartNumber": number, "ETag": answer["ETag"]})
-    etag = client.complete_multipart_upload(
-        Bucket=BUCKET, Key="data/multi.tar", UploadId=upload, MultipartUpload={"Parts": parts}
-    )["ETag"].strip('"')
+    etag = put_multipart(client, "data/multi.tar", body)
     assert etag.endswith("-2")
     cache = NodeCache(tmp_path / "cache")
     proxy.add_fault("corrupt", first=1, method="GET")

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from proxies import FaultProxy
-from sync_fixtures import BUCKET, object_gets, put_objects, read_tree, s3_client, sample_objects, stray_temporaries
+from sync_fixtures import (
+    BUCKET,
+    object_gets,
+    put_multipart,
+    put_objects,
+    read_tree,
+    s3_client,
+    sample_objects,
+    stray_temporaries,
+)
 
 SOURCE = f"s3://{BUCKET}/data"
 
@@ -315,10 +325,23 @@ AFTER_THE_LISTING_STARTED = (
 )
 
 
-def test_sync_of_an_s3_source_imports_only_what_it_syncs_with(dataset, s3_env, tmp_path):
+def _sync_in_a_process(script: str, s3_env: dict, tmp_path) -> subprocess.CompletedProcess[bytes]:
+    """Run ``script`` (``python -c``, argv: SOURCE and DEST) as a sync would run; it must succeed."""
     import os
-    import subprocess
     import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", script, SOURCE, str(tmp_path / "dest")],
+        env={**os.environ, **s3_env, "HOME": str(tmp_path), "SM_INPUT_CONFIG_DIR": str(tmp_path / "no-sagemaker")},
+        capture_output=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    return done
+
+
+def test_sync_of_an_s3_source_imports_only_what_it_syncs_with(dataset, s3_env, tmp_path):
 
     script = (
         "import sys\n"
@@ -334,14 +357,7 @@ def test_sync_of_an_s3_source_imports_only_what_it_syncs_with(dataset, s3_env, t
         "finally:\n"
         "    sys.stderr.write('\\nMODULES ' + ' '.join(sorted(sys.modules)))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, SOURCE, str(tmp_path / "dest")],
-        env={**os.environ, **s3_env, "HOME": str(tmp_path), "SM_INPUT_CONFIG_DIR": str(tmp_path / "no-sagemaker")},
-        capture_output=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    done = _sync_in_a_process(script, s3_env, tmp_path)
     assert read_tree(tmp_path / "dest") == dataset[1]
     loaded = set(done.stderr.decode().rpartition("MODULES ")[2].split())
     assert {"lading.stores.s3.store", "lading.sync.apply"} <= loaded  # the check sees the modules the sync used
@@ -373,26 +389,11 @@ def test_sync_of_a_multipart_object_loads_no_hash_nor_manifest_code_and_few_data
     """A multipart object's ETag is not an MD5: nothing to hash, so hashlib (and the manifest
     module, without --manifest) never loads; the classes the sync creates are plain ones."""
     import os
-    import subprocess
-    import sys
 
     client = s3_client(s3_env)
     put_objects(client, {})
     body = os.urandom((5 << 20) + 1000)
-    upload = client.create_multipart_upload(Bucket=BUCKET, Key="data/multi.bin")["UploadId"]
-    parts = []
-    for number, start in enumerate((0, 5 << 20), start=1):
-        answer = client.upload_part(
-            Bucket=BUCKET,
-            Key="data/multi.bin",
-            UploadId=upload,
-            PartNumber=number,
-            Body=body[start : start + (5 << 20)],
-        )
-        parts.append({"PartNumber": number, "ETag": answer["ETag"]})
-    client.complete_multipart_upload(
-        Bucket=BUCKET, Key="data/multi.bin", UploadId=upload, MultipartUpload={"Parts": parts}
-    )
+    put_multipart(client, "data/multi.bin", body)
     script = (
         "import dataclasses, sys\n"
         "from lading.cli.main import main\n"
@@ -405,14 +406,7 @@ def test_sync_of_a_multipart_object_loads_no_hash_nor_manifest_code_and_few_data
         "    sys.stderr.write('\\nDATACLASSES ' + ' '.join(made))\n"
         "    sys.stderr.write('\\nMODULES ' + ' '.join(sorted(sys.modules)))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, SOURCE, str(tmp_path / "dest")],
-        env={**os.environ, **s3_env, "HOME": str(tmp_path), "SM_INPUT_CONFIG_DIR": str(tmp_path / "no-sagemaker")},
-        capture_output=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    done = _sync_in_a_process(script, s3_env, tmp_path)
     assert read_tree(tmp_path / "dest") == {"multi.bin": body}
     err = done.stderr.decode()
     loaded = set(err.rpartition("MODULES ")[2].split())
