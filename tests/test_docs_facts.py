@@ -143,3 +143,11 @@ def test_the_architecture_page_states_the_commands_garbage_collector_threshold()
 
     page = words((REPO / "docs" / "architecture.md").read_text())
     assert f"runs after {GC_THRESHOLDS[0]:,} net allocations instead of 700" in page
+
+
+def test_the_architecture_page_states_which_bundle_of_roots_an_http_client_reads():
+    from lading.cli.store_options import BUNDLES
+
+    page = words((REPO / "docs" / "architecture.md").read_text())
+    assert f"else the system's, `{BUNDLES[0]}` on Debian" in page
+    assert "points `SSL_CERT_FILE` at one bundle" in page and "`SSL_CERT_DIR` at a folder that cannot exist" in page
