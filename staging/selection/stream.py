@@ -151,21 +151,24 @@ def open_source(
     config: StoreConfig | None = None,
     manifest: Manifest | None = None,
     snapshot: str | Path | None = None,
-    connect: Callable[[Store], None] = Store.connect,
+    connect: Callable[[Store], None] | None = None,
 ) -> tuple[Store, str, list[str] | None]:
     """The store to read, its location as a string, and the keys when SOURCE names them itself.
 
     SOURCE with braces is a shard list; SOURCE not ending in ``/`` names one object when an
     object of that name exists (one HEAD), as ``lading fetch`` decides; otherwise it is a prefix.
     With a manifest or a ``snapshot`` (``lading snapshot``: the objects and versions it recorded),
-    SOURCE is always a prefix. ``connect`` builds each store's client before its first request
-    (the CLI brackets it: ``lading.cli.store_options.unused_roots_skipped``).
+    SOURCE is always a prefix. ``connect``, when given, is called with each store opened, before
+    its first request (the CLI builds the client there, bracketed by
+    ``lading.cli.store_options.unused_roots_skipped``); without it a client is built at its first
+    request, as everywhere in the library.
     """
     from lading.stores import open_store as open_any
 
     def open_store(location: StoreURI | str, config: StoreConfig | None, snapshot: str | Path | None = None) -> Store:
         store = open_any(location, config, snapshot=snapshot)
-        connect(store)
+        if connect is not None:
+            connect(store)
         return store
 
     if snapshot is not None:
