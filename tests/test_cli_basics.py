@@ -91,6 +91,7 @@ def test_data_commands_keep_one_malloc_arena(tmp_path):
 def test_data_commands_collect_garbage_less_often(lading, tmp_path):
     """A data command raises the cyclic collector's thresholds (cli.main.GC_THRESHOLDS); other
     commands keep Python's own. The command's process reports them through a sitecustomize hook."""
+    import ast
     import gc
 
     from lading.cli.main import GC_THRESHOLDS
@@ -109,7 +110,7 @@ def test_data_commands_collect_garbage_less_often(lading, tmp_path):
         report = tmp_path / "report"
         result = lading(*argv, env={"PYTHONPATH": str(hook), "GC_REPORT": str(report)})
         assert result.returncode == 0, result.stderr
-        return eval(report.read_text())
+        return ast.literal_eval(report.read_text())
 
     assert thresholds("sync", str(source), str(tmp_path / "dest")) == GC_THRESHOLDS
     assert thresholds("check", str(source)) == gc.get_threshold() != GC_THRESHOLDS
