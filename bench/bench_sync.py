@@ -70,6 +70,7 @@ from benchtools import (
     peer_env,
     peer_path,
     save_code_diff,
+    server_cpu,
     speedup,
     spread,
     versions,
@@ -109,11 +110,13 @@ class ToolFailed(Exception):
 
 
 class Run:
-    """One finished command: wall seconds, CPU seconds (user + system), peak RSS (KiB), stdout, and
-    the page faults of the process tree (minor + major)."""
+    """One finished command: wall seconds, CPU seconds (user + system), peak RSS (KiB), stdout, the
+    page faults of the process tree (minor + major), and the CPU seconds the local server's
+    processes used meanwhile (RGW and its OSD and monitor; see ``benchtools.server_cpu``)."""
 
-    def __init__(self, wall: float, cpu: float, rss: int, stdout: bytes, faults: int = 0) -> None:
+    def __init__(self, wall: float, cpu: float, rss: int, stdout: bytes, faults: int = 0, server: float = 0.0) -> None:
         self.wall, self.cpu, self.rss, self.stdout, self.faults = wall, cpu, rss, stdout, faults
+        self.server = server
 
 
 def timed(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> Run:
@@ -124,6 +127,7 @@ def timed(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None =
     of the forked address space across exec.
     """
     with tempfile.NamedTemporaryFile("r", suffix=".rss") as rss_file:
+        server_before = server_cpu()
         start = time.perf_counter()
         proc = subprocess.run(
             ["/usr/bin/time", "-f", "%M %U %S %R %F", "-o", rss_file.name, *argv],
@@ -132,14 +136,14 @@ def timed(argv: list[str], cwd: Path | None = None, env: dict[str, str] | None =
             capture_output=True,
         )
         elapsed = time.perf_counter() - start
+        server = server_cpu() - server_before
         if proc.returncode != 0:
             raise ToolFailed(
                 f"exit {proc.returncode}: {(proc.stderr.decode()[-1500:] or proc.stdout.decode()[-1500:]).strip()}"
             )
         fields = (rss_file.read().strip().splitlines() or ["0 0 0 0 0"])[-1].split()
-    return Run(
-        elapsed, float(fields[1]) + float(fields[2]), int(fields[0]), proc.stdout, int(fields[3]) + int(fields[4])
-    )
+    cpu = float(fields[1]) + float(fields[2])
+    return Run(elapsed, cpu, int(fields[0]), proc.stdout, int(fields[3]) + int(fields[4]), server)
 
 
 def s3_client(endpoint: str):
@@ -381,11 +385,15 @@ class Bench:
         extra = ""
         if run is not None:
             entry.update(
-                wall=round(run.wall, 4), cpu=round(run.cpu, 3), rss_mib=round(run.rss / 1024, 1), faults=run.faults
+                wall=round(run.wall, 4),
+                cpu=round(run.cpu, 3),
+                rss_mib=round(run.rss / 1024, 1),
+                faults=run.faults,
+                server_cpu=round(run.server, 3),
             )
             extra = (
                 f"  wall {run.wall:6.2f} s  CPU {run.cpu:6.2f} s  peak RSS {run.rss // 1024} MiB  "
-                f"page faults {run.faults}"
+                f"page faults {run.faults}  server CPU {run.server:6.2f} s"
             )
         self.results.setdefault(workload, {}).setdefault(row, []).append(entry)
         log(f"  {workload:8s} {row:30s} {value:10.1f} {UNITS[workload]}{extra}")
@@ -584,9 +592,9 @@ class Bench:
         """The table (markdown) and the checks; returns the failed checks."""
         new_label = self.tools.label("new") if "new" in self.tools.names else None
         lines = [
-            "| workload | tool | median [min-max] | wall s | CPU s | CPU per unit | page faults | peak RSS MiB "
-            "| new's speed-up: ratio of medians | per round: median [min-max] |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| workload | tool | median [min-max] | wall s | CPU s | CPU per unit | server CPU per unit "
+            "| page faults | peak RSS MiB | new's speed-up: ratio of medians | per round: median [min-max] |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
         for workload in WORKLOADS:
             rows = self.results.get(workload)
@@ -602,9 +610,16 @@ class Bench:
                     row,
                     spread(values) + (f" ({len(failures)} FAILED)" if failures else ""),
                 ]
-                for key, digits in (("wall", 2), ("cpu", 2), ("per_unit", 0), ("faults", 0), ("rss_mib", 0)):
-                    if key == "per_unit":
-                        cells.append(self.per_unit(workload, entries))
+                for key, digits in (
+                    ("wall", 2),
+                    ("cpu", 2),
+                    ("per_unit", 0),
+                    ("server", 0),
+                    ("faults", 0),
+                    ("rss_mib", 0),
+                ):
+                    if key in ("per_unit", "server"):
+                        cells.append(self.per_unit(workload, entries, "cpu" if key == "per_unit" else "server_cpu"))
                         continue
                     got = [e[key] for e in entries if key in e]
                     cells.append(f"{statistics.median(got):.{digits}f}" if got else "")
@@ -640,9 +655,10 @@ class Bench:
         (self.work / "results.json").write_text(json.dumps(self.results, indent=1))
         return failed
 
-    def per_unit(self, workload: str, entries: list[dict]) -> str:
-        """The median CPU per object (us) or per GiB (CPU-s), where the workload has a unit count."""
-        cpus = [e["cpu"] for e in entries if "cpu" in e]
+    def per_unit(self, workload: str, entries: list[dict], field: str = "cpu") -> str:
+        """The median CPU (``field``: the tool's, or the server's meanwhile) per object (us) or per
+        GiB (CPU-s), where the workload has a unit count."""
+        cpus = [e[field] for e in entries if field in e]
         if not cpus:
             return ""
         if workload == "small":

@@ -201,6 +201,30 @@ def load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+#: The processes of the local S3 server (bench/rgw.sh's cluster; moto or rclone serve when those run).
+SERVER_NAMES = ("radosgw", "ceph-osd", "ceph-mon", "ceph-mgr")
+
+
+def server_cpu() -> float:
+    """CPU seconds (user + system) used so far by the server's processes on this machine, 0.0 when
+    none runs. Sampled around a timed command, the difference is the server's share of its work
+    (and of anything else it served meanwhile: run one benchmark at a time)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                line = stat.read()
+        except OSError:
+            continue
+        name, rest = line[line.index("(") + 1 : line.rindex(")")], line[line.rindex(")") + 2 :].split()
+        if name in SERVER_NAMES:
+            total += int(rest[11]) + int(rest[12])  # utime, stime: fields 14 and 15 of stat
+    return total / ticks
+
+
 def versions(peers: dict[str, str]) -> list[str]:
     """One line per peer: its path and version."""
     how = {"aws": ["--version"], "rclone": ["version"], "s5cmd": ["version"], "s3fs": ["--version"]}
