@@ -17,7 +17,8 @@ Cases (every run cold: a fresh mount, the page cache dropped first):
   random  1,000 reads of 4 KiB at random 4 KiB-aligned offsets of the 1 GiB object, one reader;
           direct: 1,000 ranged GETs one after another
 Beside each time: the daemon's CPU seconds during the case and its peak RSS (VmHWM; the mount is
-fresh for every case); for direct, this process's CPU. Prints one line per measurement, then a
+fresh for every case), for direct this process's CPU; the reading process's CPU (this one: its
+page-cache copies), the local server's (RGW, its OSD and monitor) and their sum, the machine's. Prints one line per measurement, then a
 table of median [min-max] and lading's time divided by each tool's (below 1: lading is faster).
 Everything goes to OUT/log.txt (--out, default bench/out/mount-DATE/), with results.json and
 table.md. The bucket (--bucket) is created and seeded on first use; --cleanup deletes its 1 GiB
@@ -55,6 +56,7 @@ from benchtools import (
     peer_env,
     peer_path,
     save_code_diff,
+    server_cpu,
     spread,
     versions,
 )
@@ -421,23 +423,24 @@ def run_case(case: str, tools: dict, root: Path, round_: int) -> None:
         try:
             drop_caches()
             if name == "direct":
-                cpu, started = self_cpu(), time.monotonic()
+                cpu, server, started = self_cpu(), server_cpu(), time.monotonic()
                 asyncio.run(direct(case))
-                record(case, name, time.monotonic() - started, self_cpu() - cpu, 0.0)
+                elapsed, cpu, server = time.monotonic() - started, self_cpu() - cpu, server_cpu() - server
+                record(case, name, elapsed, cpu, 0.0, reader_cpu_s=0.0, server_cpu_s=round(server, 2))
                 continue
             path = root / f"{case}-{name}"
             path.mkdir(exist_ok=True)
             started = time.monotonic()
             with tools[name](path, PREFIX[case]) as pid:
                 mounted = time.monotonic()
-                cpu = cpu_seconds(pid)
+                cpu, reader, server = cpu_seconds(pid), self_cpu(), server_cpu()
                 through_mount(case, path)
                 done = time.monotonic()
-                cpu = cpu_seconds(pid) - cpu
+                cpu, reader, server = cpu_seconds(pid) - cpu, self_cpu() - reader, server_cpu() - server
                 rss = peak_rss_mib(pid)
             elapsed = done - (started if case == "ls" else mounted)  # ls: mount + ls -lR
-            extra = {"mount_s": round(mounted - started, 3)} if case == "ls" else {}
-            record(case, name, elapsed, cpu, rss, **extra)
+            extra: dict[str, object] = {"mount_s": round(mounted - started, 3)} if case == "ls" else {}
+            record(case, name, elapsed, cpu, rss, reader_cpu_s=round(reader, 2), server_cpu_s=round(server, 2), **extra)
         except (RuntimeError, AssertionError, OSError, subprocess.CalledProcessError) as err:
             message = f"{case} {name} round {round_ + 1}: {type(err).__name__}: {err}"
             failures.append(message)
@@ -447,11 +450,18 @@ def run_case(case: str, tools: dict, root: Path, round_: int) -> None:
 # -- the report -----------------------------------------------------------------------------------
 
 
+#: A round's CPU seconds: the daemon's (direct: the bench's own GETs), the reading process's (this
+#: one, reading through the mount: its page-cache copies) and the local server's (RGW, its OSD and
+#: monitor); their sum is what the machine spent on the case.
+CPU_FIELDS = ("cpu_s", "reader_cpu_s", "server_cpu_s")
+
+
 def report(cases: list[str], tools: list[str], out: Path | None) -> None:
-    """Median [min-max] per case and tool, lading's time divided by each tool's."""
+    """Median [min-max] per case and tool, CPU by whose it is, lading's time divided by each tool's."""
     lines = [
-        "| case | tool | seconds, median [min-max] | daemon CPU s (median) | peak RSS MiB (max) | lading ÷ tool |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| case | tool | seconds, median [min-max] | daemon CPU s (median) | reader CPU s | server CPU s "
+        "| machine CPU s | peak RSS MiB (max) | lading ÷ tool |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for case in cases:
         rows = {tool: [r for r in results if r["case"] == case and r["tool"] == tool] for tool in tools}
@@ -461,10 +471,11 @@ def report(cases: list[str], tools: list[str], out: Path | None) -> None:
                 continue
             seconds = [r["seconds"] for r in found]
             ratio = f"{ours / statistics.median(seconds):.2f}" if ours and tool != "lading" else ""
+            daemon, reader, server = (statistics.median([r.get(k, 0.0) for r in found]) for k in CPU_FIELDS)
+            machine = statistics.median([sum(r.get(k, 0.0) for k in CPU_FIELDS) for r in found])
             lines.append(
-                f"| {case} | {tool} | {spread(seconds, 3)} | "
-                f"{statistics.median([r['cpu_s'] for r in found]):.2f} | "
-                f"{max(r['peak_rss_mib'] for r in found):.0f} | {ratio} |"
+                f"| {case} | {tool} | {spread(seconds, 3)} | {daemon:.2f} | {reader:.2f} | {server:.2f} | "
+                f"{machine:.2f} | {max(r['peak_rss_mib'] for r in found):.0f} | {ratio} |"
             )
     lines += [f"FAILED {f}" for f in failures]
     log("\n== table (lading ÷ tool: below 1, lading is faster) ==")
