@@ -57,6 +57,17 @@ def test_changed_object_or_edited_file_is_fetched_again(s3, lading, tmp_path):
     assert target.read_bytes() == b"a,b\n3,4\n"
 
 
+def test_one_object_to_a_bare_file_name_in_the_working_directory(s3, lading, tmp_path):
+    # DEST with no directory part ("data.csv", "./data.csv"): the file goes into the working
+    # directory (was: "cannot write data.csv: No such file or directory", exit 3, from mkdir '').
+    for dest in ("data.csv", "./copy.csv"):
+        result = lading("fetch", f"s3://{BUCKET}/data.csv", dest, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / dest).read_bytes() == b"a,b\n1,2\n"
+        again = lading("fetch", f"s3://{BUCKET}/data.csv", dest, cwd=tmp_path)
+        assert again.returncode == 0 and "up to date" in again.stderr, again.stderr
+
+
 def test_prefix_as_a_tree_with_or_without_slash(s3, lading, tmp_path):
     for uri, dest in ((f"s3://{BUCKET}/train/", tmp_path / "a"), (f"s3://{BUCKET}/train", tmp_path / "b")):
         result = lading("fetch", uri, str(dest), "--json")

@@ -130,11 +130,13 @@ class DirectoryMaker:
         self._lock = threading.Lock()
 
     def ensure_parent(self, path: Path) -> None:
-        """Create the directory holding ``path``, and its parents, if needed."""
+        """Create the directory holding ``path``, and its parents, if needed. A bare name
+        (``data.csv``) lies in the working directory, which exists: ``makedirs('')`` would fail."""
         directory = os.path.dirname(path)
         if directory in self._made:
             return
-        os.makedirs(directory, exist_ok=True)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
         with self._lock:
             self._made.add(directory)
 
