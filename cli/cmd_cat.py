@@ -164,7 +164,10 @@ def cat(
     fd = stream.open_fifo(stream.make_fifo(fifo)) if fifo else sys.stdout.fileno()
     try:
         stream.stream_objects(
-            store, objects, stream.fd_sink(fd), stream.StreamOptions(workers, part_size, max(max_memory, 1))
+            store,
+            objects,
+            stream.fd_sink(fd, fifo or "stdout"),
+            stream.StreamOptions(workers, part_size, max(max_memory, 1)),
         )
     except BrokenPipeError:  # the reader went away (| head): like cat, quietly
         if not fifo:

@@ -396,6 +396,20 @@ def test_a_reader_that_goes_away_ends_the_stream_quietly(large):
     assert shell.returncode == 0 and shell.stdout.strip() == "10" and shell.stderr == ""
 
 
+def test_a_full_disk_under_stdout_is_exit_6_in_one_line(tmp_path):
+    # `lading cat SOURCE > file` on a full file system (here /dev/full: every write is ENOSPC)
+    # was "internal error: OSError: [Errno 28] No space left on device", exit 1.
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.bin").write_bytes(b"x" * 1000)
+    with open("/dev/full", "wb") as full:
+        out = lading_process("cat", str(tmp_path / "src"), env={}, stdout=full, stderr=subprocess.PIPE)
+        assert out.wait(timeout=30) == 6
+    stderr = out.stderr.read().decode()
+    assert stderr == "lading: error: cannot write stdout: No space left on device " + (
+        "(hint: free space on that file system, or choose another destination)\n"
+    ), stderr
+
+
 def test_ctrl_c_mid_stream_exits_130(large):
     out = lading_process("cat", f"s3://{BUCKET}/large", env={}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert out.stdout.read(100_000)  # streaming; then nobody reads: the writer blocks on the full pipe

@@ -445,14 +445,20 @@ def stream_objects(
 # -- where the bytes go --------------------------------------------------------------------------
 
 
-def fd_sink(fd: int) -> Sink:
+def fd_sink(fd: int, name: str = "the stream") -> Sink:
     """A sink writing to a file descriptor (stdout, a pipe); a reader that went away raises
-    ``BrokenPipeError``."""
+    ``BrokenPipeError``, any other write failure the local error for ``name`` (a full disk
+    under a redirected stdout: ``LocalIOError``, exit 6)."""
 
     def write(chunk: memoryview) -> None:
         view = chunk
-        while view:
-            view = view[os.write(fd, view) :]
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise local_error(err, f"write {name}") from err
 
     return write
 
