@@ -44,7 +44,7 @@ stream quietly with exit 0.
 Exit codes: 0 ok (also: the reader closed the pipe), 1 an object changed mid-stream,
 2 usage (bad option, a --fifo path that is not a pipe), 3 not found (also: nothing at
 SOURCE, unless --allow-empty), 4 access denied, 5 transient failure after retries,
-130 interrupted."""
+6 local disk (stdout or the --fifo: full, quota, name too long), 130 interrupted."""
 
 
 @click.command(help=CAT_HELP, short_help="Stream objects in order to stdout or a named pipe (Pipe mode).")

@@ -157,7 +157,8 @@ Examples:
 
 \b
 Exit codes: 0 ok, 1 some objects failed, 2 usage (arguments, config), 3 not found,
-4 access denied or not writable, 5 transient failure after retries, 130 interrupted."""
+4 access denied or not writable, 5 transient failure after retries, 6 local disk (full,
+quota, name too long), 130 interrupted."""
 
 HOOK_INIT_HELP = """Add a dataset to CONTEXT_DIR/startup-hook.sh (created if missing).
 
@@ -204,7 +205,7 @@ Examples:
 \b
 Exit codes: 0 ok, 1 some objects failed, 2 usage (bad config, sharded without the whole
 trial here), 3 not found, 4 access denied or DEST not writable, 5 transient failure after
-retries, 130 interrupted."""
+retries, 6 local disk (full, quota, name too long), 130 interrupted."""
 
 
 @click.group(help=HOOK_HELP, short_help="Startup-hook downloads for Determined (init, run).")
@@ -344,7 +345,8 @@ Examples:
 \b
 Exit codes: 0 ok, 1 some objects failed or unsafe keys, 2 usage (malformed URI, a file
 lading did not write at DEST, a file where DEST's directory should be), 3 not found,
-4 access denied or DEST not writable, 5 transient failure after retries, 130 interrupted."""
+4 access denied or DEST not writable, 5 transient failure after retries, 6 local disk (full,
+quota, name too long), 130 interrupted."""
 
 
 @click.command(help=FETCH_HELP, short_help="Download one object or prefix if missing or changed.")

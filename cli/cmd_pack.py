@@ -50,7 +50,8 @@ A failed Ray pack leaves no index; run it again to reuse the shards already writ
 \b
 Exit codes: 0 ok, 1 problem (a file changed while packing, names clash),
 2 usage (bad option, refused name, already packed), 3 not found, 4 access denied,
-5 transient failure after retries, 130 interrupted."""
+5 transient failure after retries, 6 local disk (full, quota, name too long),
+130 interrupted."""
 
 
 class _Bar:

@@ -555,3 +555,14 @@ def test_setup_uses_the_quiet_wrappers():
     assert ". .ci/quiet.sh" in setup
     assert "quiet_apt $SUDO apt-get update" in setup and "quiet_apt $SUDO env DEBIAN_FRONTEND" in setup
     assert "quiet_pip install -e '.[test,docs]'" in setup
+
+
+@pytest.mark.parametrize(
+    "command", [("sync",), ("fetch",), ("pack",), ("cat",), ("hook",), ("hook", "run"), ("snapshot",)], ids=" ".join
+)
+def test_commands_that_write_local_files_list_exit_6(lading, command):
+    # A full disk or a name too long for the file system is exit 6 for each of these (e.g.
+    # test_defects_paths: pack and snapshot onto a full disk); their help listed 0-5 and 130 only.
+    text = lading(*command, "--help").stdout
+    codes = " ".join(text[text.index("Exit codes:") : text.index("Options:")].split())
+    assert "6 local disk" in codes, codes
