@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from lading.stores import AccessDenied, UsageError
+from lading.core.errors import local_error
 
 log = logging.getLogger("lading.mount")
 
@@ -41,12 +41,9 @@ class DiskCache:
         try:
             root.mkdir(parents=True, exist_ok=True)
             self._load()
-        except PermissionError as err:
-            raise AccessDenied(f"permission denied: cannot use {root} as the disk cache") from err
-        except OSError as err:
-            raise UsageError(
-                f"cannot use {root} as the disk cache: {err.strerror or err}",
-                "point the cache at a writable local directory",
+        except OSError as err:  # denied or read-only 4, a file in the way 2, a full disk 6
+            raise local_error(
+                err, f"use {root} as the disk cache", "point the cache at a writable local directory"
             ) from err
 
     def _load(self) -> None:

@@ -139,6 +139,18 @@ def test_bad_input_is_a_one_line_error_and_nothing_is_mounted(bucket, tmp_path: 
         assert not os.path.ismount(target)
 
 
+def test_a_cache_dir_on_a_read_only_file_system_is_exit_4(bucket, tmp_path: Path, read_only_mount: Path) -> None:
+    # As everywhere else (README: "a destination you may not write (a read-only file system too)").
+    # It was exit 2 for a new folder there and exit 4 for the mount's root itself.
+    target = tmp_path / "mnt"
+    target.mkdir()
+    for cache in (read_only_mount / "cache", read_only_mount):
+        result = cli("mount", f"s3://{BUCKET}", str(target), "--cache-dir", str(cache), env=bucket)
+        assert result.returncode == 4, (cache, result.stderr)
+        assert len(result.stderr.splitlines()) == 1 and str(cache) in result.stderr, result.stderr
+        assert not os.path.ismount(target)
+
+
 def test_mounting_twice_is_refused(bucket, tmp_path: Path) -> None:
     with mounted(f"s3://{BUCKET}", tmp_path / "mnt", env=bucket) as mnt:
         result = cli("mount", f"s3://{BUCKET}", str(mnt.path), env=bucket)
