@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import click
 from lading.cli.context import AppState
 from lading.cli.option_rules import needs
+from lading.cli.params import size as size_option
 from lading.cli.store_options import pop_store_config, store_options
-from lading.context import CheckReport, check_context, format_size, parse_size
+from lading.context import CheckReport, check_context, format_size
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -70,7 +71,7 @@ Exit codes: 0 fits, 1 over the limit, 2 usage error, 3 not found,
 )
 @click.option(
     "--limit",
-    "limit_text",
+    callback=size_option,
     default="95MiB",
     show_default=True,
     metavar="SIZE",
@@ -101,7 +102,7 @@ def check(
     includes: tuple[str, ...],
     top: int,
     explain_path: str | None,
-    limit_text: str,
+    limit: int,
     as_json: bool,
     config_path: str | None,
     quiet: bool,
@@ -113,7 +114,6 @@ def check(
     """Will det accept CONTEXT_DIR?"""
     if fix or bucket or yes:
         _check_fix_options(bucket)
-    limit = parse_size(limit_text)
     with _progress(enabled=sys.stderr.isatty() and not quiet) as progress:
         report = check_context(
             context_dir,

@@ -11,9 +11,10 @@ import click
 from lading.cli.context import AppState
 from lading.cli.progress import Throttle, byte_bar, human, line_interval
 from lading.cli.option_rules import needs
+from lading.cli.params import size as size_option
 from lading.cli.store_options import pop_store_config, store_options
 from lading.core.install import install_command
-from lading.core.sizes import format_size, parse_size
+from lading.core.sizes import format_size
 
 PACK_HELP = """Pack the files under SOURCE into WebDataset tar shards at DEST.
 
@@ -135,6 +136,7 @@ def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
 @click.argument("dest")
 @click.option(
     "--shard-size",
+    callback=size_option,
     default="150MB",
     show_default=True,
     metavar="SIZE",
@@ -167,7 +169,7 @@ def pack(
     state: AppState,
     source: str,
     dest: str,
-    shard_size: str,
+    shard_size: int,
     name: str | None,
     version: str | None,
     shuffle: bool,
@@ -187,7 +189,7 @@ def pack(
     # An empty --name is refused by the name rule, not replaced by the default.
     pack_options = PackOptions(
         name=default_name(source) if name is None else name,
-        shard_size=parse_size(shard_size),
+        shard_size=shard_size,
         shuffle=shuffle,
         seed=seed or 0,
         version=version,

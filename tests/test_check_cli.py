@@ -136,7 +136,7 @@ def test_limit_option_changes_the_verdict(lading, small_ctx):
 @pytest.mark.parametrize("bad", ["abc", "-5", "0", "10M"])
 def test_bad_limit_is_usage_error(lading, small_ctx, bad):
     result = lading("check", str(small_ctx), "--limit", bad)
-    assert_one_line_error(result, 2, "invalid size")
+    assert_one_line_error(result, 2, "'--limit': invalid size")  # the option named, as mount's --cache-size
 
 
 def test_missing_directory_is_not_found(lading, tmp_path):

@@ -213,8 +213,8 @@ def test_cli_dry_run_writes_nothing(lading, tmp_path):
 @pytest.mark.parametrize(
     "args, code, words",
     [
-        (["--shard-size", "12 parsecs"], 2, "invalid size"),
-        (["--shard-size", "0"], 2, "invalid size"),
+        (["--shard-size", "12 parsecs"], 2, "'--shard-size': invalid size"),  # the option named, as cat's
+        (["--shard-size", "0"], 2, "'--shard-size': invalid size"),
         (["--seed", "3"], 2, "--seed only makes sense with --shuffle"),
         (["--name", "../evil"], 2, "not usable in shard names"),
         (["--version", "v 1"], 2, "not usable in shard names"),
