@@ -105,6 +105,18 @@ class LazyGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def invoke(self, ctx: click.Context) -> object:
+        """Run the subcommand. A reader that closed stdout early (``lading sync ... --json | head``)
+        ends it quietly with exit 0, as :func:`lading.cli.errors.run_guarded` means it to: click
+        catches ``EPIPE`` before that and exits 1 without a word."""
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)  # nothing flushes into the closed pipe at exit
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            raise click.exceptions.Exit(0) from None
+
 
 @click.group(cls=LazyGroup, epilog=EXIT_CODES_HELP, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="lading")
@@ -198,6 +210,19 @@ def main(argv: list[str] | None = None) -> None:
     run_guarded(lambda: lading.main(args=args, prog_name="lading", standalone_mode=False), debug)
 
 
+def stand_in_for_closed_streams() -> None:
+    """Give a process started with stdout or stderr closed (``>&-``) /dev/null in its place.
+    Python leaves ``sys.stdout`` None then, so the first write or ``isatty()`` was an internal
+    error and the final flush a traceback (and a file opened later would take descriptor 1)."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is None:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+            setattr(sys, name, open(fd, "w", closefd=False))
+
+
 def console() -> NoReturn:
     """The ``lading`` command (console script and ``python -m lading``): :func:`main`, then exit
     without finalizing the interpreter.
@@ -207,6 +232,7 @@ def console() -> NoReturn:
     The command's output and exit code are final by then, so it runs the ``atexit`` callbacks
     (the I/O core's shutdown, logging), flushes its streams and leaves with ``os._exit``.
     """
+    stand_in_for_closed_streams()
     try:
         main()
         code: object = 0

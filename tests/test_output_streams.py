@@ -4,6 +4,9 @@ on stdout, status lines on stderr; and ANSI escapes only on a terminal."""
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +65,31 @@ def test_no_ansi_escapes_when_not_a_terminal(tree: Path, tmp_path: Path) -> None
         result = run_lading(*args, env=env_for(tmp_path))
         assert result.returncode in (0, 1), (args, result.stderr)
         assert ESC not in result.stdout and ESC not in result.stderr, args
+
+
+def _piped_into_head(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``lading ARGS | head -c 1`` under pipefail: lading's own exit code and stderr."""
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "lading", *args])
+    script = f"set -o pipefail; {command} 2> {tmp_path / 'err'} | head -c 1 > /dev/null"
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args", [["sync", "{tree}", "{dest}", "--dry-run", "--json"], ["check", "{tree}", "--json"]])
+def test_a_reader_that_closes_stdout_early_ends_the_command_quietly(tree: Path, tmp_path: Path, args) -> None:
+    # `lading sync ... --dry-run --json | head`: exit 0 and nothing on stderr, as `lading cat`'s
+    # (lading.cli.errors maps BrokenPipeError to 0). click intercepted EPIPE first: exit 1, no word.
+    for i in range(3000):  # output well beyond a pipe's 64 KiB buffer
+        (tree / f"many-{i:05d}.txt").write_text("x")
+    args = [a.format(tree=tree, dest=tmp_path / "d") for a in args]
+    result = _piped_into_head(args, tmp_path)
+    assert result.returncode == 0 and (tmp_path / "err").read_text() == "", (tmp_path / "err").read_text()
+
+
+def test_a_closed_stdout_is_no_traceback(tree: Path, tmp_path: Path) -> None:
+    # `lading sync SRC DEST >&-` (a job started with stdout closed): sync writes nothing to stdout,
+    # so it works; before, "internal error: AttributeError: 'NoneType' object has no attribute
+    # 'isatty'" and a traceback from the final flush.
+    script = f'"$0" -m lading sync {tree} {tmp_path / "d"} >&-'
+    result = subprocess.run(["bash", "-c", script, sys.executable], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "synced 6 file(s)" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and (tmp_path / "d" / "s0.txt").read_text() == "sample 0"
