@@ -59,3 +59,18 @@ def test_uris_parse(text, expected):
 def test_malformed_uris_refused(text):
     with pytest.raises(UsageError):
         parse_uri(text)
+
+
+@pytest.mark.parametrize(
+    "text, hint",
+    [
+        ("file:data", "use file:///absolute/path"),  # was "write it as file://bucket/prefix": no bucket here
+        ("file:/tmp/x", "use file:///absolute/path"),
+        ("file://rel/x", "use file:///absolute/path"),
+        ("s3:/bucket", "write it as s3://bucket/prefix"),
+    ],
+)
+def test_a_malformed_location_hints_its_own_scheme_s_form(text, hint):
+    with pytest.raises(UsageError) as raised:
+        parse_uri(text)
+    assert raised.value.hint is not None and raised.value.hint.startswith(hint), raised.value.hint

@@ -63,7 +63,12 @@ def parse_uri(text: str) -> StoreURI:
     if scheme not in SCHEMES:
         raise UsageError(f"unsupported scheme {scheme!r} in {text!r}", "lading reads s3://, gs:// and local paths")
     if not rest.startswith("//"):
-        raise UsageError(f"malformed location {text!r}", f"write it as {scheme}://bucket/prefix")
+        form = (
+            "use file:///absolute/path, or a plain path"
+            if scheme == "file"
+            else f"write it as {scheme}://bucket/prefix"
+        )
+        raise UsageError(f"malformed location {text!r}", form)
     rest = rest[2:]
     if scheme == "file":
         if not rest.startswith("/"):
