@@ -90,7 +90,8 @@ def _check_log_file(path: Path) -> None:
 def resolved(options: MountOptions) -> MountOptions:
     """``options`` with a local source (a directory or a snapshot file) as an absolute path, and
     every other path absolute: the detached daemon runs in ``/``, where a relative path names
-    something else."""
+    something else. The mount point also without symlinks: the kernel mounts on a link's target,
+    and a symlink itself is never a mount point (waiting for one timed out)."""
     uri = errors.parse_uri(options.source)
     source = uri.prefix if uri.scheme == "file" else options.source
 
@@ -103,7 +104,7 @@ def resolved(options: MountOptions) -> MountOptions:
     return replace(
         options,
         source=source,
-        mountpoint=options.mountpoint.absolute(),
+        mountpoint=Path(os.path.realpath(options.mountpoint)),
         view=view,
         cache_dir=absolute(options.cache_dir),
         log_file=absolute(options.log_file),
@@ -302,6 +303,23 @@ def mount_device(mountpoint: Path) -> str | None:
     return None
 
 
+def mount_type(mountpoint: Path) -> str | None:
+    """The file system type (``fuse.lading``, ``tmpfs``...) of the topmost mount at ``mountpoint``
+    from /proc/self/mountinfo, or None when it is not found there."""
+    target = os.path.realpath(mountpoint).replace("\\", "\\134").replace(" ", "\\040")
+    kind = None
+    try:
+        with open("/proc/self/mountinfo") as mounts:
+            for line in mounts:  # in mount order: the last one at the path is the one on top
+                fields = line.split()
+                _, dash, after = line.partition(" - ")
+                if len(fields) > 4 and fields[4] == target and dash:
+                    kind = after.split()[0]
+    except OSError:
+        pass
+    return kind
+
+
 def _steady_allocator() -> None:
     """Have glibc reuse freed GET buffers instead of mapping fresh memory for each (first touch of
     fresh memory costs a page fault per 4 KiB) and hand back what it keeps beyond a few MiB, so
@@ -358,8 +376,15 @@ def _fuse_options(options: MountOptions, mfusepy: object) -> dict[str, object]:
 
 def unmount(mountpoint: Path, lazy: bool = False, timeout: float = 10.0) -> None:
     """Unmount a FUSE mount point with fusermount3 (or fusermount), and wait until it is gone."""
+    mountpoint = Path(os.path.realpath(mountpoint))  # a symlink to it names the mount too
     if not os.path.ismount(mountpoint):
         raise errors.NotFound(f"{mountpoint} is not a mount point")
+    kind = mount_type(mountpoint)
+    if kind is not None and kind != "fuse" and not kind.startswith("fuse."):  # root's fusermount unmounts anything
+        raise errors.UsageError(
+            f"{mountpoint} is a {kind} mount, not a FUSE mount: lading unmount only unmounts FUSE mounts",
+            f"umount {mountpoint} if you mean it",
+        )
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
         raise errors.ProblemFound(

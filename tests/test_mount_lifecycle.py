@@ -151,6 +151,35 @@ def test_a_cache_dir_on_a_read_only_file_system_is_exit_4(bucket, tmp_path: Path
         assert not os.path.ismount(target)
 
 
+def test_unmount_refuses_a_mount_that_is_not_fuse(read_only_mount: Path) -> None:
+    # As root, fusermount3 -u unmounts anything: `lading unmount /data` took away a tmpfs (or an
+    # NFS share, a bind mount), and `lading unmount /proc` tried. Non-root fusermount refuses it.
+    result = cli("unmount", str(read_only_mount))
+    assert result.returncode == 2, result.stderr
+    assert "not a FUSE mount" in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
+    assert os.path.ismount(read_only_mount)
+
+
+def test_a_mount_point_given_through_a_symlink(tmp_path: Path) -> None:
+    # /mnt/data -> /scratch/data: the kernel mounts on the link's target, and lading waited for
+    # the link itself to become a mount point ("did not appear as a mount point within 10s", exit 1).
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_text("alpha")
+    (tmp_path / "real").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real")
+    try:
+        result = cli("mount", str(src), str(link), timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert os.path.ismount(tmp_path / "real") and (link / "a.txt").read_text() == "alpha"
+        result = cli("unmount", str(link))
+        assert result.returncode == 0, result.stderr
+        assert not os.path.ismount(tmp_path / "real")
+    finally:
+        force_unmount(tmp_path / "real")
+
+
 def test_mounting_twice_is_refused(bucket, tmp_path: Path) -> None:
     with mounted(f"s3://{BUCKET}", tmp_path / "mnt", env=bucket) as mnt:
         result = cli("mount", f"s3://{BUCKET}", str(mnt.path), env=bucket)
