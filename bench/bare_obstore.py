@@ -5,6 +5,9 @@
     bare_obstore.py copy ENDPOINT BUCKET PREFIX DEST      # every object under PREFIX to DEST/<name>
     bare_obstore.py copy-verified ENDPOINT BUCKET PREFIX DEST   # the same, checked and renamed into place
     bare_obstore.py big ENDPOINT BUCKET KEY DEST_FILE     # one object in ranged parts
+    bare_obstore.py big-pinned ...                        # the same as lading fetches a part
+    bare_obstore.py big-streamed ...                      # the same, each piece written as it arrives
+    bare_obstore.py big-streamed-threads ...              # the same, a thread per part, no loop hop
 
 copy: 64 concurrent ``get_async`` + ``bytes_async``, each body written to its file (the key's path
 under PREFIX; directories made first). copy-verified adds sync's per-file guarantees in their
@@ -16,6 +19,15 @@ file, with the CLI's allocator settings (one arena, part buffers below the mmap 
 cheapest recipe of the variants measured in bench/RESULTS.md (session 9). Until session 9 it took
 16 MiB parts, 16 at a time, without those settings: every part buffer was a fresh mapping
 (130,000-150,000 page faults and about 1 CPU-s more per GiB), slower than lading itself.
+big-pinned: each part a ``get_async`` with its range and ``If-Match`` of the HEAD's ETag, collected
+with ``bytes_async`` (lading's attempt for a part: two hops from obstore's runtime to the loop).
+big-streamed: the same pinned GET, its body read with ``stream(min_chunk_size=0)`` (hyper's own
+chunks, each copied once into a Python ``bytes``, none coalesced) and each piece ``pwrite``n at
+its offset straight away, while it is still in the CPU cache; one hop to the loop per piece.
+big-streamed-threads: as big-streamed, but each part read with the stream's blocking ``__next__`` in
+a thread of its own (the piece handed over by ``block_on``, no hop through the asyncio loop).
+The big variants take an optional sixth argument PxN or PxNsS: parts of P MiB, N at once, written
+in ``pwrite`` slices of at most S KiB (default 8x8s256; session 12, big9).
 """
 
 from __future__ import annotations
@@ -75,22 +87,60 @@ async def copy(store: S3Store, prefix: str, dest: str, verified: bool = False) -
     await asyncio.gather(*(one(key) for key in keys))
 
 
-async def big(store: S3Store, key: str, dest: str) -> None:
-    size = (await obstore.head_async(store, key))["size"]
+def _pwrite(fd: int, body: memoryview, at: int) -> None:
+    for offset in range(0, len(body), SLICE):
+        os.pwrite(fd, body[offset : offset + SLICE], at + offset)
+
+
+async def big(store: S3Store, key: str, dest: str, how: str = "big") -> None:
+    head = await obstore.head_async(store, key)
+    size, etag = head["size"], head["e_tag"]
     fd = os.open(dest, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     os.ftruncate(fd, size)
     os.posix_fallocate(fd, 0, size)
     slots = asyncio.Semaphore(PARTS_AT_ONCE)
 
+    def pinned(start: int, end: int) -> dict:
+        return {"range": (start, end), "if_match": etag}
+
     async def part(start: int) -> None:
         async with slots:
             end = min(size, start + PART)
-            body = memoryview(await obstore.get_range_async(store, key, start=start, end=end))
-            for offset in range(0, len(body), SLICE):
-                os.pwrite(fd, body[offset : offset + SLICE], start + offset)
+            if how == "big":
+                _pwrite(fd, memoryview(await obstore.get_range_async(store, key, start=start, end=end)), start)
+                return
+            result = await obstore.get_async(store, key, options=pinned(start, end))  # type: ignore[arg-type]
+            if how == "big-pinned":
+                body = memoryview(await result.bytes_async())
+                if len(body) != end - start:
+                    raise SystemExit(f"part at {start}: {len(body)} of {end - start} bytes")
+                _pwrite(fd, body, start)
+                return
+            at = start
+            async for piece in result.stream(min_chunk_size=0):
+                _pwrite(fd, memoryview(piece), at)
+                at += len(piece)
+            if at != end:
+                raise SystemExit(f"part at {start}: ended at {at} of {end}")
+
+    def part_in_thread(start: int) -> None:
+        end = min(size, start + PART)
+        result = obstore.get(store, key, options=pinned(start, end))  # type: ignore[arg-type]
+        at = start
+        for piece in result.stream(min_chunk_size=0):
+            _pwrite(fd, memoryview(piece), at)
+            at += len(piece)
+        if at != end:
+            raise SystemExit(f"part at {start}: ended at {at} of {end}")
 
     try:
-        await asyncio.gather(*(part(start) for start in range(0, size, PART)))
+        if how == "big-streamed-threads":
+            import concurrent.futures
+
+            with concurrent.futures.ThreadPoolExecutor(PARTS_AT_ONCE) as pool:
+                list(pool.map(part_in_thread, range(0, size, PART)))
+        else:
+            await asyncio.gather(*(part(start) for start in range(0, size, PART)))
     finally:
         os.close(fd)
 
@@ -106,11 +156,19 @@ def _allocator_as_the_cli() -> None:
 
 
 def main() -> None:
+    global PART, PARTS_AT_ONCE, SLICE
     mode, endpoint, bucket, name, dest = sys.argv[1:6]
-    if mode == "big":
+    if len(sys.argv) > 6:
+        layout, _, kib = sys.argv[6].partition("s")
+        mib, at_once = layout.split("x")
+        PART, PARTS_AT_ONCE, SLICE = int(mib) << 20, int(at_once), int(kib or 256) << 10
+    if mode.startswith("big"):
         _allocator_as_the_cli()
     store = _store(endpoint, bucket)
-    asyncio.run(big(store, name, dest) if mode == "big" else copy(store, name, dest, mode == "copy-verified"))
+    if mode.startswith("big"):
+        asyncio.run(big(store, name, dest, mode))
+    else:
+        asyncio.run(copy(store, name, dest, mode == "copy-verified"))
 
 
 if __name__ == "__main__":

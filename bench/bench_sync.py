@@ -11,6 +11,11 @@ Tools (--tools, default all that are available):
   obstore   bench/bare_obstore.py: a bare obstore asyncio loop with no lading code (the floor)
   obstore-verified  the same loop with sync's per-file guarantees, bare: the MD5 of each body checked
             against its single-part ETag, written to a temporary name and renamed into place
+  obstore-pinned, obstore-streamed, obstore-streamed-threads  (the big object only) bare_obstore.py's
+            big-pinned / big-streamed / big-streamed-threads: each part pinned as lading pins it,
+            collected whole / written piece by piece as hyper's chunks arrive / the same on threads
+  obstore...@PxN[sS]  any obstore floor with parts of P MiB, N at once, pwrite slices of at most S KiB
+            (e.g. obstore-streamed@16x4, obstore-pinned@8x8s32)
   new       this checkout: .venv/bin/python -m lading sync ... --no-cache --json (CLI defaults)
   baseline  --baseline DIR: DIR/.venv/bin/python -m cli (or -m lading) sync ..., run from DIR
   aws       `aws s3 sync` (`aws s3 cp` for the big object), defaults
@@ -80,6 +85,13 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 BUCKET = os.environ.get("LADING_BENCH_BUCKET", "lading-bench")  # one per engineer on a shared RGW
 ALL_TOOLS = ("new", "baseline", "aws", "rclone", "s5cmd", "obstore", "obstore-verified")
+#: Bare floors for the big object only (bare_obstore.py's modes); asked for by name, never by default.
+BIG_FLOORS = {
+    "obstore-pinned": "big-pinned",
+    "obstore-streamed": "big-streamed",
+    "obstore-streamed-threads": "big-streamed-threads",
+}
+FLOORS = ("obstore", "obstore-verified", *BIG_FLOORS)
 PEERS = ("aws", "rclone", "s5cmd")
 WORKLOADS = ("small", "noop", "big", "latency", "plan")
 UNITS = {"small": "objects/s", "noop": "s", "big": "MB/s", "latency": "objects/s", "plan": "MiB peak RSS"}
@@ -256,17 +268,21 @@ class Tools:
                 "sync", source, str(dest), "--endpoint-url", endpoint, "--no-cache", "--json"
             ), lading.root
         exe = self.peers[name]
-        if name in ("obstore", "obstore-verified"):  # the floor: a bare obstore loop (bare_obstore.py), no lading code
+        floor, _, layout = name.partition("@")
+        if floor in FLOORS:  # the floor: a bare obstore loop (bare_obstore.py), no lading code
             if mode == "big":  # (a multipart ETag is no MD5: nothing more to verify)
                 return [
                     sys.executable,
                     str(HERE / "bare_obstore.py"),
-                    "big",
+                    BIG_FLOORS.get(floor, "big"),
                     endpoint,
                     BUCKET,
                     f"{prefix}blob.bin",
                     str(dest / "blob.bin"),
+                    *([layout] if layout else []),
                 ], None
+            if floor in BIG_FLOORS:
+                raise ToolFailed(f"{name} fetches the big object only")
             copy = "copy-verified" if name == "obstore-verified" else "copy"
             return [sys.executable, str(HERE / "bare_obstore.py"), copy, endpoint, BUCKET, prefix, str(dest)], None
         if name == "aws":
@@ -776,7 +792,7 @@ def main() -> None:
     log = Log(out)
 
     names = [n for n in args.tools.split(",") if n]
-    unknown = set(names) - set(ALL_TOOLS)
+    unknown = {n for n in names if n not in ALL_TOOLS and n.partition("@")[0] not in FLOORS}
     if unknown:
         raise SystemExit(f"unknown tools: {', '.join(sorted(unknown))}")
     ladings: dict[str, Lading] = {}
@@ -814,8 +830,8 @@ def main() -> None:
         save_code_diff(lading.root, out, f"{lading.key}-uncommitted.diff")
     for line in versions(peers):
         log(line)
-    for floor in ("obstore", "obstore-verified"):
-        if floor in names:
+    for floor in names:
+        if floor.partition("@")[0] in FLOORS:
             peers[floor] = str(HERE / "bare_obstore.py")
             log(f"{floor}: {peers[floor]} (a bare asyncio loop; obstore as in lading's venv)")
     log(
