@@ -51,7 +51,8 @@ Examples:
   lading unmount --lazy /mnt/imagenet     # files still open: detach now, finish later
 
 \b
-Exit codes: 0 unmounted, 1 busy (files open; --lazy) or no fusermount, 3 not a mount point."""
+Exit codes: 0 unmounted, 1 busy (files open; --lazy) or no fusermount, 2 a mount that is not
+FUSE (tmpfs, NFS...: left alone, even as root), 3 not a mount point."""
 
 
 @click.command(help=MOUNT_HELP, short_help="Mount a bucket read-only with lazy, prefetched reads.")

@@ -158,6 +158,7 @@ def test_unmount_refuses_a_mount_that_is_not_fuse(read_only_mount: Path) -> None
     assert result.returncode == 2, result.stderr
     assert "not a FUSE mount" in result.stderr and len(result.stderr.splitlines()) == 1, result.stderr
     assert os.path.ismount(read_only_mount)
+    assert "2 a mount that is not" in cli("unmount", "--help").stdout
 
 
 def test_a_mount_point_given_through_a_symlink(tmp_path: Path) -> None:
