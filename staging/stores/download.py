@@ -29,8 +29,12 @@ from lading.core.errors import LadingError, TransientError
 from lading.core.retry import Attempts, RetryPolicy
 from lading.stores.base import Fetched, OnPiece, ProgressCallback
 
-#: The largest ``pwrite`` call.
-SLICE = 256 << 10
+#: The largest ``pwrite`` call. ext4 (Linux 6.16 and later: large folios) sizes each new page-cache
+#: folio by the write; with 256 KiB writes the page-cache copy intermittently took 2-5x its usual
+#: time on the benchmark VM (a 1 GiB sync at 1.2-2.0 CPU-s instead of 0.85-0.95, in 6 of 8 rounds
+#: of one run), never with 64 KiB ones, which cost nothing measurable otherwise (bench/RESULTS.md,
+#: session 12, big9). s5cmd writes 32 KiB, rclone 128 KiB.
+SLICE = 64 << 10
 #: Part size of a ranged download; objects larger than one part are fetched in parts. Each part is
 #: one GET whose body is one buffer: 8 MiB parts took less CPU than 2-4 MiB ones (more requests)
 #: and touched fewer fresh pages than 16 MiB ones (bench/RESULTS.md, session 7).
