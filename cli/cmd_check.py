@@ -39,7 +39,8 @@ When over the limit it prints the .detignore lines that bring it under
 (verified by walking again) and the startup-hook route for data.
 
 Exit codes: 0 fits, 1 over the limit, 2 usage error, 3 not found,
-4 permission denied.
+4 permission denied, 5 transient failure after retries (--fix's uploads),
+130 interrupted.
 """
 
 

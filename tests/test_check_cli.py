@@ -258,6 +258,8 @@ def test_help_teaches(lading):
     assert result.returncode == 0
     for text in ("--explain", "--limit", "--include", "99,614,720", "Exit codes"):
         assert text in result.stdout
+    # --fix uploads: a store that stays unreachable is exit 5, as everywhere (the help listed 0-4)
+    assert "5 transient failure after retries" in " ".join(result.stdout.split())
 
 
 def test_default_context_is_the_current_directory(lading, small_ctx):
