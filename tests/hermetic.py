@@ -18,6 +18,7 @@ directory and HOME under the names the suite used to leave behind: the check tha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -31,6 +32,10 @@ LEFTOVERS = {
     "home": (".ray", ".config/rclone", ".cache/lading", "_wids_cache"),
 }
 VARIABLES = ("TMPDIR", "HOME", "WIDS_CACHE", "XDG_CACHE_HOME", "LADING_CACHE_DIR")
+#: Importing wids makes this folder, empty, in the real /tmp whatever WIDS_CACHE says (a default
+#: argument, ``localname=DefaultLocalname()``, evaluated at import); only a non-empty one means a
+#: test downloaded into wids' default cache.
+WIDS_IMPORT_FOLDER = "_wids_cache"
 #: Set by the session's controller when pytest-xdist runs the tests in worker processes: the real
 #: temporary directory and HOME, in which each worker makes a session directory of its own.
 REAL_TMP, REAL_HOME = "LADING_SUITE_REAL_TMP", "LADING_SUITE_REAL_HOME"
@@ -88,4 +93,14 @@ def leave(session: Session, passed: bool) -> list[Path]:
         os.environ.pop(name, None)
     if passed:
         shutil.rmtree(session.root, ignore_errors=True)
+    return leftovers(session)
+
+
+def leftovers(session: Session) -> list[Path]:
+    """What appeared in the real temporary directory and HOME since :func:`enter`; wids' import
+    folder is removed first when the session made it and it is empty."""
+    made_by_import = session.real["tmp"] / WIDS_IMPORT_FOLDER
+    if made_by_import not in session.before:
+        with contextlib.suppress(OSError):  # absent, or not empty: then reported below
+            made_by_import.rmdir()
     return sorted(_present(session.real) - session.before - {session.root})

@@ -26,3 +26,19 @@ def test_subprocesses_get_the_sessions_own_tmpdir_home_and_caches(tmp_path):
         assert Path(seen[name]).parent == root, seen
     assert seen["lading_cache"] is None and not list(Path(seen["home"]).glob(".aws"))
     assert len(str(root / "ray" / "session_2026-11-26_11-31-30_123456_12345" / "sockets" / "plasma_store")) < 107
+
+
+def test_wids_import_folder_is_removed_when_empty_and_reported_when_used(tmp_path):
+    import hermetic
+
+    real = {"tmp": tmp_path / "tmp", "home": tmp_path / "home"}
+    for folder in real.values():
+        folder.mkdir()
+    session = hermetic.Session(tmp_path / "session", {}, None, real)
+    (real["tmp"] / hermetic.WIDS_IMPORT_FOLDER).mkdir()  # what `import wids` does
+    assert hermetic.leftovers(session) == []
+    assert not (real["tmp"] / hermetic.WIDS_IMPORT_FOLDER).exists()
+
+    (real["tmp"] / hermetic.WIDS_IMPORT_FOLDER).mkdir()
+    (real["tmp"] / hermetic.WIDS_IMPORT_FOLDER / "shard.tar").write_bytes(b"x")  # a download
+    assert hermetic.leftovers(session) == [real["tmp"] / hermetic.WIDS_IMPORT_FOLDER]
