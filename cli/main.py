@@ -12,6 +12,8 @@ import click
 from lading import __version__
 from lading.cli.context import AppState
 from lading.cli.errors import run_guarded
+from lading.cli.output import flush_stdout, install_stdout
+from lading.core.errors import LadingError
 
 #: command name -> (module, attribute, one-line help). Loaded lazily so `lading --help` is fast.
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -207,7 +209,18 @@ def main(argv: list[str] | None = None) -> None:
     def debug() -> bool:
         return "--debug" in args or os.environ.get("LADING_DEBUG", "") not in ("", "0")
 
-    run_guarded(lambda: lading.main(args=args, prog_name="lading", standalone_mode=False), debug)
+    def entry() -> object:
+        """The command, then what stdout still buffers written out: a write that fails there (a
+        full disk under ``> file``) is the command's error, not something to pass over at exit."""
+        try:
+            result = lading.main(args=args, prog_name="lading", standalone_mode=False)
+        except click.exceptions.Exit:  # `ctx.exit(n)`, and a reader that closed stdout (now /dev/null)
+            flush_stdout()
+            raise
+        flush_stdout()
+        return result
+
+    run_guarded(entry, debug)
 
 
 def stand_in_for_closed_streams() -> None:
@@ -231,8 +244,11 @@ def console() -> NoReturn:
     interpreter finalizes, which aborts the process (SIGABRT) after the command has done its work.
     The command's output and exit code are final by then, so it runs the ``atexit`` callbacks
     (the I/O core's shutdown, logging), flushes its streams and leaves with ``os._exit``.
+    Its stdout is :func:`lading.cli.output.install_stdout`'s: a write to it that fails (a full
+    disk) is ``cannot write stdout``, exit 6.
     """
     stand_in_for_closed_streams()
+    install_stdout()
     try:
         main()
         code: object = 0
@@ -248,8 +264,8 @@ def console() -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):  # a reader that closed the pipe; a closed stream
-            pass
+        except (OSError, ValueError, LadingError):  # a closed pipe; a closed stream; stdout's
+            pass  # full disk, which failed the command already (main flushed it)
     os._exit(code if isinstance(code, int) else 0)
 
 

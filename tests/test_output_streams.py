@@ -4,6 +4,7 @@ on stdout, status lines on stderr; and ANSI escapes only on a terminal."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -93,3 +94,36 @@ def test_a_closed_stdout_is_no_traceback(tree: Path, tmp_path: Path) -> None:
     result = subprocess.run(["bash", "-c", script, sys.executable], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "synced 6 file(s)" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr and (tmp_path / "d" / "s0.txt").read_text() == "sample 0"
+
+
+FULL_DISK = (
+    "lading: error: cannot write stdout: No space left on device "
+    "(hint: free space on that file system, or choose another destination)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["topology"],
+        ["topology", "--json"],
+        ["check", "{tree}"],
+        ["check", "{tree}", "--json"],
+        ["sync", "{tree}", "{dest}", "--json"],
+        ["sync", "{tree}", "{dest}", "--dry-run", "--json"],
+        ["cache", "list"],
+        ["cache", "list", "--json"],
+        ["cache", "clear", "--json"],
+    ],
+)
+def test_a_full_disk_under_stdout_is_exit_6_in_one_line(tree: Path, tmp_path: Path, args) -> None:
+    # `lading topology > file` on a full file system (/dev/full: every write is ENOSPC) was
+    # "internal error: OSError: [Errno 28] No space left on device", exit 1, for every command
+    # but cat; now the local error it is, as cat's (tests/test_cat.py).
+    args = [a.format(tree=tree, dest=tmp_path / "d") for a in args]
+    command = [sys.executable, "-m", "lading", *args]
+    with open("/dev/full", "w") as full:
+        result = subprocess.run(
+            command, stdout=full, stderr=subprocess.PIPE, text=True, env=os.environ | env_for(tmp_path), timeout=120
+        )
+    assert (result.returncode, result.stderr) == (6, FULL_DISK), result.stderr
