@@ -40,8 +40,9 @@ and logged. Zero-byte "dir/" marker objects only create directories.
 
 \b
 Exit codes: 0 mounted (with -f: unmounted cleanly), 1 FUSE failed, 2 usage (bad option,
-already mounted), 3 not found (bucket, nothing at URI unless --allow-empty, mount point,
-a manifest key), 4 access denied, 5 transient failure after retries, 130 interrupted."""
+already mounted, URI is one object or file), 3 not found (bucket, nothing at URI unless
+--allow-empty, mount point, a manifest key), 4 access denied, 5 transient failure after
+retries, 130 interrupted."""
 
 UNMOUNT_HELP = """Unmount a lading mount (same as fusermount3 -u MOUNTPOINT).
 

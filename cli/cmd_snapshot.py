@@ -33,8 +33,9 @@ Format: JSON Lines (gzip when FILE ends in .gz): a header line {"lading_snapshot
 is always whole.
 
 \b
-Exit codes: 0 ok, 1 unsafe key, 2 usage, 3 not found (nothing at SOURCE), 4 access
-denied, 5 transient failure after retries, 6 local disk, 130 interrupted."""
+Exit codes: 0 ok, 1 unsafe key, 2 usage (also: SOURCE is one object or file), 3 not found
+(nothing at SOURCE), 4 access denied, 5 transient failure after retries, 6 local disk, 130
+interrupted."""
 
 DIFF_HELP = """Keys added, removed and changed (size or version) between two snapshots.
 
@@ -100,7 +101,7 @@ def snapshot(
 ) -> int:
     """``lading snapshot SOURCE -o FILE``."""
     from lading.core.errors import NotFound
-    from lading.stores import open_store
+    from lading.stores import open_store, refuse_an_object
     from lading.stores.snapshot import write_sagemaker_manifest, write_snapshot
 
     store = open_store(source, pop_store_config(options))
@@ -116,6 +117,7 @@ def snapshot(
         import os
 
         os.unlink(summary.path)
+        refuse_an_object(store, "snapshot the prefix that holds it, {parent}")
         raise NotFound(f"nothing at {store.url}", "check the prefix, or pass --allow-empty")
     if sagemaker_manifest:
         write_sagemaker_manifest(summary.path, sagemaker_manifest)

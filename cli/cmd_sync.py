@@ -61,9 +61,10 @@ Incremental: DEST/.lading-sync.json records what was fetched; a re-run with noth
 lists the source and makes no GET. --delete removes only files lading put in DEST.
 
 \b
-Exit codes: 0 ok, 1 some keys failed or unsafe keys, 2 usage, 3 not found (also: nothing
-at SOURCE, unless --allow-empty), 4 access denied or DEST not writable, 5 transient
-failure after retries, 6 local disk (full, quota, name too long), 130 interrupted."""
+Exit codes: 0 ok, 1 some keys failed or unsafe keys, 2 usage (also: SOURCE is one object or
+file, not a prefix), 3 not found (also: nothing at SOURCE, unless --allow-empty), 4 access
+denied or DEST not writable, 5 transient failure after retries, 6 local disk (full, quota,
+name too long), 130 interrupted."""
 
 TOPOLOGY_HELP = """Show the rank, world size and node layout lading detects, and where each value came from.
 

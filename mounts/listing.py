@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from lading.mounts.tree import Tree
-from lading.stores import NotFound, ObjectInfo, Store
+from lading.stores import NotFound, ObjectInfo, Store, refuse_an_object
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ def build_tree(store: Store, source: str, view: ViewSpec, concurrency: int = 16)
     """List (or stat the manifest's keys), apply the view's selection, and build the tree.
 
     An empty listing (nothing but directory markers) raises NotFound unless ``view.allow_empty``:
-    it is almost always a mistyped prefix. One rank's empty shard of a non-empty source is fine.
+    it is almost always a mistyped prefix (UsageError when the URI names one object instead). One rank's empty shard of a non-empty source is fine.
     """
     infos: Iterable[ObjectInfo]
     if view.keys is not None:
@@ -51,6 +51,8 @@ def build_tree(store: Store, source: str, view: ViewSpec, concurrency: int = 16)
                 f"the manifest {view.manifest or ''} is empty: it lists no keys",
                 "check the file; --allow-empty mounts it anyway",
             )
+        if view.keys is None:  # a URI that names one object: say so (one HEAD, exit 2)
+            refuse_an_object(store, "mount the prefix that holds it, {parent}")
         raise NotFound(
             f"nothing at {source}: no objects under this prefix",
             "check the bucket and prefix, keys are case-sensitive; --allow-empty mounts it anyway",

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 from lading.core.errors import NotFound
 from lading.datasets.decode import DecodeOption, decode_field, decoder_for, decoders_for
-from lading.stores import open_store
+from lading.stores import open_store, refuse_an_object
 from lading.stores.base import ObjectInfo, Store
 from lading.stores.batch import RangeRequest, read_batch
 from lading.stores.config import StoreConfig
@@ -59,6 +59,8 @@ class StoreDataset:
                 key=lambda info: info.key,
             )
         if not self.objects:  # a mistyped prefix, as `lading sync` says with exit 3
+            with control_plane():
+                refuse_an_object(store)  # a URI that names one object: UsageError
             matching = f" ending in {', '.join(suffixes)}" if suffixes else ""
             raise NotFound(
                 f"nothing at {store.url}: no objects{matching} under this prefix",

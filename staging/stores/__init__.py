@@ -44,6 +44,7 @@ __all__ = [
     "key_parts",
     "open_store",
     "parse_uri",
+    "refuse_an_object",
     "safe_join",
     "with_retries",
 ]
@@ -79,3 +80,26 @@ def open_store(
     from lading.stores.gcs.store import GCSStore
 
     return GCSStore(uri, config)
+
+
+def refuse_an_object(store: Store, hint: str = "name the prefix that holds it, {parent}") -> None:
+    """After an empty listing: raise :class:`UsageError` (exit 2) when the store's location
+    names one object rather than a prefix (``s3://b/data/b.txt``), as a local SOURCE that is
+    a file is refused; return otherwise (the caller then says "nothing at ..."). ``hint`` may
+    use ``{url}``, ``{parent}`` (the prefix that holds the object) and ``{name}``.
+
+    One HEAD, on the failure path only: nothing is asked when the location ends in ``/`` or is
+    local (listing a file is refused already), and a HEAD that fails (no such object, access
+    denied, the network) leaves the caller's own error to be raised.
+    """
+    uri = parse_uri(store.url)
+    if uri.scheme == "file":
+        return
+    parent, name = uri.split_name()
+    if not name:
+        return
+    try:
+        open_store(parent, store.config).stat(name)
+    except LadingError:
+        return
+    raise UsageError(f"{store.url} is an object, not a prefix", hint.format(url=store.url, parent=parent, name=name))

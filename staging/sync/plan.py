@@ -46,6 +46,7 @@ from lading.core.errors import LadingError, NotFound, UnsafeKey, UsageError
 from lading.core.keys import is_safe_key, key_parts
 from lading.selection.runs import SortedRuns
 from lading.selection.sharding import BALANCES, DISTRIBUTIONS, owners_by_bytes, select_for_rank
+from lading.stores import refuse_an_object
 from lading.stores.base import PAGE_ROWS, ObjectInfo, Page, Store
 from lading.sync import verify
 from lading.sync.state import RESERVED_NAMES, Entry, SyncState, parse_line
@@ -316,7 +317,7 @@ def select_objects(store: Store, request: SyncRequest, workers: int = 32) -> Sel
         sizes = found.sizes
         if not found.ascending:  # the clashes and sizes need the keys in order: read the runs
             sizes = _clashes_and_sizes(kept, found.unsafe, request)
-        _check(found, request)
+        _check(found, request, store)
         selection = Selection(kept, listed=found.listed, matched=kept.count, markers=found.markers)
         if request.manifest is not None and request.manifest.augmented:  # a line's objects stay together
             return _share_augmented(selection, request)
@@ -355,7 +356,7 @@ def plan_listing(
         with select_objects(store, request, workers) as selection:
             return plan_sync(selection, request, state, workers, list_current)
     try:
-        _check(found, request)
+        _check(found, request, store)
     except BaseException:
         plan.close()
         raise
@@ -520,12 +521,12 @@ _size = itemgetter(1)
 _mode = attrgetter("st_mode")
 
 
-def _check(found: _Filtered, request: SyncRequest) -> None:
+def _check(found: _Filtered, request: SyncRequest, store: Store) -> None:
     """Refuse an empty selection (unless allowed), then unsafe keys and clashes, all in one report."""
     if found.markers:
         log.debug("%s: skipped %d directory marker(s) (zero-byte keys ending in /)", request.source, found.markers)
     if not found.kept and not found.unsafe.total and not request.allow_empty:
-        _refuse_empty(request, found.listed - found.markers)
+        _refuse_empty(request, found.listed - found.markers, store)
     if found.unsafe.total:  # unsafe keys and clashes in one report, not one kind per run
         _refuse(found.unsafe, request.source)
 
@@ -620,15 +621,19 @@ def _share_augmented(selection: Selection, request: SyncRequest) -> Selection:
     return selection
 
 
-def _refuse_empty(request: SyncRequest, objects: int) -> None:
+def _refuse_empty(request: SyncRequest, objects: int, store: Store) -> None:
     """An empty selection is almost always a mistyped prefix or filter, or an empty manifest:
-    say which (exit 3)."""
+    say which (exit 3). A SOURCE that names one object is a usage error (exit 2), found by one
+    HEAD here, on the failure path, as a local SOURCE that is a file is refused."""
     if request.manifest is not None and not request.manifest.entries:
         raise NotFound(
             f"the manifest {request.manifest.origin} is empty: it lists no keys",
             "check the file; --allow-empty accepts an empty source",
         )
     if objects == 0:
+        refuse_an_object(
+            store, "lading fetch {url} DEST copies one object; or sync its prefix {parent} --include '{name}'"
+        )
         raise NotFound(
             f"nothing at {request.source}: no objects under this prefix",
             "check the bucket and prefix, keys are case-sensitive; --allow-empty accepts an empty source",

@@ -1,0 +1,86 @@
+"""Defects a reviewer found in session 12 (user-facing messages and leftovers). Each test failed
+before its fix. The CLI runs in a subprocess, as users run it; stores are the suite's real
+servers (moto for S3, fake-gcs-server for GCS)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import one_line_error
+
+BUCKET = "review12"
+
+
+@pytest.fixture
+def s3_bucket(s3_env: dict[str, str]) -> dict[str, str]:
+    """s3://review12/data/ holding b.txt and c.txt, on a freshly reset moto."""
+    import boto3
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_env["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    client.create_bucket(Bucket=BUCKET)
+    client.put_object(Bucket=BUCKET, Key="data/b.txt", Body=b"bee\n")
+    client.put_object(Bucket=BUCKET, Key="data/c.txt", Body=b"sea\n")
+    return s3_env
+
+
+@pytest.fixture
+def gcs_bucket(gcs_env: dict[str, str]) -> dict[str, str]:
+    """gs://review12/data/b.txt on the suite's fake-gcs-server."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    client = storage.Client(
+        project="test",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]},
+    )
+    bucket = client.bucket(BUCKET)
+    if not bucket.exists():
+        client.create_bucket(BUCKET)
+    bucket.blob("data/b.txt").upload_from_string(b"bee\n")
+    return gcs_env
+
+
+# --- 1: a SOURCE that names one object ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "hint"),
+    [
+        (("sync", "{uri}", "{dest}"), "lading fetch s3://review12/data/b.txt DEST"),
+        (("sync", "{uri}", "{dest}", "--distribution", "sharded", "--balance", "bytes"), "--include 'b.txt'"),
+        (("mount", "{uri}", "{dest}", "-f"), "mount the prefix that holds it, s3://review12/data/"),
+        (("snapshot", "{uri}", "-o", "{dest}/s.jsonl"), "snapshot the prefix that holds it, s3://review12/data/"),
+    ],
+)
+def test_an_object_as_source_is_named_an_object(s3_bucket, lading, tmp_path, command, hint):
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    args = [part.format(uri=f"s3://{BUCKET}/data/b.txt", dest=dest) for part in command]
+    line = one_line_error(lading(*args), 2, f"s3://{BUCKET}/data/b.txt is an object, not a prefix", hint)
+    assert "nothing at" not in line
+
+
+def test_an_object_as_gcs_source_is_named_an_object(gcs_bucket, lading, tmp_path):
+    one_line_error(lading("sync", f"gs://{BUCKET}/data/b.txt", str(tmp_path / "dest")), 2, "is an object, not a prefix")
+
+
+def test_an_empty_prefix_is_still_nothing_at(s3_bucket, lading, tmp_path):
+    """Only an object of that very name changes the message: a missing one, or a prefix ending
+    in '/', is still "nothing at" (exit 3)."""
+    for source in (f"s3://{BUCKET}/data/b.tx", f"s3://{BUCKET}/data/b.txt/"):
+        one_line_error(lading("sync", source, str(tmp_path / "dest")), 3, "nothing at", "no objects under this prefix")
+    assert lading("sync", f"s3://{BUCKET}/data/b.txt", str(tmp_path / "dest"), "--allow-empty").returncode == 0
+
+
+def test_store_dataset_of_an_object_says_so(s3_bucket):
+    from lading.core.errors import UsageError
+    from lading.datasets import StoreDataset
+
+    with pytest.raises(UsageError, match="is an object, not a prefix"):
+        StoreDataset(f"s3://{BUCKET}/data/b.txt")
