@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import click
 from lading.cli.context import AppState
+from lading.cli.output import print_json
 from lading.cli.progress import Throttle, human, line_interval
 from lading.cli.store_options import pop_store_config, store_options
-from lading.core.errors import NotFound, UsageError
+from lading.core.errors import LadingError, NotFound, UsageError
 from lading.stores.config import StoreConfig
 from lading.transfer import TransferResult
 
@@ -107,15 +108,22 @@ def _stage_one(
     views: Callable[[StageResult], dict[int, Callable[[], Iterator[str]]]],
     json_out: bool = False,
     force: bool = False,
-) -> dict:
-    """Stage SOURCE at DEST once per node, build the per-slot views, print a summary line."""
+) -> tuple[dict, LadingError | None]:
+    """Stage SOURCE at DEST once per node, build the per-slot views, print a summary line.
+
+    Returns the JSON summary and, when some objects failed, the error to raise once the caller
+    printed that summary (``--json`` lists the failures whatever the exit code, as sync's does);
+    the views are not built then."""
     from lading.hooks.fetch import stage_source
     from lading.hooks.stage import build_views, raise_for_failures
 
     progress = LogProgress(f"{source} -> {dest}", _echo_for(state))
     staged = stage_source(source, dest, config, events=progress, force=force)
     with staged.result as result:
-        raise_for_failures(result)
+        try:
+            raise_for_failures(result)
+        except LadingError as failed:
+            return result.to_json() | {"view_links": 0}, failed
         linked = build_views(staged.root, result.path_of, views(result))
     if not json_out:
         state.result(
@@ -128,7 +136,7 @@ def _stage_one(
                 time.monotonic() - progress.throttle.started,
             )
         )
-    return result.to_json() | {"view_links": linked}
+    return result.to_json() | {"view_links": linked}, None
 
 
 def _summary_line(label: str, fetched: int, nbytes: int, unchanged: int, removed: int, seconds: float) -> str:
@@ -292,22 +300,26 @@ def hook_run(state: AppState, config_file: str | None, json_out: bool, **options
         state.result(f"lading: {origin} lists no data.datasets; nothing to stage")
     trial_slots = slots_per_trial(config)
     summaries = []
+    failed = None
     for spec in specs:
         needs_slots = spec.slots or spec.distribution == "sharded"
         count = _slot_count(os.environ) if needs_slots else 0
         check_sharding(spec, count, trial_slots)
-        summaries.append(
-            _stage_one(
-                state,
-                connection,
-                spec.source,
-                dest_path(spec),
-                functools.partial(views_for, spec, slot_count=count, trial_slots=trial_slots),
-                json_out=json_out,
-            )
+        summary, failed = _stage_one(
+            state,
+            connection,
+            spec.source,
+            dest_path(spec),
+            functools.partial(views_for, spec, slot_count=count, trial_slots=trial_slots),
+            json_out=json_out,
         )
-    if json_out:
-        click.echo(json.dumps({"datasets": summaries}, indent=2))
+        summaries.append(summary)
+        if failed:  # the datasets after it are not staged, as before
+            break
+    if json_out:  # the summaries so far, the failed dataset's too
+        print_json({"datasets": summaries})
+    if failed:
+        raise failed
     return 0
 
 
@@ -360,7 +372,7 @@ quota, name too long), 130 interrupted."""
 def fetch(state: AppState, uri: str, dest: str, slots: bool, force: bool, json_out: bool, **options: Any) -> int:
     """``lading fetch``: see FETCH_HELP."""
     count = _slot_count(os.environ) if slots else 0
-    summary = _stage_one(
+    summary, failed = _stage_one(
         state,
         pop_store_config(options),
         uri,
@@ -369,8 +381,10 @@ def fetch(state: AppState, uri: str, dest: str, slots: bool, force: bool, json_o
         json_out=json_out,
         force=force,
     )
-    if json_out:
-        click.echo(json.dumps(summary, indent=2))
+    if json_out:  # with the failed keys too, as sync's: the exit code is the error's below
+        print_json(summary)
+    if failed:
+        raise failed
     return 0
 
 

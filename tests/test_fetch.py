@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import boto3
@@ -129,6 +130,27 @@ def test_unsafe_keys_are_refused(s3, lading, tmp_path):
     result = lading("fetch", f"s3://{BUCKET}/evil/", str(tmp_path / "out"))
     assert result.returncode == 1 and "unsafe" in result.stderr
     assert not (tmp_path / "escape").exists()
+
+
+def test_json_lists_failed_keys_whatever_the_exit_code(s3, lading, tmp_path):
+    # A key too long for a local name fails alone; `fetch --json` printed nothing on stdout then
+    # (the error came first), where `sync --json` prints its summary with "failed". Same exit code.
+    long_key = "long/" + "k" * 300
+    s3.put_object(Bucket=BUCKET, Key=long_key, Body=b"x")
+    s3.put_object(Bucket=BUCKET, Key="long/ok.txt", Body=b"ok")
+    plain = lading("fetch", f"s3://{BUCKET}/long/", str(tmp_path / "plain"))
+    assert plain.returncode == 1 and plain.stdout == "" and "1 of 2 object(s)" in plain.stderr, plain.stderr
+    result = lading("fetch", f"s3://{BUCKET}/long/", str(tmp_path / "out"), "--json")
+    assert result.returncode == 1 and "1 of 2 object(s)" in result.stderr, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["objects"], summary["files"], summary["view_links"]) == (2, 1, 0)
+    assert [failed["key"] for failed in summary["failed"]] == ["k" * 300]
+    assert "File name too long" in summary["failed"][0]["error"]
+    config = tmp_path / "const.yaml"  # hook run --json: the datasets so far, the failed one's too
+    config.write_text(f"data:\n  datasets:\n    - source: s3://{BUCKET}/long/\n      dest: {tmp_path / 'hook'}\n")
+    hook = lading("hook", "run", "--config", str(config), "--json")
+    assert hook.returncode == 1 and "1 of 2 object(s)" in hook.stderr, hook.stderr
+    assert [len(d["failed"]) for d in json.loads(hook.stdout)["datasets"]] == [1]
 
 
 def test_gcs_object_and_prefix(gcs_env, lading, tmp_path):
