@@ -179,8 +179,9 @@ nothing, and a new SOURCE for the same DEST replaces the old one.
 \b
 The generated block works when Determined sources it under `set -ex`: it never exits the
 sourcing shell, holds no credential (lading reads the standard AWS/Google chains), and
-fails the task with a clear message when lading is missing or a download fails. DEST must
-be absolute; --slots reads DET_SLOT_IDS when the hook runs.
+fails the task with a clear message when lading is missing or a download fails. DEST, and
+a SOURCE that is a local path, must be absolute; --slots reads DET_SLOT_IDS when the hook
+runs.
 
 \b
 Examples:
@@ -191,8 +192,8 @@ Examples:
   lading hook init ./model s3://bucket/train/ /tmp/train --dry-run   print, change nothing
 
 \b
-Exit codes: 0 written or already up to date, 2 usage (arguments, DEST not absolute,
-CONTEXT_DIR not a directory, damaged markers), 3 CONTEXT_DIR does not exist,
+Exit codes: 0 written or already up to date, 2 usage (arguments, DEST or a local SOURCE
+not absolute, CONTEXT_DIR not a directory, damaged markers), 3 CONTEXT_DIR does not exist,
 4 startup-hook.sh not writable."""
 
 HOOK_RUN_HELP = """Stage the experiment config's data.datasets on this node.
@@ -232,7 +233,12 @@ def hook_init(args: tuple[str, ...], slots: bool, dry_run: bool) -> int:
 
     context, pair = _init_arguments(args)
     if pair:
-        parse_uri(pair[0])
+        if parse_uri(pair[0]).scheme == "file" and not pair[0].lower().startswith("file:"):
+            if not os.path.isabs(pair[0]):  # the hook runs elsewhere: a relative path would name another place
+                raise UsageError(
+                    f"a local SOURCE must be an absolute path inside the container, got {pair[0]!r}",
+                    "the hook runs in the container's working directory, not here",
+                )
         if not os.path.isabs(pair[1]):
             raise UsageError(f"DEST must be an absolute path inside the container, got {pair[1]!r}")
         entry = HookEntry(pair[0], pair[1], slots)

@@ -84,3 +84,22 @@ def test_store_dataset_of_an_object_says_so(s3_bucket):
 
     with pytest.raises(UsageError, match="is an object, not a prefix"):
         StoreDataset(f"s3://{BUCKET}/data/b.txt")
+
+
+# --- 2: a relative local SOURCE in a generated hook ------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [("ctx", "src", "/tmp/x"), ("ctx", "./data/src", "/tmp/x")])
+def test_hook_init_refuses_a_relative_local_source(lading, tmp_path, args):
+    """The hook runs in the container's working directory, so a relative SOURCE would name
+    another place there: refused as a relative DEST is, and nothing is written."""
+    (tmp_path / "ctx").mkdir()
+    line = one_line_error(lading("hook", "init", *args, cwd=tmp_path), 2, "absolute path inside the container")
+    assert repr(args[1]) in line
+    assert not (tmp_path / "ctx" / "startup-hook.sh").exists()
+
+
+def test_hook_init_keeps_an_absolute_local_source(lading, tmp_path):
+    for source in ("/data/src", "file:///data/src"):
+        result = lading("hook", "init", str(tmp_path), source, "/tmp/x", "--dry-run")
+        assert result.returncode == 0 and f"lading fetch {source} /tmp/x" in result.stdout, result.stderr
