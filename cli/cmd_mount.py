@@ -79,8 +79,10 @@ FUSE (tmpfs, NFS...: left alone, even as root), 3 not a mount point."""
     show_default=True,
     help="Sharding rule: every n-th key, or balanced bytes.",
 )
-@click.option("--rank", type=int, help="This rank (default: from the launcher's environment).")
-@click.option("--world-size", type=int, help="Number of ranks (default: from the launcher's environment).")
+@click.option("--rank", type=click.IntRange(min=0), help="This rank (default: from the launcher's environment).")
+@click.option(
+    "--world-size", type=click.IntRange(min=1), help="Number of ranks (default: from the launcher's environment)."
+)
 @click.option(
     "--max-memory",
     callback=size,

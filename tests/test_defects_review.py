@@ -103,3 +103,16 @@ def test_hook_init_keeps_an_absolute_local_source(lading, tmp_path):
     for source in ("/data/src", "file:///data/src"):
         result = lading("hook", "init", str(tmp_path), source, "/tmp/x", "--dry-run")
         assert result.returncode == 0 and f"lading fetch {source} /tmp/x" in result.stdout, result.stderr
+
+
+# --- 3: minor inconsistencies -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option, value, shown", [("--rank", "-1", "x>=0"), ("--world-size", "0", "x>=1")])
+def test_mount_rank_is_checked_as_other_commands_check_it(lading, tmp_path, option, value, shown):
+    """click's range check, the message sync, cat and topology give: not "rank -1 is outside 0..0"."""
+    (tmp_path / "m").mkdir()
+    for command in ("mount", "sync"):
+        result = lading(command, "s3://bucket/data", str(tmp_path / "m"), option, value)
+        line = one_line_error(result, 2, f"Invalid value for '{option}': {value} is not in the range {shown}")
+        assert "outside" not in line
