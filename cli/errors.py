@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from typing import Callable, NoReturn
 
 import click
+from click.core import ParameterSource
 from lading.core.errors import LadingError
 
 EXIT_OK = 0
@@ -30,11 +32,27 @@ def _fail(message: str, hint: str | None, code: int) -> NoReturn:
 def click_message(err: click.ClickException) -> tuple[str, str | None]:
     """A click error as (one-line message, hint): the same shape as every other error, where
     click would print a usage block, a "Try --help" line and the message (4 lines)."""
+    if isinstance(err, click.BadParameter):
+        _name_the_variable(err)
     message = " ".join(err.format_message().split())
     ctx = getattr(err, "ctx", None)
     if not isinstance(err, click.UsageError) or ctx is None:
         return message, None
     return message, f"see '{ctx.command_path} --help'"
+
+
+def _name_the_variable(err: click.BadParameter) -> None:
+    """A bad value an environment variable gave (``LADING_CACHE_DIR=somefile``) names that
+    variable, not only the option it stands for, which the user did not type."""
+    param, ctx = err.param, err.ctx
+    if err.param_hint is not None or param is None or param.name is None or ctx is None:
+        return
+    if ctx.get_parameter_source(param.name) is not ParameterSource.ENVIRONMENT:
+        return
+    names = [param.envvar] if isinstance(param.envvar, str) else list(param.envvar or ())
+    given = [name for name in names if os.environ.get(name)]
+    if given:
+        err.param_hint = f"{given[0]} (the environment variable behind {param.get_error_hint(ctx)})"
 
 
 def run_guarded(entry: Callable[[], object], debug: Callable[[], bool]) -> NoReturn:

@@ -116,3 +116,16 @@ def test_mount_rank_is_checked_as_other_commands_check_it(lading, tmp_path, opti
         result = lading(command, "s3://bucket/data", str(tmp_path / "m"), option, value)
         line = one_line_error(result, 2, f"Invalid value for '{option}': {value} is not in the range {shown}")
         assert "outside" not in line
+
+
+def test_a_bad_value_from_the_environment_names_the_variable(lading, tmp_path):
+    """LADING_CACHE_DIR=somefile blamed '--cache-dir', which the user did not type."""
+    (tmp_path / "somefile").write_text("x\n")
+    env = {"LADING_CACHE_DIR": str(tmp_path / "somefile")}
+    result = lading("sync", "s3://bucket/data", str(tmp_path / "d"), env=env)
+    one_line_error(result, 2, "Invalid value for LADING_CACHE_DIR (the environment variable behind '--cache-dir')")
+    typed = lading("sync", "s3://bucket/data", str(tmp_path / "d"), "--cache-dir", str(tmp_path / "somefile"), env=env)
+    line = one_line_error(typed, 2, "Invalid value for '--cache-dir'")
+    assert "LADING_CACHE_DIR" not in line
+    debug = lading("topology", env={"LADING_DEBUG": "maybe"})
+    one_line_error(debug, 2, "Invalid value for LADING_DEBUG")
