@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
 import click
+from lading.cli.output import print_json
 from lading.cli.progress import human
 from lading.core.errors import NotFound, UsageError
 from lading.sync import cache as node_cache
@@ -104,16 +104,13 @@ def list_cache(cache_dir: str | None, as_json: bool) -> None:
     datasets = node_cache.summarize(root)
     total = sum(dataset.bytes for dataset in datasets)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "root": str(root),
-                    "bytes": total,
-                    "files": sum(d.files for d in datasets),
-                    "datasets": [dataset.as_json() for dataset in datasets],
-                },
-                indent=1,
-            )
+        print_json(
+            {
+                "root": str(root),
+                "bytes": total,
+                "files": sum(d.files for d in datasets),
+                "datasets": [dataset.as_json() for dataset in datasets],
+            }
         )
         return
     now = time.time()
@@ -141,7 +138,7 @@ def clear_cache(cache_dir: str | None, dataset: str | None, older_than: str | No
             "`lading cache list` shows the cached datasets' URIs and folders",
         )
     if as_json:
-        click.echo(json.dumps({"files": result.files, "bytes": result.bytes, "busy": result.busy}))
+        print_json({"files": result.files, "bytes": result.bytes, "busy": result.busy})
         return
     busy = f"; {result.busy} in use, kept" if result.busy else ""
     click.echo(f"removed {result.files} files, {human(result.bytes)}{busy}", err=True)

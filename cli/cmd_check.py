@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import click
 from lading.cli.context import AppState
 from lading.cli.option_rules import needs
+from lading.cli.output import JSON_INDENT
 from lading.cli.params import size as size_option
 from lading.cli.store_options import pop_store_config, store_options
 from lading.context import CheckReport, check_context, format_size
@@ -130,7 +131,7 @@ def check(
 
         return run_check_fix(report, bucket, yes, as_json, state, pop_store_config(store))
     if as_json:
-        sys.stdout.write(report.to_json(top) + "\n")
+        sys.stdout.write(report.to_json(top, indent=JSON_INDENT) + "\n")  # print_json's shape; no click regex
     else:
         render(report, top=top, quiet=quiet or bool(state and state.quiet))
     return 0 if report.fits else 1

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
+from lading.cli.output import print_json
 from lading.cli.progress import human
 from lading.cli.store_options import pop_store_config, store_options
 from lading.core.errors import UsageError
@@ -89,7 +89,7 @@ def list_datasets(store_uri: str, as_json: bool, **options: Any) -> None:
 
     found = list_versions(store_uri, pop_store_config(options))
     if as_json:
-        click.echo(json.dumps({"store": store_uri, "datasets": [item.as_json() for item in found]}, indent=1))
+        print_json({"store": store_uri, "datasets": [item.as_json() for item in found]})
         return
     if not found:
         click.echo(f"no datasets under {store_uri}")
@@ -118,7 +118,7 @@ def show(uri: str, cache_dir: str | None, as_json: bool, **options: Any) -> None
 
     details = describe(uri, pop_store_config(options), cache_dir=cache_dir)
     if as_json:
-        click.echo(json.dumps(details, indent=1))
+        print_json(details)
         return
     for line in _details(details):
         click.echo(line)
@@ -141,7 +141,7 @@ def rm(uris: tuple[str, ...], yes: bool, as_json: bool, **options: Any) -> None:
     config = pop_store_config(options)
     removed = [remove(uri, config) for uri in uris]
     if as_json:
-        click.echo(json.dumps({"removed": [item.as_json() for item in removed]}, indent=1))
+        print_json({"removed": [item.as_json() for item in removed]})
         return
     for item in removed:
         click.echo(f"removed {item.location}: {item.objects} objects, {human(item.bytes)}", err=True)

@@ -447,16 +447,13 @@ def bind_mounts(config: str | None, suggest: tuple[str, ...], json_out: bool) ->
     mounts = loaded.get("bind_mounts") or []
     count = len(mounts) if isinstance(mounts, list) else 1
     if json_out:
-        click.echo(
-            json.dumps(
-                {
-                    "config": origin,
-                    "bind_mounts": count,
-                    "ok": not problems,
-                    "problems": [problem.to_json() for problem in problems],
-                },
-                indent=2,
-            )
+        print_json(
+            {
+                "config": origin,
+                "bind_mounts": count,
+                "ok": not problems,
+                "problems": [problem.to_json() for problem in problems],
+            }
         )
     else:
         for problem in problems:
@@ -480,36 +477,31 @@ def run_check_fix(
         )
     quiet = bool(state and state.quiet)
     if report.fits:
-        click.echo(
-            json.dumps({"fits": True, "plan": None})
-            if as_json
-            else f"fits ({human(report.total_bytes)} of {human(report.limit_bytes)}): nothing to fix"
-        )
+        if as_json:
+            print_json({"fits": True, "plan": None})
+        else:
+            click.echo(f"fits ({human(report.total_bytes)} of {human(report.limit_bytes)}): nothing to fix")
         return 0
     plan = plan_fix(report, bucket)
     if not yes:
-        click.echo(
-            json.dumps({"fits": False, "applied": False, "plan": plan.to_json()}, indent=2)
-            if as_json
-            else _render_fix_plan(plan)
-        )
+        if as_json:
+            print_json({"fits": False, "applied": False, "plan": plan.to_json()})
+        else:
+            click.echo(_render_fix_plan(plan))
         return 1
     progress = LogProgress(f"upload to {plan.bucket}", _echo_for(AppState(quiet=quiet or as_json)))
     progress.total = plan.upload_bytes
     result = apply_fix(plan, open_store(plan.bucket, config), progress.on_bytes)
     after = check_context(str(plan.context), limit=report.limit_bytes, remedies=False)
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "fits": after.fits,
-                    "applied": True,
-                    "plan": plan.to_json(),
-                    "result": result.to_json(),
-                    "total_bytes": after.total_bytes,
-                },
-                indent=2,
-            )
+        print_json(
+            {
+                "fits": after.fits,
+                "applied": True,
+                "plan": plan.to_json(),
+                "result": result.to_json(),
+                "total_bytes": after.total_bytes,
+            }
         )
     else:
         if not quiet:

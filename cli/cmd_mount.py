@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from lading.cli.context import AppState
 from lading.cli.option_rules import needs
+from lading.cli.output import print_json
 from lading.cli.params import size
 from lading.cli.store_options import pop_store_config, store_options
 
@@ -214,16 +214,13 @@ def _entries(mountpoint: Path) -> int:
 
 def _report(state: AppState, json_out: bool, uri: str, ready: MountReady, shard: str, foreground: bool) -> None:
     if json_out:
-        click.echo(
-            json.dumps(
-                {
-                    "mountpoint": str(ready.mountpoint),
-                    "source": uri,
-                    "pid": ready.pid,
-                    "seconds": round(ready.seconds, 3),
-                }
-            ),
-            nl=True,
+        print_json(
+            {
+                "mountpoint": str(ready.mountpoint),
+                "source": uri,
+                "pid": ready.pid,
+                "seconds": round(ready.seconds, 3),
+            }
         )
         return
     tail = " (Ctrl-C to unmount)" if foreground else f"; unmount with: lading unmount {ready.mountpoint}"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import gc
-import json
 import sys
 from typing import Any
 
 import click
 from lading.cli.context import AppState
+from lading.cli.output import print_json
 from lading.cli.progress import Throttle, byte_bar, human, line_interval
 from lading.cli.option_rules import needs
 from lading.cli.params import size as size_option
@@ -216,7 +216,7 @@ def pack(
                 bar.close()
         summary = result.summary()
     if json_out:
-        click.echo(json.dumps(summary, indent=2))
+        print_json(summary)
     else:
         _render(state, summary, dry_run)
     return 0

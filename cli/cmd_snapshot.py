@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
 import click
 from lading.cli.context import AppState
+from lading.cli.output import print_json
 from lading.cli.progress import human
 from lading.cli.store_options import pop_store_config, store_options
 
@@ -122,19 +122,16 @@ def snapshot(
     if sagemaker_manifest:
         write_sagemaker_manifest(summary.path, sagemaker_manifest)
     if json_out:
-        click.echo(
-            json.dumps(
-                {
-                    "snapshot": summary.path,
-                    "source": summary.source,
-                    "taken": summary.taken,
-                    "objects": summary.objects,
-                    "bytes": summary.total_bytes,
-                    "file_bytes": summary.file_bytes,
-                    "sagemaker_manifest": sagemaker_manifest,
-                },
-                indent=2,
-            )
+        print_json(
+            {
+                "snapshot": summary.path,
+                "source": summary.source,
+                "taken": summary.taken,
+                "objects": summary.objects,
+                "bytes": summary.total_bytes,
+                "file_bytes": summary.file_bytes,
+                "sagemaker_manifest": sagemaker_manifest,
+            }
         )
     else:
         state.result(
@@ -155,7 +152,7 @@ def diff(state: AppState, old: str, new: str, json_out: bool) -> int:
 
     result = diff_snapshots(old, new)
     if json_out:
-        click.echo(json.dumps({"added": result.added, "removed": result.removed, "changed": result.changed}, indent=2))
+        print_json({"added": result.added, "removed": result.removed, "changed": result.changed})
     else:
         for mark, keys in (("+", result.added), ("-", result.removed), ("~", result.changed)):
             for key in keys:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
@@ -13,6 +12,7 @@ from typing import Any, Callable, Mapping
 import click
 from lading.cli.context import AppState
 from lading.cli.option_rules import conflicts, needs
+from lading.cli.output import print_json
 from lading.cli.progress import (
     DEFAULT_INTERVAL,
     Throttle,
@@ -22,8 +22,8 @@ from lading.cli.progress import (
 )
 from lading.cli.store_options import pop_store_config, store_options, unused_roots_skipped
 from lading.cli.topology_options import resolve_topology, topology_options, topology_options_with
-from lading.core.errors import UsageError
 from lading.core.cacheroot import CACHE_ROOT_RULE
+from lading.core.errors import UsageError
 from lading.selection.topology import FIELDS, Topology
 
 DEFAULT_DEST = "/tmp/data-rank{rank}"
@@ -447,7 +447,7 @@ def sync(
     finally:
         progress.close()
     if json_out:
-        click.echo(json.dumps(summary.to_json(), indent=2))
+        print_json(summary.to_json())
     else:
         _print_summary(state, summary)
     return _report_failures(summary)
@@ -460,7 +460,7 @@ def topology(json_out: bool, **topology_values: int | None) -> None:
     """``lading topology``: see TOPOLOGY_HELP."""
     detected = resolve_topology(topology_values)
     if json_out:
-        click.echo(json.dumps(detected.to_json(), indent=2))
+        print_json(detected.to_json())
         return
     from rich.console import Console
     from rich.table import Table

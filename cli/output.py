@@ -7,7 +7,6 @@ import os
 import sys
 from typing import Any
 
-import click
 from lading.core.errors import local_error
 
 #: Every ``--json`` document is indented by this much (what most commands printed already).
@@ -19,7 +18,8 @@ def print_json(doc: Any) -> None:
     document and a newline."""
     import json  # here, not at start-up: most commands print no JSON
 
-    click.echo(json.dumps(doc, indent=JSON_INDENT))
+    sys.stdout.write(json.dumps(doc, indent=JSON_INDENT) + "\n")  # not click.echo: no ANSI regex over it
+    sys.stdout.flush()  # now: a foreground mount's document is its "ready"
 
 
 class _Stdout(io.RawIOBase):

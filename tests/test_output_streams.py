@@ -127,3 +127,27 @@ def test_a_full_disk_under_stdout_is_exit_6_in_one_line(tree: Path, tmp_path: Pa
             command, stdout=full, stderr=subprocess.PIPE, text=True, env=os.environ | env_for(tmp_path), timeout=120
         )
     assert (result.returncode, result.stderr) == (6, FULL_DISK), result.stderr
+
+
+def test_every_json_document_has_one_shape(tree: Path, tmp_path: Path) -> None:
+    # `--json` is json.dumps(doc, indent=2) and a newline for every command (lading.cli.output.
+    # print_json); `cache list` and `datasets` printed indent 1, `cache clear` and `check` one line.
+    (tree / 'caf\u00e9 "q".txt').write_text("odd name")
+    (tmp_path / "empty").mkdir()
+    snap = tmp_path / "s.snap.jsonl"
+    commands = [
+        ["topology", "--json"],
+        ["cache", "list", "--json"],
+        ["cache", "clear", "--json"],
+        ["check", str(tree), "--json"],  # its file list is written apart, at C speed: the same text
+        ["check", str(tmp_path / "empty"), "--json"],
+        ["sync", str(tree), str(tmp_path / "d"), "--json"],
+        ["fetch", f"{tree}/", str(tmp_path / "f"), "--json"],
+        ["snapshot", str(tree), "-o", str(snap), "--json"],
+        ["snapshot", "diff", str(snap), str(snap), "--json"],
+        ["datasets", "list", f"file://{tmp_path}", "--json"],
+    ]
+    for args in commands:
+        result = run_lading(*args, env=env_for(tmp_path))
+        assert result.returncode == 0, (args, result.stderr)
+        assert result.stdout == json.dumps(json.loads(result.stdout), indent=2) + "\n", (args, result.stdout)

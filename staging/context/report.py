@@ -91,21 +91,26 @@ class CheckReport:
         picked = heapq.nlargest(n, (d for path, d in self.dirs.items() if path), key=lambda d: d.det_bytes)
         return sorted(picked, key=lambda d: (-d.det_bytes, d.path))
 
-    def to_json(self, top: int) -> str:
-        """``json.dumps(self.to_dict(top))`` with the (possibly huge) file list written at C speed
-        instead of as one dict per file. Keys are the same; "files" comes last."""
+    def to_json(self, top: int, indent: int | None = None) -> str:
+        """``json.dumps(self.to_dict(top), indent=indent)`` with the (possibly huge) file list
+        written at C speed instead of as one dict per file. Keys are the same; "files" comes last.
+        With ``indent``, the very text ``json.dumps`` would give."""
         import json
         from json.encoder import encode_basestring_ascii
 
         doc = self.to_dict(top, with_files=False)
         files, sizes = self.walked.files, self.walked.sizes
-        entries = ",".join(
-            [
-                '{"path": %s, "size": %d}' % (encode_basestring_ascii(files[i]), sizes[i])
-                for i in self.sorted_file_indices()
-            ]
-        )
-        return json.dumps(doc)[:-1] + ', "files": [' + entries + "]}"
+        order = self.sorted_file_indices()
+        if indent is None:
+            entries = ",".join(
+                ['{"path": %s, "size": %d}' % (encode_basestring_ascii(files[i]), sizes[i]) for i in order]
+            )
+            return json.dumps(doc)[:-1] + ', "files": [' + entries + "]}"
+        one, two, three = (" " * (indent * level) for level in (1, 2, 3))
+        entry = "{\n" + three + '"path": %s,\n' + three + '"size": %d\n' + two + "}"
+        entries = (",\n" + two).join([entry % (encode_basestring_ascii(files[i]), sizes[i]) for i in order])
+        listed = "[\n" + two + entries + "\n" + one + "]" if order else "[]"
+        return json.dumps(doc, indent=indent)[:-2] + ",\n" + one + '"files": ' + listed + "\n}"
 
     def sorted_file_indices(self) -> list[int]:
         """Indices into the walk's files, ordered by path."""
