@@ -209,8 +209,12 @@ def test_pack_into_a_directory_the_user_cannot_write_is_exit_4(shared_dir):
 def test_pack_onto_a_full_disk_is_exit_6(lading, shared_dir, full_disk):
     for i in range(20):
         (shared_dir / "pets" / f"big{i:02d}.jpg").write_bytes(os.urandom(64 << 10))
-    result = lading("pack", str(shared_dir / "pets"), str(full_disk / "shards"))
+    result = lading("pack", str(shared_dir / "pets"), str(full_disk / "shards" / "v1"))
     one_line_error(result, 6, "No space left")
+    assert sorted(os.listdir(full_disk)) == ["filler"], "the DEST folders pack made were left behind"
+    (full_disk / "mine").mkdir()  # a DEST that was there before stays, empty as it was
+    one_line_error(lading("pack", str(shared_dir / "pets"), str(full_disk / "mine")), 6, "No space left")
+    assert os.listdir(full_disk / "mine") == []
 
 
 # -- 4. a malformed endpoint is a usage error naming where it came from --------------------------------

@@ -129,3 +129,14 @@ def test_a_bad_value_from_the_environment_names_the_variable(lading, tmp_path):
     assert "LADING_CACHE_DIR" not in line
     debug = lading("topology", env={"LADING_DEBUG": "maybe"})
     one_line_error(debug, 2, "Invalid value for LADING_DEBUG")
+
+
+def test_pack_says_one_file_not_one_files(lading, tmp_path):
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "x.txt").write_text("a\n")
+    result = lading("pack", str(tmp_path / "one"), str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert "packed 1 file (1 sample, " in result.stderr and " into 1 shard of " in result.stderr, result.stderr
+    (tmp_path / "one" / "y.txt").write_text("b\n")
+    dry = lading("pack", str(tmp_path / "one"), str(tmp_path / "out2"), "--dry-run")
+    assert "would pack 2 files (2 samples, " in dry.stderr + dry.stdout

@@ -323,7 +323,7 @@ def test_ctrl_c_stops_pack_within_a_second_and_leaves_nothing(big_tree, tmp_path
     assert proc.returncode == 130, stderr
     assert stderr.strip() == "lading: interrupted"
     assert took < 1.0, f"pack took {took:.2f}s to stop"
-    assert os.listdir(dest) == [], "an interrupted pack left an index, a shard or its staging directory"
+    assert not dest.exists(), "an interrupted pack left an index, a shard, its staging directory or its DEST"
 
 
 # -- help: every command has examples and exit codes; one name for parallelism; no dependency noise -----

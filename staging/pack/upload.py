@@ -66,20 +66,25 @@ def _already_packed(where: str) -> UsageError:
 
 
 class LocalPublisher:
-    """Publishes into a local directory with renames (atomic on one filesystem)."""
+    """Publishes into a local directory with renames (atomic on one filesystem). A pack that
+    fails leaves nothing behind: its staging directory is removed, and so are the directories
+    it created for DEST (when still empty)."""
 
     def __init__(self, root: Path, plan: PackPlan) -> None:
         self.plan = plan
         self.final_dir = root / plan.prefix if plan.prefix else root
+        self._created: list[Path] = []  # the directories this pack made for DEST, deepest first
         try:  # the check too: a DEST under a directory we may not enter fails here (EACCES)
             if (self.final_dir / Path(plan.index_key).name).exists():
                 raise _already_packed(str(self.final_dir / Path(plan.index_key).name))
+            self._created = _missing_dirs(self.final_dir)
             self.final_dir.mkdir(parents=True, exist_ok=True)
             _remove_stale_staging(self.final_dir, plan.options.name)
             self.staging = Path(
                 tempfile.mkdtemp(prefix=f".{plan.options.name}.lading-pack-{os.getpid()}-", dir=self.final_dir)
             )
         except OSError as err:
+            self._remove_created()
             raise _dest_error(err, self.final_dir) from err
         self._done: list[tuple[ShardPlan, Path]] = []
 
@@ -97,6 +102,7 @@ class LocalPublisher:
             published = self._publish(documents, make_index)
         except OSError as err:
             raise _dest_error(err, self.final_dir) from err
+        self._created = []  # published: DEST's directories hold the dataset now
         self.abort()
         return published
 
@@ -117,8 +123,27 @@ class LocalPublisher:
         return published
 
     def abort(self) -> None:
-        """Remove the staging directory and whatever is still in it."""
+        """Remove the staging directory and whatever is still in it, then the directories this
+        pack created for DEST unless it was published (only empty ones: never another's files)."""
         shutil.rmtree(self.staging, ignore_errors=True)
+        self._remove_created()
+
+    def _remove_created(self) -> None:
+        for directory in self._created:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty (another writer's files), or gone already
+                break
+        self._created = []
+
+
+def _missing_dirs(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first."""
+    missing = []
+    while not path.exists() and path.parent != path:
+        missing.append(path)
+        path = path.parent
+    return missing
 
 
 def _local_version(name: str, nsamples: int, path: Path) -> PublishedShard:
