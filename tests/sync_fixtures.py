@@ -26,6 +26,18 @@ def s3_client(env: Mapping[str, str], endpoint: str | None = None):
     )
 
 
+def gcs_client(env: Mapping[str, str]):
+    """A google-cloud-storage client of the suite's fake-gcs-server, for setting up test data."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    return storage.Client(
+        project="test",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": env["STORAGE_EMULATOR_HOST"]},
+    )
+
+
 def sample_objects(n: int = 24, seed: int = 0) -> dict[str, bytes]:
     """``n`` small objects in a few directories, with skewed sizes."""
     objects = {}

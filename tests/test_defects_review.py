@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import one_line_error
+from sync_fixtures import gcs_client, s3_client
 
 BUCKET = "review12"
 
@@ -13,15 +14,7 @@ BUCKET = "review12"
 @pytest.fixture
 def s3_bucket(s3_env: dict[str, str]) -> dict[str, str]:
     """s3://review12/data/ holding b.txt and c.txt, on a freshly reset moto."""
-    import boto3
-
-    client = boto3.client(
-        "s3",
-        endpoint_url=s3_env["AWS_ENDPOINT_URL"],
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+    client = s3_client(s3_env)
     client.create_bucket(Bucket=BUCKET)
     client.put_object(Bucket=BUCKET, Key="data/b.txt", Body=b"bee\n")
     client.put_object(Bucket=BUCKET, Key="data/c.txt", Body=b"sea\n")
@@ -31,14 +24,7 @@ def s3_bucket(s3_env: dict[str, str]) -> dict[str, str]:
 @pytest.fixture
 def gcs_bucket(gcs_env: dict[str, str]) -> dict[str, str]:
     """gs://review12/data/b.txt on the suite's fake-gcs-server."""
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
-
-    client = storage.Client(
-        project="test",
-        credentials=AnonymousCredentials(),
-        client_options={"api_endpoint": gcs_env["STORAGE_EMULATOR_HOST"]},
-    )
+    client = gcs_client(gcs_env)
     bucket = client.bucket(BUCKET)
     if not bucket.exists():
         client.create_bucket(BUCKET)
