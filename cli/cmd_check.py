@@ -12,6 +12,7 @@ from lading.cli.context import AppState
 from lading.cli.option_rules import needs
 from lading.cli.output import JSON_INDENT
 from lading.cli.params import size as size_option
+from lading.cli.progress import counted
 from lading.cli.store_options import pop_store_config, store_options
 from lading.context import CheckReport, check_context, format_size
 
@@ -193,7 +194,7 @@ def render(report: CheckReport, top: int, quiet: bool) -> None:
         return
     walked = report.walked
     console.print(
-        f"  {_count(len(walked.files), 'file')} in {_count(len(walked.dirs), 'directory')}; "
+        f"  {counted(len(walked.files), 'file')} in {counted(len(walked.dirs), 'directory')}; "
         f"{format_size(report.raw_bytes)} on disk, {report.total_bytes:,} bytes as det "
         "counts them (ceil(size/3)*3 per file)"
     )
@@ -274,11 +275,6 @@ def _render_explanation(console: Console, report: CheckReport) -> None:
     explanation = report.explanation
     verdict = "[green]uploaded[/]" if explanation.uploaded else "[red]not uploaded[/]"
     console.print(f"{_escape(explanation.path)} ({explanation.kind}): {verdict}: {_escape(explanation.reason)}")
-
-
-def _count(n: int, noun: str) -> str:
-    plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
-    return f"{n:,} {noun if n == 1 else plural}"
 
 
 def _escape(text: str) -> str:

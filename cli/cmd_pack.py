@@ -9,7 +9,7 @@ from typing import Any
 import click
 from lading.cli.context import AppState
 from lading.cli.output import print_json
-from lading.cli.progress import Throttle, byte_bar, human, line_interval
+from lading.cli.progress import Throttle, byte_bar, counted, human, line_interval
 from lading.cli.option_rules import needs
 from lading.cli.params import size as size_option
 from lading.cli.store_options import pop_store_config, store_options
@@ -117,18 +117,13 @@ def _plan_summary(plan: Any) -> dict[str, Any]:
     }
 
 
-def _count(number: int, noun: str) -> str:
-    """``1 file``, ``2 files``: the plural only when needed."""
-    return f"{number:,} {noun}" if number == 1 else f"{number:,} {noun}s"
-
-
 def _render(state: AppState, summary: dict[str, Any], dry_run: bool) -> None:
     shards = summary["shards"]
     sizes = [shard["bytes"] for shard in shards]
     verb = "would pack" if dry_run else "packed"
     state.result(
-        f"{verb} {_count(summary['files'], 'file')} ({_count(summary['samples'], 'sample')}, "
-        f"{format_size(summary['input_bytes'])}) into {_count(len(shards), 'shard')} of "
+        f"{verb} {counted(summary['files'], 'file')} ({counted(summary['samples'], 'sample')}, "
+        f"{format_size(summary['input_bytes'])}) into {counted(len(shards), 'shard')} of "
         f"{format_size(min(sizes))}..{format_size(max(sizes))}" + ("" if dry_run else f" in {summary['seconds']:.1f} s")
     )
     if not dry_run:

@@ -23,6 +23,12 @@ def human(nbytes: float) -> str:
     return format_size(int(nbytes))
 
 
+def counted(n: int, noun: str) -> str:
+    """``1 file``, ``2 files``, ``3 directories``: the count and its noun, plural when needed."""
+    plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+    return f"{n:,} {noun if n == 1 else plural}"
+
+
 def line_interval(env: Mapping[str, str] = os.environ) -> float:
     """Seconds between progress lines: ``LADING_PROGRESS_SECONDS`` or 5; a bad value is a usage error."""
     text = env.get("LADING_PROGRESS_SECONDS")

@@ -25,7 +25,8 @@ def build_tree(store: Store, source: str, view: ViewSpec, concurrency: int = 16)
     """List (or stat the manifest's keys), apply the view's selection, and build the tree.
 
     An empty listing (nothing but directory markers) raises NotFound unless ``view.allow_empty``:
-    it is almost always a mistyped prefix (UsageError when the URI names one object instead). One rank's empty shard of a non-empty source is fine.
+    it is almost always a mistyped prefix (UsageError when the URI names one object instead).
+    One rank's empty shard of a non-empty source is fine.
     """
     infos: Iterable[ObjectInfo]
     if view.keys is not None:
